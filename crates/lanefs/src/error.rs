@@ -1,0 +1,84 @@
+//! Error type shared by every layer.
+//!
+//! Each variant maps to one errno for callers that speak POSIX (the FUSE adapter) and renders as
+//! one line for a human. Format errors name the structure and the block so that a corrupt image
+//! is reported precisely instead of panicking.
+
+use std::fmt;
+
+/// Which on-disk structure a format error was found in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Structure {
+    Superblock,
+    Checkpoint,
+    Nat,
+    Sit,
+    Ssa,
+    Node,
+    Dentry,
+    Journal,
+}
+
+impl fmt::Display for Structure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Structure::Superblock => "superblock",
+            Structure::Checkpoint => "checkpoint pack",
+            Structure::Nat => "NAT block",
+            Structure::Sit => "SIT block",
+            Structure::Ssa => "SSA (segment summary) block",
+            Structure::Node => "node block",
+            Structure::Dentry => "dentry block",
+            Structure::Journal => "journal block",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Everything that can go wrong, from I/O to a corrupt image.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// A decode found bytes that are not a valid instance of `structure`.
+    #[error("corrupt {structure}{}: {reason}", at_block(*.block))]
+    Corrupt {
+        structure: Structure,
+        block: Option<u64>,
+        reason: String,
+    },
+    /// The image is not lanefs at all, or of an unsupported version.
+    #[error("not a lanefs image: {0}")]
+    NotLanefs(String),
+    /// A caller asked for something the geometry cannot hold.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("no space left on device")]
+    NoSpace,
+}
+
+fn at_block(b: Option<u64>) -> String {
+    match b {
+        Some(b) => format!(" at block {b}"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// A corruption error for `structure`, optionally at a block address.
+    pub fn corrupt(structure: Structure, block: Option<u64>, reason: impl Into<String>) -> Self {
+        Error::Corrupt { structure, block, reason: reason.into() }
+    }
+
+    /// The errno a POSIX caller should see.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::Corrupt { .. } | Error::NotLanefs(_) => libc::EUCLEAN,
+            Error::InvalidArgument(_) => libc::EINVAL,
+            Error::NoSpace => libc::ENOSPC,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,11 @@
+//! lanefs: a log-structured file system for flash that scales with cores.
+//!
+//! The crate is layered bottom-up (see `DESIGN.md` in the shared folder); a module calls only
+//! the layers below it:
+//!
+//! - [`device`]: block I/O on an image file or block device (io_uring or vectored sync I/O).
+
+pub mod device;
+pub mod error;
+
+pub use error::{Error, Result};
