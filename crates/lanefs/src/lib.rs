@@ -5,7 +5,13 @@
 //!
 //! - [`device`]: block I/O on an image file or block device (io_uring or vectored sync I/O).
 
+pub mod checkpoint;
 pub mod device;
 pub mod error;
+pub mod format;
+pub mod fsck;
+pub mod inspect;
+pub mod mkfs;
+pub mod seg;
 
 pub use error::{Error, Result};

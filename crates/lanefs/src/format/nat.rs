@@ -1,0 +1,91 @@
+//! NAT blocks: node id -> block address of the node's current version.
+//!
+//! Entries are eight bytes (address, owning inode) so that the persistent-memory mode can update
+//! one entry with a single atomic store (pin-point NAT update, SYSTOR'19). Node id `n` lives in
+//! NAT block `n / 510`, slot `n % 510`. Address 0 means "no node" (block 0 is a superblock).
+
+use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
+use super::layout::{Geometry, BLOCK_SIZE, NAT_ENTRIES_PER_BLOCK};
+use crate::error::{Result, Structure};
+
+pub const NAT_MAGIC: u32 = u32::from_le_bytes(*b"LNNT");
+
+/// Where a node lives and which inode owns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NatEntry {
+    pub block_addr: u32,
+    pub ino: u32,
+}
+
+impl NatEntry {
+    pub fn is_free(&self) -> bool {
+        self.block_addr == 0
+    }
+    /// The entry as one little-endian word, for 8-byte atomic updates.
+    pub fn to_word(self) -> u64 {
+        self.block_addr as u64 | (self.ino as u64) << 32
+    }
+    pub fn from_word(w: u64) -> NatEntry {
+        NatEntry { block_addr: w as u32, ino: (w >> 32) as u32 }
+    }
+}
+
+/// One NAT block: 510 consecutive entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatBlock {
+    pub index: u32,
+    pub entries: Vec<NatEntry>,
+}
+
+impl NatBlock {
+    pub fn empty(index: u32) -> Self {
+        NatBlock { index, entries: vec![NatEntry::default(); NAT_ENTRIES_PER_BLOCK as usize] }
+    }
+
+    /// NAT block index and slot holding node id `nid`.
+    pub fn locate(nid: u32) -> (u32, usize) {
+        (nid / NAT_ENTRIES_PER_BLOCK, (nid % NAT_ENTRIES_PER_BLOCK) as usize)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        assert_eq!(self.entries.len(), NAT_ENTRIES_PER_BLOCK as usize);
+        let mut b = vec![0u8; BLOCK_SIZE];
+        BlockHeader { magic: NAT_MAGIC, a: self.index, b: 0 }.write(&mut b);
+        let mut e = Enc::at(&mut b, HEADER_LEN);
+        for en in &self.entries {
+            e.u32(en.block_addr);
+            e.u32(en.ino);
+        }
+        seal(&mut b, 4);
+        b
+    }
+
+    /// Decodes NAT block `index`, checking every address against the geometry.
+    pub fn decode(b: &[u8], index: u32, g: &Geometry, addr: Option<u64>) -> Result<NatBlock> {
+        let h = BlockHeader::check(b, NAT_MAGIC, Structure::Nat, addr)?;
+        let mut d = Dec::at(b, HEADER_LEN, Structure::Nat, addr);
+        if h.a != index {
+            return Err(d.err(format!("holds NAT index {}, expected {index}", h.a)));
+        }
+        let mut entries = Vec::with_capacity(NAT_ENTRIES_PER_BLOCK as usize);
+        for slot in 0..NAT_ENTRIES_PER_BLOCK {
+            let en = NatEntry { block_addr: d.u32()?, ino: d.u32()? };
+            let nid = index as u64 * NAT_ENTRIES_PER_BLOCK as u64 + slot as u64;
+            if !en.is_free() {
+                if nid == 0 || nid > g.max_nid as u64 {
+                    return Err(d.err(format!("entry for impossible node id {nid}")));
+                }
+                if !g.in_main(en.block_addr as u64) {
+                    return Err(d.err(format!("node {nid} at {} outside the main area", en.block_addr)));
+                }
+                if en.ino == 0 || en.ino > g.max_nid {
+                    return Err(d.err(format!("node {nid} owned by impossible inode {}", en.ino)));
+                }
+            } else if en.ino != 0 {
+                return Err(d.err(format!("free node id {nid} names owner {}", en.ino)));
+            }
+            entries.push(en);
+        }
+        Ok(NatBlock { index, entries })
+    }
+}

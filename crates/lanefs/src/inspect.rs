@@ -1,0 +1,95 @@
+//! inspect: describe an image — geometry, checkpoint, segment usage, lanes, free space.
+
+use crate::checkpoint;
+use crate::device::BlockDevice;
+use crate::error::Result;
+use crate::format::checkpoint::{LogCursor, CP_FLAG_CLEAN};
+use crate::format::layout::{Geometry, LogType, BLOCKS_PER_SEG, BLOCK_SIZE, LOG_TYPES};
+use std::collections::HashSet;
+
+/// Segment counts by state, as of the checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SegmentUsage {
+    pub free: u32,
+    pub active: u32,
+    /// Partly or fully valid, not active.
+    pub dirty: u32,
+    /// Valid blocks in the whole main area.
+    pub valid_blocks: u64,
+}
+
+/// Everything `lanefs inspect` prints.
+#[derive(Debug, Clone)]
+pub struct ImageInfo {
+    pub uuid: String,
+    pub label: String,
+    pub created: u64,
+    pub format_version: u32,
+    pub geometry: Geometry,
+    pub superblock_copies_ok: [bool; 2],
+    pub checkpoint_version: u64,
+    pub checkpoint_pack: u32,
+    pub clean_unmount: bool,
+    pub other_pack: String,
+    pub usage: SegmentUsage,
+    pub lanes: Vec<[LogCursor; LOG_TYPES]>,
+    pub orphans: usize,
+    pub free_bytes: u64,
+    pub user_bytes_written: u64,
+    pub gc_bytes_written: u64,
+    pub cp_bytes_written: u64,
+}
+
+/// Reads the image's description.
+pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
+    let sbr = checkpoint::read_superblock(dev)?;
+    let g = sbr.sb.geometry;
+    let cpr = checkpoint::read_checkpoint(dev, &g)?;
+    let cp = &cpr.cp;
+    let sit = checkpoint::read_sit(dev, &g, cp)?;
+    let active: HashSet<u32> = cp.lanes.iter().flat_map(|l| l.logs.iter().map(|c| c.segno)).collect();
+    let mut usage = SegmentUsage::default();
+    for (segno, e) in sit.iter().enumerate() {
+        usage.valid_blocks += e.valid_blocks as u64;
+        if active.contains(&(segno as u32)) {
+            usage.active += 1;
+        } else if e.valid_blocks == 0 {
+            usage.free += 1;
+        } else {
+            usage.dirty += 1;
+        }
+    }
+    // Free space: free segments beyond the cleaner's reserve, plus the unwritten tail of every
+    // active segment.
+    let tails: u64 = cp.lanes.iter().flat_map(|l| l.logs.iter()).map(|c| (BLOCKS_PER_SEG - c.next_off as u32) as u64).sum();
+    let free_blocks = (usage.free.saturating_sub(g.reserved_segments) as u64) * BLOCKS_PER_SEG as u64 + tails;
+    Ok(ImageInfo {
+        uuid: sbr.sb.uuid_str(),
+        label: sbr.sb.label_str(),
+        created: sbr.sb.created,
+        format_version: sbr.sb.version,
+        geometry: g,
+        superblock_copies_ok: [sbr.copies[0].is_ok(), sbr.copies[1].is_ok()],
+        checkpoint_version: cp.version,
+        checkpoint_pack: cpr.pack,
+        clean_unmount: cp.flags & CP_FLAG_CLEAN != 0,
+        other_pack: match &cpr.other {
+            Ok(v) => format!("valid, older version {v}"),
+            Err(e) => format!("not usable: {e}"),
+        },
+        usage,
+        lanes: cp.lanes.iter().map(|l| l.logs).collect(),
+        orphans: cp.orphans.len(),
+        free_bytes: free_blocks * BLOCK_SIZE as u64,
+        user_bytes_written: cp.user_bytes_written,
+        gc_bytes_written: cp.gc_bytes_written,
+        cp_bytes_written: cp.cp_bytes_written,
+    })
+}
+
+impl ImageInfo {
+    /// Log type names in cursor order, for printing.
+    pub fn log_names() -> [&'static str; LOG_TYPES] {
+        LogType::ALL.map(LogType::name)
+    }
+}

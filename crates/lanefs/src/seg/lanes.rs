@@ -1,0 +1,140 @@
+//! Lanes: per-core sets of active logs (one segment per log type) with a free-segment cache.
+//!
+//! A thread writes through the lane of the CPU it runs on; lanes never share an active segment,
+//! so appends on different cores touch different locks and different segments. A lane refills
+//! its cache from the global free map [`super::FREE_BATCH`] segments at a time.
+
+use super::table::SegmentTable;
+use super::FREE_BATCH;
+use crate::error::{Error, Result};
+use crate::format::checkpoint::LogCursor;
+use crate::format::layout::{LogType, BLOCKS_PER_SEG, LOG_TYPES};
+use crate::format::ssa::{SegmentSummary, SummaryEntry};
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+/// The segment a log appends to and how far it got.
+struct ActiveLog {
+    segno: u32,
+    next_off: u32,
+    summary: SegmentSummary,
+}
+
+/// One lane: six active logs and a private cache of free segments.
+pub struct Lane {
+    id: u32,
+    logs: [Mutex<ActiveLog>; LOG_TYPES],
+    cache: Mutex<Vec<u32>>,
+}
+
+/// All lanes of a mounted image, over one segment table.
+pub struct LaneSet {
+    table: Arc<SegmentTable>,
+    lanes: Vec<Lane>,
+    /// Summaries of segments filled since the last checkpoint, waiting to be written.
+    closed: Mutex<Vec<SegmentSummary>>,
+}
+
+impl LaneSet {
+    /// Restores lanes from checkpointed cursors and the summaries of their active segments
+    /// (`summaries[lane][log]`).
+    pub fn new(
+        table: Arc<SegmentTable>,
+        cursors: &[[LogCursor; LOG_TYPES]],
+        summaries: Vec<Vec<SegmentSummary>>,
+    ) -> Result<LaneSet> {
+        if cursors.len() != summaries.len() || summaries.iter().any(|s| s.len() != LOG_TYPES) {
+            return Err(Error::InvalidArgument("lane cursors and summaries disagree".into()));
+        }
+        let lanes = cursors
+            .iter()
+            .zip(summaries)
+            .enumerate()
+            .map(|(id, (cur, sums))| {
+                let mut sums = sums.into_iter();
+                let logs = std::array::from_fn(|t| {
+                    let summary = sums.next().expect("checked length");
+                    debug_assert_eq!(summary.segno, cur[t].segno);
+                    Mutex::new(ActiveLog { segno: cur[t].segno, next_off: cur[t].next_off as u32, summary })
+                });
+                Lane { id: id as u32, logs, cache: Mutex::new(Vec::new()) }
+            })
+            .collect();
+        Ok(LaneSet { table, lanes, closed: Mutex::new(Vec::new()) })
+    }
+
+    pub fn table(&self) -> &Arc<SegmentTable> {
+        &self.table
+    }
+
+    pub fn lane_count(&self) -> u32 {
+        self.lanes.len() as u32
+    }
+
+    /// Allocates the next block of `lane`'s `log` for `owner`, marking it valid. Moves to a
+    /// fresh segment when the active one is full.
+    pub fn alloc(&self, lane: u32, log: LogType, owner: SummaryEntry, mtime: u64) -> Result<u64> {
+        let l = self
+            .lanes
+            .get(lane as usize)
+            .ok_or_else(|| Error::InvalidArgument(format!("lane {lane} does not exist")))?;
+        let mut a = l.logs[log as usize].lock();
+        if a.next_off == BLOCKS_PER_SEG {
+            let segno = self.next_free(l)?;
+            self.table.activate(segno, l.id, log, mtime);
+            let old = std::mem::replace(&mut *a, ActiveLog { segno, next_off: 0, summary: SegmentSummary::empty(segno) });
+            self.table.close(old.segno);
+            self.closed.lock().push(old.summary);
+        }
+        let off = a.next_off;
+        let addr = self.table.geometry().seg_start(a.segno) + off as u64;
+        a.summary.entries[off as usize] = owner;
+        a.next_off += 1;
+        self.table.validate(addr, mtime)?;
+        debug_assert!(a.next_off <= BLOCKS_PER_SEG);
+        Ok(addr)
+    }
+
+    fn next_free(&self, l: &Lane) -> Result<u32> {
+        let mut cache = l.cache.lock();
+        if cache.is_empty() {
+            *cache = self.table.take_free(FREE_BATCH);
+            cache.reverse(); // pop from the end in ascending order
+        }
+        cache.pop().ok_or(Error::NoSpace)
+    }
+
+    /// Where every log of every lane stands (for the checkpoint).
+    pub fn cursors(&self) -> Vec<[LogCursor; LOG_TYPES]> {
+        self.lanes
+            .iter()
+            .map(|l| {
+                std::array::from_fn(|t| {
+                    let a = l.logs[t].lock();
+                    LogCursor { segno: a.segno, next_off: a.next_off as u16 }
+                })
+            })
+            .collect()
+    }
+
+    /// Summaries of every active segment as they are now (for the checkpoint).
+    pub fn active_summaries(&self) -> Vec<SegmentSummary> {
+        self.lanes
+            .iter()
+            .flat_map(|l| l.logs.iter().map(|a| a.lock().summary.clone()))
+            .collect()
+    }
+
+    /// Summaries of segments filled since the last call.
+    pub fn take_closed_summaries(&self) -> Vec<SegmentSummary> {
+        std::mem::take(&mut *self.closed.lock())
+    }
+
+    /// Returns every lane's cached free segments to the global map (unmount).
+    pub fn release_caches(&self) {
+        for l in &self.lanes {
+            let segs = std::mem::take(&mut *l.cache.lock());
+            self.table.return_free(&segs);
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! The segment table: per-segment validity (the in-memory SIT) and the global free map.
+
+use crate::error::{Error, Result};
+use crate::format::layout::{Geometry, LogType, BLOCKS_PER_SEG, SIT_ENTRIES_PER_BLOCK};
+use crate::format::sit::{SitBlock, SitEntry, NO_LOG};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Lifecycle state of a main-area segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegState {
+    Free,
+    Active { lane: u32, log: LogType },
+    Dirty,
+    Prefree,
+}
+
+struct Segment {
+    entry: SitEntry,
+    state: SegState,
+}
+
+/// Validity and state of every main segment.
+pub struct SegmentTable {
+    geometry: Geometry,
+    segs: Vec<Mutex<Segment>>,
+    /// One bit per SIT block changed since the last checkpoint.
+    dirty_sit: Vec<AtomicU64>,
+    free: Mutex<FreeMap>,
+}
+
+struct FreeMap {
+    /// Free segments, kept in ascending order of number so allocation stays near the front.
+    free: std::collections::BTreeSet<u32>,
+    /// Emptied since the last checkpoint: reusable after the next one.
+    prefree: Vec<u32>,
+}
+
+impl SegmentTable {
+    /// Builds the table from decoded SIT entries (one per main segment, in order) and the
+    /// segments the checkpoint names as active.
+    pub fn new(g: Geometry, entries: Vec<SitEntry>, active: &[(u32, u32, LogType)]) -> Result<Self> {
+        if entries.len() != g.main_segments as usize {
+            return Err(Error::InvalidArgument("SIT entry count differs from main segments".into()));
+        }
+        let mut segs: Vec<Segment> = entries
+            .into_iter()
+            .map(|entry| {
+                let state = if entry.valid_blocks == 0 { SegState::Free } else { SegState::Dirty };
+                Segment { entry, state }
+            })
+            .collect();
+        for &(segno, lane, log) in active {
+            let s = segs
+                .get_mut(segno as usize)
+                .ok_or_else(|| Error::InvalidArgument(format!("active segment {segno} out of range")))?;
+            if matches!(s.state, SegState::Active { .. }) {
+                return Err(Error::InvalidArgument(format!("segment {segno} active in two logs")));
+            }
+            s.state = SegState::Active { lane, log };
+        }
+        let free = segs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.state == SegState::Free)
+            .map(|(i, _)| i as u32)
+            .collect();
+        let sit_words = (g.sit_blocks as usize).div_ceil(64);
+        Ok(SegmentTable {
+            geometry: g,
+            segs: segs.into_iter().map(Mutex::new).collect(),
+            dirty_sit: (0..sit_words).map(|_| AtomicU64::new(0)).collect(),
+            free: Mutex::new(FreeMap { free, prefree: Vec::new() }),
+        })
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    fn mark_sit_dirty(&self, segno: u32) {
+        let blk = (segno / SIT_ENTRIES_PER_BLOCK) as usize;
+        self.dirty_sit[blk / 64].fetch_or(1 << (blk % 64), Ordering::Relaxed);
+    }
+
+    fn seg(&self, segno: u32) -> &Mutex<Segment> {
+        &self.segs[segno as usize]
+    }
+
+    pub fn state(&self, segno: u32) -> SegState {
+        self.seg(segno).lock().state
+    }
+
+    pub fn valid_blocks(&self, segno: u32) -> u16 {
+        self.seg(segno).lock().entry.valid_blocks
+    }
+
+    /// Whether block `addr` of the main area holds live data.
+    pub fn is_valid(&self, addr: u64) -> bool {
+        match self.geometry.seg_of(addr) {
+            Some((s, off)) => self.seg(s).lock().entry.is_valid(off),
+            None => false,
+        }
+    }
+
+    /// Marks a newly written block valid. The segment must be active.
+    pub fn validate(&self, addr: u64, mtime: u64) -> Result<()> {
+        let (s, off) = self
+            .geometry
+            .seg_of(addr)
+            .ok_or_else(|| Error::InvalidArgument(format!("block {addr} outside the main area")))?;
+        let mut seg = self.seg(s).lock();
+        debug_assert!(matches!(seg.state, SegState::Active { .. }), "write into non-active segment {s}");
+        if !seg.entry.set_valid(off) {
+            return Err(Error::InvalidArgument(format!("block {addr} written twice")));
+        }
+        seg.entry.mtime = seg.entry.mtime.max(mtime);
+        drop(seg);
+        self.mark_sit_dirty(s);
+        Ok(())
+    }
+
+    /// Marks a block dead (its owner was overwritten or deleted). A full segment whose last
+    /// valid block dies becomes prefree.
+    pub fn invalidate(&self, addr: u64) -> Result<()> {
+        let (s, off) = self
+            .geometry
+            .seg_of(addr)
+            .ok_or_else(|| Error::InvalidArgument(format!("block {addr} outside the main area")))?;
+        let mut seg = self.seg(s).lock();
+        if !seg.entry.clear_valid(off) {
+            return Err(Error::InvalidArgument(format!("block {addr} invalidated twice")));
+        }
+        let emptied = seg.entry.valid_blocks == 0 && seg.state == SegState::Dirty;
+        if emptied {
+            seg.state = SegState::Prefree;
+        }
+        drop(seg);
+        self.mark_sit_dirty(s);
+        if emptied {
+            self.free.lock().prefree.push(s);
+        }
+        Ok(())
+    }
+
+    /// Takes up to `n` free segments for `lane`'s cache. They stay `Free` until activated.
+    pub fn take_free(&self, n: usize) -> Vec<u32> {
+        let mut fm = self.free.lock();
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            match fm.free.pop_first() {
+                Some(s) => out.push(s),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Gives cached free segments back (a lane shutting down).
+    pub fn return_free(&self, segs: &[u32]) {
+        let mut fm = self.free.lock();
+        for &s in segs {
+            debug_assert_eq!(self.state(s), SegState::Free);
+            fm.free.insert(s);
+        }
+    }
+
+    /// Makes free segment `segno` the active segment of a lane's log.
+    pub fn activate(&self, segno: u32, lane: u32, log: LogType, mtime: u64) {
+        let mut seg = self.seg(segno).lock();
+        assert_eq!(seg.state, SegState::Free, "activating segment {segno} that is not free");
+        assert_eq!(seg.entry.valid_blocks, 0);
+        seg.state = SegState::Active { lane, log };
+        seg.entry.log_type = log as u8;
+        seg.entry.mtime = mtime;
+        drop(seg);
+        self.mark_sit_dirty(segno);
+    }
+
+    /// Takes a specific free segment out of the free map and activates it (mkfs, recovery).
+    pub fn activate_free(&self, segno: u32, lane: u32, log: LogType, mtime: u64) -> Result<()> {
+        if segno >= self.geometry.main_segments || !self.free.lock().free.remove(&segno) {
+            return Err(Error::InvalidArgument(format!("segment {segno} is not free")));
+        }
+        self.activate(segno, lane, log, mtime);
+        Ok(())
+    }
+
+    /// A log filled `segno`: it becomes dirty (or prefree if nothing in it is still valid).
+    pub fn close(&self, segno: u32) {
+        let mut seg = self.seg(segno).lock();
+        assert!(matches!(seg.state, SegState::Active { .. }), "closing inactive segment {segno}");
+        if seg.entry.valid_blocks == 0 {
+            seg.state = SegState::Prefree;
+            drop(seg);
+            self.free.lock().prefree.push(segno);
+        } else {
+            seg.state = SegState::Dirty;
+        }
+    }
+
+    /// Called once a checkpoint is durable: prefree segments become free.
+    pub fn checkpoint_done(&self) {
+        let mut fm = self.free.lock();
+        let pre = std::mem::take(&mut fm.prefree);
+        for s in pre {
+            let mut seg = self.seg(s).lock();
+            if seg.state == SegState::Prefree {
+                seg.state = SegState::Free;
+                seg.entry.log_type = NO_LOG;
+                fm.free.insert(s);
+            }
+        }
+    }
+
+    /// Free segments (not counting lane caches or prefree).
+    pub fn free_count(&self) -> usize {
+        self.free.lock().free.len()
+    }
+
+    /// Count of segments in each state: (free, active, dirty, prefree).
+    pub fn state_counts(&self) -> (u32, u32, u32, u32) {
+        let mut c = (0, 0, 0, 0);
+        for s in &self.segs {
+            match s.lock().state {
+                SegState::Free => c.0 += 1,
+                SegState::Active { .. } => c.1 += 1,
+                SegState::Dirty => c.2 += 1,
+                SegState::Prefree => c.3 += 1,
+            }
+        }
+        c
+    }
+
+    /// Total valid blocks.
+    pub fn total_valid(&self) -> u64 {
+        self.segs.iter().map(|s| s.lock().entry.valid_blocks as u64).sum()
+    }
+
+    /// SIT blocks changed since the last call, encoded, with their indexes; clears the marks.
+    pub fn take_dirty_sit_blocks(&self) -> Vec<(u32, SitBlock)> {
+        let mut out = Vec::new();
+        for (w, word) in self.dirty_sit.iter().enumerate() {
+            let mut bits = word.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                let idx = (w * 64) as u32 + b;
+                out.push((idx, self.sit_block(idx)));
+            }
+        }
+        out
+    }
+
+    /// The current contents of SIT block `index`.
+    pub fn sit_block(&self, index: u32) -> SitBlock {
+        let mut blk = SitBlock::empty(index);
+        let first = index * SIT_ENTRIES_PER_BLOCK;
+        for (i, e) in blk.entries.iter_mut().enumerate() {
+            let segno = first + i as u32;
+            if segno < self.geometry.main_segments {
+                *e = self.seg(segno).lock().entry.clone();
+            }
+        }
+        blk
+    }
+
+    /// A copy of segment `segno`'s SIT entry.
+    pub fn entry(&self, segno: u32) -> SitEntry {
+        self.seg(segno).lock().entry.clone()
+    }
+
+    /// Checks internal invariants (tests and fsck): counts match bitmaps, free map agrees with
+    /// states, no free segment holds valid blocks.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let fm = self.free.lock();
+        for (i, s) in self.segs.iter().enumerate() {
+            let s = s.lock();
+            let pop: u32 = s.entry.bitmap.iter().map(|b| b.count_ones()).sum();
+            if pop != s.entry.valid_blocks as u32 {
+                return Err(format!("segment {i}: count {} bitmap {pop}", s.entry.valid_blocks));
+            }
+            let in_free = fm.free.contains(&(i as u32));
+            if in_free && s.state != SegState::Free {
+                return Err(format!("segment {i} in free map but {:?}", s.state));
+            }
+            if matches!(s.state, SegState::Free | SegState::Prefree) && s.entry.valid_blocks != 0 {
+                return Err(format!("segment {i} is {:?} with valid blocks", s.state));
+            }
+        }
+        debug_assert!(BLOCKS_PER_SEG <= u16::MAX as u32);
+        Ok(())
+    }
+}
