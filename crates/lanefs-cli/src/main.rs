@@ -1,1 +1,350 @@
-fn main() {}
+//! The `lanefs` command: create, check, describe and measure lanefs images.
+//!
+//! Each subcommand is a thin translation to the library; errors print as one line prefixed with
+//! `lanefs <command>:` and map to exit codes (fsck uses fsck(8)'s).
+
+use clap::{Parser, Subcommand, ValueEnum};
+use lanefs::device::{self, BlockDevice, DeviceOptions, IoChoice};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+mod size;
+
+#[derive(Parser)]
+#[command(name = "lanefs", version, about = "A log-structured file system for flash that scales with cores")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum IoArg {
+    Auto,
+    Uring,
+    Sync,
+}
+
+impl From<IoArg> for IoChoice {
+    fn from(a: IoArg) -> Self {
+        match a {
+            IoArg::Auto => IoChoice::Auto,
+            IoArg::Uring => IoChoice::Uring,
+            IoArg::Sync => IoChoice::Sync,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create (or format) an image file or block device.
+    Mkfs {
+        image: PathBuf,
+        /// Size of a new or resized image file (e.g. 512M, 4G, 64GiB).
+        #[arg(long, value_parser = size::parse_size)]
+        size: Option<u64>,
+        /// Lanes of active logs; default: one per CPU.
+        #[arg(long)]
+        lanes: Option<u32>,
+        /// Label, up to 31 bytes.
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Format even if the device holds a file system.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Check an image; with --repair, rebuild what can be derived. Exit codes as fsck(8).
+    Fsck {
+        image: PathBuf,
+        #[arg(long)]
+        repair: bool,
+        #[arg(long, value_enum, default_value = "auto")]
+        io: IoArg,
+    },
+    /// Describe an image: geometry, checkpoint, segment usage, lanes, I/O mode.
+    Inspect {
+        image: PathBuf,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, value_enum, default_value = "auto")]
+        io: IoArg,
+    },
+    /// Micro-benchmark of the device layer: one batch of discontiguous blocks against one
+    /// pwrite per block, on PATH (an image file or block device; overwritten).
+    Devbench {
+        path: PathBuf,
+        #[arg(long, value_enum, default_value = "auto")]
+        io: IoArg,
+        /// Blocks per batch.
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        #[arg(long, default_value_t = 2000)]
+        iterations: usize,
+        /// Size to create PATH with when it does not exist.
+        #[arg(long, value_parser = size::parse_size, default_value = "256M")]
+        size: u64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Mkfs { image, size, lanes, label, force } => exit(mkfs(&image, size, lanes, &label, force), "mkfs"),
+        Cmd::Fsck { image, repair, io } => fsck(&image, repair, io.into()),
+        Cmd::Inspect { image, json, io } => exit(inspect(&image, json, io.into()), "inspect"),
+        Cmd::Devbench { path, io, batch, iterations, size, json } => {
+            exit(devbench(&path, io.into(), batch, iterations, size, json), "devbench")
+        }
+    }
+}
+
+fn exit(r: Result<(), String>, cmd: &str) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lanefs {cmd}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn open(path: &Path, io: IoChoice) -> Result<device::FileDevice, String> {
+    device::FileDevice::open(path, DeviceOptions { io }).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn default_lanes() -> u32 {
+    std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1).clamp(1, 64)
+}
+
+fn mkfs(image: &Path, size: Option<u64>, lanes: Option<u32>, label: &str, force: bool) -> Result<(), String> {
+    let lanes = lanes.unwrap_or_else(default_lanes);
+    let meta = std::fs::metadata(image);
+    let is_file = match &meta {
+        Ok(m) => m.file_type().is_file(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(format!("{}: {e}", image.display())),
+    };
+    if let Some(s) = size {
+        let min = lanefs::format::Geometry::min_size_bytes(lanes);
+        if s < min {
+            return Err(format!("size {} is below the minimum of {} for {lanes} lanes", size::show(s), size::show(min)));
+        }
+    }
+    if meta.is_err() {
+        let s = size.ok_or_else(|| format!("{} does not exist: give --size to create it", image.display()))?;
+        device::create_image(image, s).map_err(|e| format!("{}: {e}", image.display()))?;
+    } else {
+        let dev = open(image, IoChoice::Auto)?;
+        if let Some(what) = lanefs::mkfs::detect_existing(&dev).map_err(|e| e.to_string())? {
+            if !force {
+                return Err(format!("{} holds {what}; use --force to format it anyway", image.display()));
+            }
+        }
+        if let Some(s) = size {
+            if !is_file {
+                return Err("--size applies to image files; a block device is formatted whole".into());
+            }
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(image)
+                .and_then(|f| f.set_len(s))
+                .map_err(|e| format!("{}: {e}", image.display()))?;
+        }
+    }
+    let dev = open(image, IoChoice::Auto)?;
+    let opts = lanefs::mkfs::MkfsOptions { lanes, label: label.to_string(), ..Default::default() };
+    let sb = lanefs::mkfs::format_device(&dev, &opts).map_err(|e| e.to_string())?;
+    let g = sb.geometry;
+    println!(
+        "lanefs: formatted {} ({}, {} lanes, {} segments of 2 MiB, uuid {})",
+        image.display(),
+        size::show(g.total_blocks * 4096),
+        g.lanes,
+        g.main_segments,
+        sb.uuid_str()
+    );
+    Ok(())
+}
+
+fn fsck(image: &Path, repair: bool, io: IoChoice) -> ExitCode {
+    let dev = match open(image, io) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("lanefs fsck: {e}");
+            return ExitCode::from(8);
+        }
+    };
+    let bar = progress::Bar::new();
+    let report = lanefs::fsck::check_with_progress(&dev, &lanefs::fsck::FsckOptions { repair }, &|phase, done, total| {
+        bar.update(phase, done, total)
+    });
+    bar.finish();
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lanefs fsck: {}: {e}", image.display());
+            return ExitCode::from(8);
+        }
+    };
+    for n in &report.notes {
+        println!("note: {n}");
+    }
+    for p in &report.problems {
+        let tag = if p.repaired { "repaired" } else { "error" };
+        println!("{tag}: {}: {}", p.structure, p.message);
+    }
+    let s = &report.stats;
+    println!(
+        "{}: checkpoint {} (pack {}), {} inodes, {} directories, {} nodes, {} data blocks: {}",
+        image.display(),
+        s.checkpoint_version,
+        s.checkpoint_pack,
+        s.inodes,
+        s.directories,
+        s.nodes,
+        s.data_blocks,
+        match report.exit_code() {
+            0 => "clean".to_string(),
+            1 => format!("{} errors corrected", report.problems.len()),
+            _ => format!("{} errors left uncorrected", report.problems.iter().filter(|p| !p.repaired).count()),
+        }
+    );
+    ExitCode::from(report.exit_code() as u8)
+}
+
+fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
+    let dev = open(image, io)?;
+    let info = lanefs::inspect::inspect(&dev).map_err(|e| format!("{}: {e}", image.display()))?;
+    let g = &info.geometry;
+    let names = lanefs::inspect::ImageInfo::log_names();
+    if json {
+        let lanes: Vec<serde_json::Value> = info
+            .lanes
+            .iter()
+            .enumerate()
+            .map(|(i, logs)| {
+                let m: serde_json::Map<String, serde_json::Value> = logs
+                    .iter()
+                    .zip(names)
+                    .map(|(c, n)| (n.to_string(), serde_json::json!({"segment": c.segno, "next_block": c.next_off})))
+                    .collect();
+                serde_json::json!({"lane": i, "logs": m})
+            })
+            .collect();
+        let v = serde_json::json!({
+            "uuid": info.uuid, "label": info.label, "created": info.created, "format_version": info.format_version,
+            "io_mode": dev.io_mode().to_string(), "io_detail": dev.describe(),
+            "geometry": {
+                "block_size": 4096, "segment_blocks": 512, "total_blocks": g.total_blocks, "lanes": g.lanes,
+                "cp_blkaddr": g.cp_blkaddr, "cp_pack_blocks": g.cp_pack_blocks,
+                "nat_blkaddr": g.nat_blkaddr, "nat_blocks": g.nat_blocks,
+                "sit_blkaddr": g.sit_blkaddr, "sit_blocks": g.sit_blocks,
+                "ssa_blkaddr": g.ssa_blkaddr, "main_blkaddr": g.main_blkaddr,
+                "main_segments": g.main_segments, "max_nid": g.max_nid, "reserved_segments": g.reserved_segments,
+            },
+            "superblock_copies_ok": info.superblock_copies_ok,
+            "checkpoint": {"version": info.checkpoint_version, "pack": info.checkpoint_pack,
+                           "clean_unmount": info.clean_unmount, "other_pack": info.other_pack, "orphans": info.orphans},
+            "segments": {"free": info.usage.free, "active": info.usage.active, "dirty": info.usage.dirty,
+                         "valid_blocks": info.usage.valid_blocks},
+            "free_bytes": info.free_bytes,
+            "bytes_written": {"user": info.user_bytes_written, "gc": info.gc_bytes_written, "checkpoint": info.cp_bytes_written},
+            "lanes": lanes,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!("image         {}", image.display());
+    println!("uuid          {}", info.uuid);
+    if !info.label.is_empty() {
+        println!("label         {}", info.label);
+    }
+    println!("format        version {}, 4 KiB blocks, 2 MiB segments", info.format_version);
+    println!("size          {} ({} blocks)", size::show(g.total_blocks * 4096), g.total_blocks);
+    println!("I/O           {}", dev.describe());
+    println!("superblocks   A {}, B {}", ok(info.superblock_copies_ok[0]), ok(info.superblock_copies_ok[1]));
+    println!(
+        "checkpoint    version {} in pack {} ({}); other pack {}",
+        info.checkpoint_version,
+        info.checkpoint_pack,
+        if info.clean_unmount { "clean unmount" } else { "needs roll-forward" },
+        info.other_pack
+    );
+    println!("areas         cp @{} ({} blocks x2), NAT @{} ({} x2), SIT @{} ({} x2), SSA @{}, main @{}",
+        g.cp_blkaddr, g.cp_pack_blocks, g.nat_blkaddr, g.nat_blocks, g.sit_blkaddr, g.sit_blocks, g.ssa_blkaddr, g.main_blkaddr);
+    println!(
+        "segments      {} main: {} free, {} active, {} dirty; {} reserved for cleaning",
+        g.main_segments, info.usage.free, info.usage.active, info.usage.dirty, g.reserved_segments
+    );
+    println!("space         {} valid blocks, {} free", info.usage.valid_blocks, size::show(info.free_bytes));
+    println!("orphans       {}", info.orphans);
+    for (i, logs) in info.lanes.iter().enumerate() {
+        let s: Vec<String> = logs.iter().zip(names).map(|(c, n)| format!("{n} {}+{}", c.segno, c.next_off)).collect();
+        println!("lane {i:<8} {}", s.join(", "));
+    }
+    Ok(())
+}
+
+fn ok(b: bool) -> &'static str {
+    if b {
+        "ok"
+    } else {
+        "BAD"
+    }
+}
+
+fn devbench(path: &Path, io: IoChoice, batch: usize, iterations: usize, size: u64, json: bool) -> Result<(), String> {
+    if !path.exists() {
+        device::create_image(path, size).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let r = device::bench::batch_bench(path, io, batch, iterations).map_err(|e| format!("{}: {e}", path.display()))?;
+    if json {
+        println!("{}", serde_json::json!({
+            "path": path.display().to_string(), "io_mode": r.io_mode.to_string(), "batch_blocks": batch,
+            "iterations": iterations, "batch_blocks_per_sec": r.batch_blocks_per_sec,
+            "pwrite_blocks_per_sec": r.pwrite_blocks_per_sec, "ratio": r.ratio(),
+        }));
+    } else {
+        println!(
+            "{}: {} batch {:.0} blocks/s, one pwrite per block {:.0} blocks/s, ratio {:.2}",
+            path.display(), r.io_mode, r.batch_blocks_per_sec, r.pwrite_blocks_per_sec, r.ratio()
+        );
+    }
+    Ok(())
+}
+
+mod progress {
+    //! A progress bar on a terminal, nothing otherwise.
+    use indicatif::{ProgressBar, ProgressStyle};
+    use std::io::IsTerminal;
+
+    pub struct Bar(Option<ProgressBar>);
+
+    impl Bar {
+        pub fn new() -> Bar {
+            if !std::io::stderr().is_terminal() {
+                return Bar(None);
+            }
+            let b = ProgressBar::new(0);
+            b.set_style(
+                ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            Bar(Some(b))
+        }
+        pub fn update(&self, phase: &str, done: u64, total: u64) {
+            if let Some(b) = &self.0 {
+                b.set_message(phase.to_string());
+                b.set_length(total);
+                b.set_position(done);
+            }
+        }
+        pub fn finish(&self) {
+            if let Some(b) = &self.0 {
+                b.finish_and_clear();
+            }
+        }
+    }
+}

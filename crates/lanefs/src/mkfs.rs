@@ -1,11 +1,11 @@
 //! mkfs: lay out an empty file system on a device.
 //!
 //! Writes the root directory's inode, the NAT and SIT blocks that describe it, the summaries of
-//! every lane's first active segments, checkpoint pack 0, and finally both superblocks. The old
+//! every lane's first active segments, both checkpoint packs, and finally both superblocks. The old
 //! superblocks are zeroed and flushed first, so a crash during mkfs leaves an image that is not
 //! mistaken for a finished one. Stale blocks of an earlier format are never trusted: NAT and
-//! SIT blocks count only where the new checkpoint's copy maps say they were written, pack 1 is
-//! invalidated, and checkpoint versions start at a random base so an old node footer cannot
+//! SIT blocks count only where the new checkpoint's copy maps say they were written, both old
+//! packs are invalidated first, and checkpoint versions start at a random base so an old node footer cannot
 //! pass for one written under the new checkpoint.
 
 use crate::checkpoint::{commit, CommitSet};
@@ -178,8 +178,11 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
         lanes: lane_cps,
         orphans: Vec::new(),
     };
-    // Pack 1 is "current" so the commit lands in pack 0.
-    commit(dev, &g, &mut cp, 1, &CommitSet { nat: vec![nat0], sit: sit_blocks, summaries })?;
+    // Pack 1 is "current" so the commit lands in pack 0. Then the same state again into pack 1,
+    // so that one corrupt pack on a fresh image still leaves a valid checkpoint to mount.
+    let pack = commit(dev, &g, &mut cp, 1, &CommitSet { nat: vec![nat0], sit: sit_blocks, summaries })?;
+    cp.version += 1;
+    commit(dev, &g, &mut cp, pack, &CommitSet { nat: vec![], sit: vec![], summaries: vec![] })?;
 
     // 4. Superblocks last.
     let sb_bytes = sb.encode();
