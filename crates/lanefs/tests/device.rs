@@ -549,3 +549,36 @@ fn discard_punches_holes_in_image_files() {
         }
     }
 }
+
+/// Destructive, so opt-in: `LANEFS_TEST_BLOCK_DEVICE=/dev/loopN cargo test -p lanefs --test
+/// device -- --ignored block_device`. Checks the size against sysfs, then writes through each
+/// back end and reads back through the other.
+#[test]
+#[ignore = "needs LANEFS_TEST_BLOCK_DEVICE=/dev/loopN (destroys its contents)"]
+fn block_device_back_ends_agree() {
+    let Ok(path) = std::env::var("LANEFS_TEST_BLOCK_DEVICE") else {
+        panic!("set LANEFS_TEST_BLOCK_DEVICE to a scratch block device");
+    };
+    let name = Path::new(&path)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let sectors: u64 = std::fs::read_to_string(format!("/sys/class/block/{name}/size"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let du = open(Path::new(&path), IoChoice::Auto);
+    let ds = open(Path::new(&path), IoChoice::Sync);
+    assert!(du.is_block_device());
+    assert_eq!(du.block_count(), sectors * 512 / B as u64);
+    assert_eq!(du.io_mode(), IoMode::Uring, "{}", du.describe());
+    assert!(du.is_direct());
+    let model = random_batches(&du, 5, 20);
+    du.flush().unwrap();
+    check_against_model(&ds, &model);
+    let model = random_batches(&ds, 6, 20);
+    ds.flush().unwrap();
+    check_against_model(&du, &model);
+}

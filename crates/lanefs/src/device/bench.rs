@@ -4,6 +4,20 @@
 //! many discontiguous blocks costs less as one batch than as one system call per block. This
 //! measures exactly that on a given file or device, with both contenders opened the same way
 //! (O_DIRECT or not), writing the same 4 KiB buffers to the same random addresses.
+//!
+//! Measured on the 2-core development machine (`examples/batch_bench.rs`, 64-block batches,
+//! 2000 iterations, three runs each; ratio = write_batch / one pwrite per block):
+//!
+//! | target                              | path chosen            | ratio       |
+//! |-------------------------------------|------------------------|-------------|
+//! | raw loop device over /dev/shm       | io_uring+O_DIRECT      | 2.90 - 3.05 |
+//! | file on ext4 on a loop over /dev/shm| io_uring+O_DIRECT      | 2.24 - 2.32 |
+//! | file in /dev/shm (tmpfs), Auto      | sync-vectored          | 0.92 - 0.94 |
+//! | file in /dev/shm, forced io_uring   | io_uring buffered      | 0.44 - 0.49 |
+//!
+//! With scattered addresses the sync path makes one call per block, like the baseline, so it can
+//! only tie; the gain comes from io_uring where direct I/O is real, which is why `Auto` takes
+//! io_uring only there.
 
 use std::fs::OpenOptions;
 use std::io;

@@ -1,16 +1,16 @@
 //! Image files and block devices.
 //!
-//! [`FileDevice::open`] picks the I/O path once, from facts measured on the target machines:
-//! io_uring with O_DIRECT beats one `pwrite` per block by 2.2-2.4x on a 64-block scattered batch
-//! when direct I/O is real (a block device, or a file on ext4/xfs/btrfs), but on buffered files
-//! io_uring punts every request to a kernel worker thread and loses to plain vectored syscalls by
-//! 1.6-2x. So `Auto` takes O_DIRECT + io_uring only where direct I/O is real (tmpfs accepts
+//! [`FileDevice::open`] picks the I/O path once, from facts measured on the target machines
+//! (figures in `bench.rs`): io_uring with O_DIRECT beats one `pwrite` per block by 2.2-3x on a
+//! 64-block scattered batch when direct I/O is real (a block device, or a file on
+//! ext4/xfs/btrfs), but on buffered files io_uring punts every request to a kernel worker thread
+//! and loses to plain syscalls by about 2x. So `Auto` takes O_DIRECT + io_uring only where direct I/O is real (tmpfs accepts
 //! O_DIRECT since Linux 6.6 and ignores it), and the sync path everywhere else.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, IoSliceMut, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
 
 use rustix::fs::{FallocateFlags, OFlags};
@@ -346,14 +346,21 @@ impl BlockDevice for FileDevice {
     }
 }
 
-/// One `pwritev` per run (at most IOV_MAX iovecs), continuing after short writes.
+/// One system call per run (at most IOV_MAX iovecs), continuing after short writes. A run of one
+/// request, the common case for scattered batches, takes plain `pwrite`: `pwritev` would cost an
+/// iovec import per call for nothing.
 fn sync_write(file: &File, reqs: &[WriteReq<'_>], plan: &Plan) -> io::Result<()> {
+    let mut bufs: Vec<&[u8]> = Vec::new();
     for run in &plan.runs {
-        let bufs: Vec<&[u8]> = plan.order[run.members.clone()]
-            .iter()
-            .map(|&i| reqs[i].data)
-            .collect();
-        pwritev_all(file, &bufs, run.addr * BLOCK_SIZE as u64)?;
+        let off = run.addr * BLOCK_SIZE as u64;
+        let members = &plan.order[run.members.clone()];
+        if let [only] = members {
+            file.write_all_at(reqs[*only].data, off)?;
+            continue;
+        }
+        bufs.clear();
+        bufs.extend(members.iter().map(|&i| reqs[i].data));
+        pwritev_all(file, &bufs, off)?;
     }
     Ok(())
 }
@@ -381,18 +388,24 @@ fn pwritev_all(file: &File, bufs: &[&[u8]], mut off: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// One `preadv` per run, continuing after short reads.
+/// One system call per run (`pread` for a single request), continuing after short reads.
 fn sync_read(file: &File, reqs: &mut [ReadReq<'_>], plan: &Plan) -> io::Result<()> {
     // Each request belongs to exactly one run, so each slot is taken once.
     let mut slots: Vec<Option<&mut [u8]>> = reqs.iter_mut().map(|r| Some(&mut *r.buf)).collect();
     for run in &plan.runs {
+        let off = run.addr * BLOCK_SIZE as u64;
         let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(run.members.len());
         for &i in &plan.order[run.members.clone()] {
             if let Some(b) = slots.get_mut(i).and_then(Option::take) {
                 bufs.push(b);
             }
         }
-        preadv_all(file, &mut bufs, run.addr * BLOCK_SIZE as u64)?;
+        if let [only] = bufs.as_mut_slice() {
+            // read_exact_at retries EINTR and short reads, and reports EOF as UnexpectedEof.
+            file.read_exact_at(only, off)?;
+            continue;
+        }
+        preadv_all(file, &mut bufs, off)?;
     }
     Ok(())
 }

@@ -66,7 +66,7 @@ pub(crate) fn plan(reqs: &[(u64, usize)], block_count: u64, is_write: bool) -> i
     let mut order: Vec<usize> = (0..reqs.len()).collect();
     order.sort_by_key(|&i| reqs[i].0);
 
-    let mut runs: Vec<Run> = Vec::new();
+    let mut runs: Vec<Run> = Vec::with_capacity(reqs.len());
     let mut prev_end: Option<u64> = None;
     for (pos, &i) in order.iter().enumerate() {
         let addr = reqs[i].0;

@@ -17,7 +17,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use io_uring::{opcode, squeue, types, IoUring};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::aligned::{is_direct_aligned, AlignedBuf};
@@ -268,8 +268,7 @@ impl UringBackend {
             } else {
                 enter_failures = 0;
             }
-            let done: Vec<cqueue::Entry> = ring.completion().collect();
-            for cqe in done {
+            for cqe in ring.completion() {
                 inflight = inflight.saturating_sub(1);
                 let Some(op) = ops.get_mut(cqe.user_data() as usize) else {
                     continue;
