@@ -67,7 +67,11 @@ fn at_block(b: Option<u64>) -> String {
 impl Error {
     /// A corruption error for `structure`, optionally at a block address.
     pub fn corrupt(structure: Structure, block: Option<u64>, reason: impl Into<String>) -> Self {
-        Error::Corrupt { structure, block, reason: reason.into() }
+        Error::Corrupt {
+            structure,
+            block,
+            reason: reason.into(),
+        }
     }
 
     /// The errno a POSIX caller should see.

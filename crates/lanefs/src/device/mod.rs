@@ -6,15 +6,49 @@
 //! durable until [`BlockDevice::flush`] returns.
 //!
 //! Invariants every back end keeps: every request is a whole number of blocks inside
-//! `0..block_count()`; a batch returns only when every request in it has completed (or the first
-//! error is known); `flush` covers every write that completed before it was called.
+//! `0..block_count()`, and the whole batch is checked before any byte moves (a bad request is
+//! `InvalidInput`, never a panic and never half a batch); no two writes of one batch overlap, so
+//! the result does not depend on completion order; a batch returns only when every request in it
+//! has completed (or the first error is known and nothing is still in flight); `flush` covers
+//! every write that completed before it was called.
+//!
+//! Back ends: [`FileDevice`] (io_uring + O_DIRECT where direct I/O is real, vectored
+//! `pwritev`/`preadv` otherwise), [`MemDevice`] (RAM, tests) and [`CrashDevice`] (records and
+//! injects faults for crash testing). `unsafe` code lives only in `uring.rs` and `aligned.rs`.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+mod aligned;
+mod bench;
+mod crash;
+mod file;
+mod mem;
+mod plan;
+mod uring;
+
+pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_ALIGN};
+pub use bench::{batch_bench, BatchBenchReport};
+pub use crash::{
+    flush_points, in_flight_after, state_at, state_with_subset, CrashDevice, CrashEvent, EventKind,
+    FaultPlan, WriteFault,
+};
+pub use file::{create_image, DeviceOptions, FileDevice, IoChoice};
+pub use mem::MemDevice;
+
+/// Opens an image file or block device as a shareable [`BlockDevice`] (see [`FileDevice::open`]).
+pub fn open(path: impl AsRef<Path>, opts: DeviceOptions) -> io::Result<Arc<dyn BlockDevice>> {
+    Ok(Arc::new(FileDevice::open(path, opts)?))
+}
 
 pub const BLOCK_SIZE: usize = 4096;
 
 /// Which I/O path a device uses; reported by `lanefs inspect`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoMode {
-    /// O_DIRECT and io_uring: one submission per batch.
+    /// io_uring: one submission per batch; with O_DIRECT unless the device's `describe` says
+    /// "buffered" (forced on a file system where direct I/O is not real).
     Uring,
     /// Buffered (or O_DIRECT) vectored pwritev/preadv, one call per contiguous run.
     Sync,
@@ -53,14 +87,20 @@ pub trait BlockDevice: Send + Sync {
     /// Reads every request of the batch. Buffers need no particular alignment.
     fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> std::io::Result<()>;
     /// Writes every request of the batch. Completion is not durability: see `flush`.
+    /// Requests must not overlap one another (`InvalidInput` otherwise).
     fn write_batch(&self, reqs: &[WriteReq<'_>]) -> std::io::Result<()>;
     /// Makes every completed write durable (fdatasync or a cache flush).
     fn flush(&self) -> std::io::Result<()>;
     /// The I/O path in use.
     fn io_mode(&self) -> IoMode;
-    /// Tells the device that the blocks no longer hold data (TRIM). Optional.
+    /// Tells the device that the blocks no longer hold data (TRIM). Optional; their contents
+    /// are unspecified afterwards.
     fn discard(&self, _addr: u64, _blocks: u64) -> std::io::Result<()> {
         Ok(())
+    }
+    /// One line on the I/O path, for `lanefs inspect`.
+    fn describe(&self) -> String {
+        self.io_mode().to_string()
     }
 
     fn read_block(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
@@ -68,5 +108,55 @@ pub trait BlockDevice: Send + Sync {
     }
     fn write_block(&self, addr: u64, data: &[u8]) -> std::io::Result<()> {
         self.write_batch(&[WriteReq { addr, data }])
+    }
+}
+
+/// Lets a shared device (`Arc<dyn BlockDevice>` from [`open`]) be wrapped, e.g. by
+/// [`CrashDevice`].
+impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
+    fn block_count(&self) -> u64 {
+        (**self).block_count()
+    }
+    fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> std::io::Result<()> {
+        (**self).read_batch(reqs)
+    }
+    fn write_batch(&self, reqs: &[WriteReq<'_>]) -> std::io::Result<()> {
+        (**self).write_batch(reqs)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        (**self).flush()
+    }
+    fn io_mode(&self) -> IoMode {
+        (**self).io_mode()
+    }
+    fn discard(&self, addr: u64, blocks: u64) -> std::io::Result<()> {
+        (**self).discard(addr, blocks)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
+impl<T: BlockDevice + ?Sized> BlockDevice for Box<T> {
+    fn block_count(&self) -> u64 {
+        (**self).block_count()
+    }
+    fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> std::io::Result<()> {
+        (**self).read_batch(reqs)
+    }
+    fn write_batch(&self, reqs: &[WriteReq<'_>]) -> std::io::Result<()> {
+        (**self).write_batch(reqs)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        (**self).flush()
+    }
+    fn io_mode(&self) -> IoMode {
+        (**self).io_mode()
+    }
+    fn discard(&self, addr: u64, blocks: u64) -> std::io::Result<()> {
+        (**self).discard(addr, blocks)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
     }
 }
