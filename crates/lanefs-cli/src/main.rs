@@ -90,7 +90,9 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Mkfs { image, size, lanes, label, force } => exit(mkfs(&image, size, lanes, &label, force), "mkfs"),
+        Cmd::Mkfs { image, size, lanes, label, force } => {
+            exit(mkfs(&image, size, lanes, &label, force), "mkfs")
+        }
         Cmd::Fsck { image, repair, io } => fsck(&image, repair, io.into()),
         Cmd::Inspect { image, json, io } => exit(inspect(&image, json, io.into()), "inspect"),
         Cmd::Devbench { path, io, batch, iterations, size, json } => {
@@ -128,11 +130,16 @@ fn mkfs(image: &Path, size: Option<u64>, lanes: Option<u32>, label: &str, force:
     if let Some(s) = size {
         let min = lanefs::format::Geometry::min_size_bytes(lanes);
         if s < min {
-            return Err(format!("size {} is below the minimum of {} for {lanes} lanes", size::show(s), size::show(min)));
+            return Err(format!(
+                "size {} is below the minimum of {} for {lanes} lanes",
+                size::show(s),
+                size::show(min)
+            ));
         }
     }
     if meta.is_err() {
-        let s = size.ok_or_else(|| format!("{} does not exist: give --size to create it", image.display()))?;
+        let s =
+            size.ok_or_else(|| format!("{} does not exist: give --size to create it", image.display()))?;
         device::create_image(image, s).map_err(|e| format!("{}: {e}", image.display()))?;
     } else {
         let dev = open(image, IoChoice::Auto)?;
@@ -176,9 +183,11 @@ fn fsck(image: &Path, repair: bool, io: IoChoice) -> ExitCode {
         }
     };
     let bar = progress::Bar::new();
-    let report = lanefs::fsck::check_with_progress(&dev, &lanefs::fsck::FsckOptions { repair }, &|phase, done, total| {
-        bar.update(phase, done, total)
-    });
+    let report = lanefs::fsck::check_with_progress(
+        &dev,
+        &lanefs::fsck::FsckOptions { repair },
+        &|phase, done, total| bar.update(phase, done, total),
+    );
     bar.finish();
     let report = match report {
         Ok(r) => r,
@@ -207,7 +216,8 @@ fn fsck(image: &Path, repair: bool, io: IoChoice) -> ExitCode {
         match report.exit_code() {
             0 => "clean".to_string(),
             1 => format!("{} errors corrected", report.problems.len()),
-            _ => format!("{} errors left uncorrected", report.problems.iter().filter(|p| !p.repaired).count()),
+            _ =>
+                format!("{} errors left uncorrected", report.problems.iter().filter(|p| !p.repaired).count()),
         }
     );
     ExitCode::from(report.exit_code() as u8)
@@ -227,7 +237,9 @@ fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
                 let m: serde_json::Map<String, serde_json::Value> = logs
                     .iter()
                     .zip(names)
-                    .map(|(c, n)| (n.to_string(), serde_json::json!({"segment": c.segno, "next_block": c.next_off})))
+                    .map(|(c, n)| {
+                        (n.to_string(), serde_json::json!({"segment": c.segno, "next_block": c.next_off}))
+                    })
                     .collect();
                 serde_json::json!({"lane": i, "logs": m})
             })
@@ -271,8 +283,17 @@ fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
         if info.clean_unmount { "clean unmount" } else { "needs roll-forward" },
         info.other_pack
     );
-    println!("areas         cp @{} ({} blocks x2), NAT @{} ({} x2), SIT @{} ({} x2), SSA @{}, main @{}",
-        g.cp_blkaddr, g.cp_pack_blocks, g.nat_blkaddr, g.nat_blocks, g.sit_blkaddr, g.sit_blocks, g.ssa_blkaddr, g.main_blkaddr);
+    println!(
+        "areas         cp @{} ({} blocks x2), NAT @{} ({} x2), SIT @{} ({} x2), SSA @{}, main @{}",
+        g.cp_blkaddr,
+        g.cp_pack_blocks,
+        g.nat_blkaddr,
+        g.nat_blocks,
+        g.sit_blkaddr,
+        g.sit_blocks,
+        g.ssa_blkaddr,
+        g.main_blkaddr
+    );
     println!(
         "segments      {} main: {} free, {} active, {} dirty; {} reserved for cleaning",
         g.main_segments, info.usage.free, info.usage.active, info.usage.dirty, g.reserved_segments
@@ -280,7 +301,8 @@ fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
     println!("space         {} valid blocks, {} free", info.usage.valid_blocks, size::show(info.free_bytes));
     println!("orphans       {}", info.orphans);
     for (i, logs) in info.lanes.iter().enumerate() {
-        let s: Vec<String> = logs.iter().zip(names).map(|(c, n)| format!("{n} {}+{}", c.segno, c.next_off)).collect();
+        let s: Vec<String> =
+            logs.iter().zip(names).map(|(c, n)| format!("{n} {}+{}", c.segno, c.next_off)).collect();
         println!("lane {i:<8} {}", s.join(", "));
     }
     Ok(())
@@ -294,21 +316,36 @@ fn ok(b: bool) -> &'static str {
     }
 }
 
-fn devbench(path: &Path, io: IoChoice, batch: usize, iterations: usize, size: u64, json: bool) -> Result<(), String> {
+fn devbench(
+    path: &Path,
+    io: IoChoice,
+    batch: usize,
+    iterations: usize,
+    size: u64,
+    json: bool,
+) -> Result<(), String> {
     if !path.exists() {
         device::create_image(path, size).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let r = device::bench::batch_bench(path, io, batch, iterations).map_err(|e| format!("{}: {e}", path.display()))?;
+    let r =
+        device::batch_bench(path, io, batch, iterations).map_err(|e| format!("{}: {e}", path.display()))?;
     if json {
-        println!("{}", serde_json::json!({
-            "path": path.display().to_string(), "io_mode": r.io_mode.to_string(), "batch_blocks": batch,
-            "iterations": iterations, "batch_blocks_per_sec": r.batch_blocks_per_sec,
-            "pwrite_blocks_per_sec": r.pwrite_blocks_per_sec, "ratio": r.ratio(),
-        }));
+        println!(
+            "{}",
+            serde_json::json!({
+                "path": path.display().to_string(), "io_mode": r.description, "batch_blocks": batch,
+                "iterations": iterations, "batch_blocks_per_sec": r.batch_blocks_per_sec,
+                "pwrite_blocks_per_sec": r.pwrite_blocks_per_sec, "ratio": r.ratio,
+            })
+        );
     } else {
         println!(
             "{}: {} batch {:.0} blocks/s, one pwrite per block {:.0} blocks/s, ratio {:.2}",
-            path.display(), r.io_mode, r.batch_blocks_per_sec, r.pwrite_blocks_per_sec, r.ratio()
+            path.display(),
+            r.description,
+            r.batch_blocks_per_sec,
+            r.pwrite_blocks_per_sec,
+            r.ratio
         );
     }
     Ok(())

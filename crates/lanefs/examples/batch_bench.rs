@@ -18,12 +18,8 @@ fn main() -> ExitCode {
     };
     let parsed = (|| -> Result<(IoChoice, usize, usize), String> {
         let io = args.get(1).map_or(Ok(IoChoice::Auto), |s| s.parse())?;
-        let batch = args
-            .get(2)
-            .map_or(Ok(64), |s| s.parse().map_err(|e| format!("{s}: {e}")))?;
-        let iters = args
-            .get(3)
-            .map_or(Ok(2000), |s| s.parse().map_err(|e| format!("{s}: {e}")))?;
+        let batch = args.get(2).map_or(Ok(64), |s| s.parse().map_err(|e| format!("{s}: {e}")))?;
+        let iters = args.get(3).map_or(Ok(2000), |s| s.parse().map_err(|e| format!("{s}: {e}")))?;
         Ok((io, batch, iters))
     })();
     let (io, batch, iters) = match parsed {

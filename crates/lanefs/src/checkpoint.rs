@@ -87,7 +87,9 @@ pub fn read_checkpoint(dev: &dyn BlockDevice, g: &Geometry) -> Result<Checkpoint
     let c0 = Checkpoint::decode(&p0, g, g.cp_pack_addr(0));
     let c1 = Checkpoint::decode(&p1, g, g.cp_pack_addr(1));
     match (c0, c1) {
-        (Ok(a), Ok(b)) if b.version > a.version => Ok(CheckpointRead { other: Ok(a.version), cp: b, pack: 1 }),
+        (Ok(a), Ok(b)) if b.version > a.version => {
+            Ok(CheckpointRead { other: Ok(a.version), cp: b, pack: 1 })
+        }
         (Ok(a), Ok(b)) => Ok(CheckpointRead { other: Ok(b.version), cp: a, pack: 0 }),
         (Ok(a), Err(e)) => Ok(CheckpointRead { cp: a, pack: 0, other: Err(e.to_string()) }),
         (Err(e), Ok(b)) => Ok(CheckpointRead { cp: b, pack: 1, other: Err(e.to_string()) }),
@@ -102,9 +104,8 @@ pub fn read_checkpoint(dev: &dyn BlockDevice, g: &Geometry) -> Result<Checkpoint
 /// Reads the current copy of every NAT block the checkpoint says was written.
 /// Blocks never written hold only free entries and are absent from the map.
 pub fn read_nat(dev: &dyn BlockDevice, g: &Geometry, cp: &Checkpoint) -> Result<BTreeMap<u32, NatBlock>> {
-    let idx: Vec<(u32, u64)> = (0..g.nat_blocks)
-        .filter_map(|i| cp.nat_map.get(i).map(|c| (i, g.nat_block_addr(i, c))))
-        .collect();
+    let idx: Vec<(u32, u64)> =
+        (0..g.nat_blocks).filter_map(|i| cp.nat_map.get(i).map(|c| (i, g.nat_block_addr(i, c)))).collect();
     let bufs = read_blocks(dev, &idx.iter().map(|&(_, a)| a).collect::<Vec<_>>())?;
     idx.iter()
         .zip(bufs.chunks(BLOCK_SIZE))
@@ -114,9 +115,8 @@ pub fn read_nat(dev: &dyn BlockDevice, g: &Geometry, cp: &Checkpoint) -> Result<
 
 /// Reads the SIT: one entry per main segment (segments in never-written SIT blocks are empty).
 pub fn read_sit(dev: &dyn BlockDevice, g: &Geometry, cp: &Checkpoint) -> Result<Vec<SitEntry>> {
-    let idx: Vec<(u32, u64)> = (0..g.sit_blocks)
-        .filter_map(|i| cp.sit_map.get(i).map(|c| (i, g.sit_block_addr(i, c))))
-        .collect();
+    let idx: Vec<(u32, u64)> =
+        (0..g.sit_blocks).filter_map(|i| cp.sit_map.get(i).map(|c| (i, g.sit_block_addr(i, c)))).collect();
     let bufs = read_blocks(dev, &idx.iter().map(|&(_, a)| a).collect::<Vec<_>>())?;
     let mut out = vec![SitEntry::default(); g.main_segments as usize];
     for (&(i, addr), b) in idx.iter().zip(bufs.chunks(BLOCK_SIZE)) {
@@ -176,7 +176,8 @@ pub fn commit(
     current_pack: u32,
     set: &CommitSet,
 ) -> Result<u32> {
-    let mut blocks: Vec<(u64, Vec<u8>)> = Vec::with_capacity(set.nat.len() + set.sit.len() + set.summaries.len());
+    let mut blocks: Vec<(u64, Vec<u8>)> =
+        Vec::with_capacity(set.nat.len() + set.sit.len() + set.summaries.len());
     for nb in &set.nat {
         if nb.index >= g.nat_blocks || nb.entries.len() != NAT_ENTRIES_PER_BLOCK as usize {
             return Err(Error::InvalidArgument(format!("NAT block {} out of range", nb.index)));

@@ -42,11 +42,7 @@ pub enum Error {
     Io(#[from] std::io::Error),
     /// A decode found bytes that are not a valid instance of `structure`.
     #[error("corrupt {structure}{}: {reason}", at_block(*.block))]
-    Corrupt {
-        structure: Structure,
-        block: Option<u64>,
-        reason: String,
-    },
+    Corrupt { structure: Structure, block: Option<u64>, reason: String },
     /// The image is not lanefs at all, or of an unsupported version.
     #[error("not a lanefs image: {0}")]
     NotLanefs(String),
@@ -67,11 +63,7 @@ fn at_block(b: Option<u64>) -> String {
 impl Error {
     /// A corruption error for `structure`, optionally at a block address.
     pub fn corrupt(structure: Structure, block: Option<u64>, reason: impl Into<String>) -> Self {
-        Error::Corrupt {
-            structure,
-            block,
-            reason: reason.into(),
-        }
+        Error::Corrupt { structure, block, reason: reason.into() }
     }
 
     /// The errno a POSIX caller should see.

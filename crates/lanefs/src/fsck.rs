@@ -22,7 +22,7 @@ use crate::checkpoint::{self, commit, read_blocks, CommitSet};
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result, Structure};
 use crate::format::dentry::DentryBlock;
-use crate::format::layout::{Geometry, BLOCKS_PER_SEG, NAT_ENTRIES_PER_BLOCK, ROOT_INO};
+use crate::format::layout::{Geometry, NAT_ENTRIES_PER_BLOCK, ROOT_INO};
 use crate::format::node::{ADDRS_PER_NODE, INODE_ADDRS, NEW_ADDR, S_IFMT};
 use crate::format::sit::SitEntry;
 use crate::format::superblock::SB_ADDRS;
@@ -92,7 +92,11 @@ pub fn check(dev: &dyn BlockDevice, opts: &FsckOptions) -> Result<FsckReport> {
 }
 
 /// As [`check`], reporting progress.
-pub fn check_with_progress(dev: &dyn BlockDevice, opts: &FsckOptions, progress: Progress) -> Result<FsckReport> {
+pub fn check_with_progress(
+    dev: &dyn BlockDevice,
+    opts: &FsckOptions,
+    progress: Progress,
+) -> Result<FsckReport> {
     let mut f = Fsck { dev, report: FsckReport::default(), progress };
     match f.run(opts) {
         Ok(()) => Ok(f.report),
@@ -136,7 +140,12 @@ struct InodeInfo {
 
 impl<'a> Fsck<'a> {
     fn problem(&mut self, structure: Structure, message: impl Into<String>, repairable: bool) {
-        self.report.problems.push(Problem { structure, message: message.into(), repairable, repaired: false });
+        self.report.problems.push(Problem {
+            structure,
+            message: message.into(),
+            repairable,
+            repaired: false,
+        });
     }
 
     fn run(&mut self, opts: &FsckOptions) -> Result<()> {
@@ -152,8 +161,14 @@ impl<'a> Fsck<'a> {
         }
         let cpr = checkpoint::read_checkpoint(dev, &g)?;
         match &cpr.other {
-            Ok(v) => self.report.notes.push(format!("checkpoint pack {} holds older version {v}", 1 - cpr.pack)),
-            Err(e) => self.report.notes.push(format!("checkpoint pack {} not usable ({e}); using pack {}", 1 - cpr.pack, cpr.pack)),
+            Ok(v) => {
+                self.report.notes.push(format!("checkpoint pack {} holds older version {v}", 1 - cpr.pack))
+            }
+            Err(e) => self.report.notes.push(format!(
+                "checkpoint pack {} not usable ({e}); using pack {}",
+                1 - cpr.pack,
+                cpr.pack
+            )),
         }
         let mut cp = cpr.cp;
         self.report.stats.checkpoint_version = cp.version;
@@ -165,9 +180,11 @@ impl<'a> Fsck<'a> {
         let entries: Vec<(u32, u32, u32)> = nat
             .iter()
             .flat_map(|(&bi, nb)| {
-                nb.entries.iter().enumerate().filter(|(_, e)| !e.is_free()).map(move |(slot, e)| {
-                    (bi * NAT_ENTRIES_PER_BLOCK + slot as u32, e.block_addr, e.ino)
-                })
+                nb.entries
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| !e.is_free())
+                    .map(move |(slot, e)| (bi * NAT_ENTRIES_PER_BLOCK + slot as u32, e.block_addr, e.ino))
             })
             .collect();
         let mut owners: HashMap<u32, SummaryEntry> = HashMap::new();
@@ -212,7 +229,11 @@ impl<'a> Fsck<'a> {
             let info = nodes[&ino].inode.as_ref().expect("inode");
             let counted = data.len() as u64;
             if counted != info.blocks {
-                self.problem(Structure::Node, format!("inode {ino} records {} blocks but maps {counted}", info.blocks), false);
+                self.problem(
+                    Structure::Node,
+                    format!("inode {ino} records {} blocks but maps {counted}", info.blocks),
+                    false,
+                );
             }
             let is_dir = info.mode & S_IFMT == 0o040000;
             for &(owner, ofs, addr) in &data {
@@ -226,11 +247,16 @@ impl<'a> Fsck<'a> {
         }
         for (&nid, n) in &nodes {
             if !reached.contains(&nid) {
-                self.problem(Structure::Nat, format!("node {nid} of inode {} is not reachable from its inode", n.ino), false);
+                self.problem(
+                    Structure::Nat,
+                    format!("node {nid} of inode {} is not reachable from its inode", n.ino),
+                    false,
+                );
             }
         }
         self.report.stats.inodes = inos.len() as u64;
-        self.report.stats.data_blocks = owners.values().filter(|o| o.kind == SummaryKind::Data).count() as u64;
+        self.report.stats.data_blocks =
+            owners.values().filter(|o| o.kind == SummaryKind::Data).count() as u64;
 
         // 3-5. Space: SIT and SSA against the owners found.
         let mut expected: BTreeMap<u32, Vec<(u32, SummaryEntry)>> = BTreeMap::new();
@@ -241,7 +267,7 @@ impl<'a> Fsck<'a> {
         }
         let mut sit_fix: BTreeMap<u32, SitEntry> = BTreeMap::new();
         for segno in 0..g.main_segments {
-            if segno % 1024 == 0 {
+            if segno.is_multiple_of(1024) {
                 (self.progress)("segments", segno as u64, g.main_segments as u64);
             }
             let mut want = sit[segno as usize].clone();
@@ -250,7 +276,9 @@ impl<'a> Fsck<'a> {
             for &(off, _) in expected.get(&segno).map(Vec::as_slice).unwrap_or(&[]) {
                 want.set_valid(off);
             }
-            if want.bitmap != sit[segno as usize].bitmap || want.valid_blocks != sit[segno as usize].valid_blocks {
+            if want.bitmap != sit[segno as usize].bitmap
+                || want.valid_blocks != sit[segno as usize].valid_blocks
+            {
                 self.problem(
                     Structure::Sit,
                     format!(
@@ -266,7 +294,11 @@ impl<'a> Fsck<'a> {
         for (l, lane) in cp.lanes.iter().enumerate() {
             for c in &lane.logs {
                 if active.insert(c.segno, (l, c.next_off)).is_some() {
-                    self.problem(Structure::Checkpoint, format!("segment {} is active in two logs", c.segno), false);
+                    self.problem(
+                        Structure::Checkpoint,
+                        format!("segment {} is active in two logs", c.segno),
+                        false,
+                    );
                 }
                 if let Some(owned) = expected.get(&c.segno) {
                     if let Some(&(off, _)) = owned.iter().find(|(off, _)| *off >= c.next_off as u32) {
@@ -303,7 +335,11 @@ impl<'a> Fsck<'a> {
                 }
             }
             if bad > 0 {
-                self.problem(Structure::Ssa, format!("segment {segno}: {bad} blocks name the wrong owner"), true);
+                self.problem(
+                    Structure::Ssa,
+                    format!("segment {segno}: {bad} blocks name the wrong owner"),
+                    true,
+                );
                 ssa_fix.push(want);
             }
         }
@@ -334,14 +370,15 @@ impl<'a> Fsck<'a> {
                 let mut sit_blocks: BTreeMap<u32, SitBlock> = BTreeMap::new();
                 for (segno, e) in sit_fix {
                     let (bi, slot) = SitBlock::locate(segno);
-                    sit_blocks
-                        .entry(bi)
-                        .or_insert_with(|| sit_block_from(&sit, bi, &g))
-                        .entries[slot] = e;
+                    sit_blocks.entry(bi).or_insert_with(|| sit_block_from(&sit, bi, &g)).entries[slot] = e;
                 }
                 (cp.valid_blocks, cp.valid_nodes, cp.valid_inodes) = counts;
                 cp.version += 1;
-                let set = CommitSet { nat: Vec::new(), sit: sit_blocks.into_values().collect(), summaries: ssa_fix };
+                let set = CommitSet {
+                    nat: Vec::new(),
+                    sit: sit_blocks.into_values().collect(),
+                    summaries: ssa_fix,
+                };
                 commit(dev, &g, &mut cp, cpr.pack, &set)?;
                 for s in [Structure::Sit, Structure::Ssa, Structure::Checkpoint] {
                     self.mark_repaired(s);
@@ -386,21 +423,43 @@ impl<'a> Fsck<'a> {
                     xattr_nid: i.xattr_nid,
                 }),
             },
-            NodeBody::Direct(v) => NodeInfo { kind: 2, ino: node.footer.ino, children: Vec::new(), data: nz(&v), inode: None },
-            NodeBody::Indirect(v) => NodeInfo { kind: 3, ino: node.footer.ino, children: v, data: Vec::new(), inode: None },
-            NodeBody::Xattr(_) => NodeInfo { kind: 4, ino: node.footer.ino, children: Vec::new(), data: Vec::new(), inode: None },
+            NodeBody::Direct(v) => {
+                NodeInfo { kind: 2, ino: node.footer.ino, children: Vec::new(), data: nz(&v), inode: None }
+            }
+            NodeBody::Indirect(v) => {
+                NodeInfo { kind: 3, ino: node.footer.ino, children: v, data: Vec::new(), inode: None }
+            }
+            NodeBody::Xattr(_) => NodeInfo {
+                kind: 4,
+                ino: node.footer.ino,
+                children: Vec::new(),
+                data: Vec::new(),
+                inode: None,
+            },
         }
     }
 
     /// Walks inode `ino`'s node tree; collects (owner nid, slot, address) of its data blocks in
     /// logical order.
-    fn walk_tree(&mut self, ino: u32, nodes: &BTreeMap<u32, NodeInfo>, reached: &mut HashSet<u32>, data: &mut Vec<(u32, u16, u32)>) {
+    fn walk_tree(
+        &mut self,
+        ino: u32,
+        nodes: &BTreeMap<u32, NodeInfo>,
+        reached: &mut HashSet<u32>,
+        data: &mut Vec<(u32, u16, u32)>,
+    ) {
         let info = &nodes[&ino];
         let inode = info.inode.as_ref().expect("inode");
         data.extend(info.data.iter().map(|&(s, a)| (ino, s, a)));
         debug_assert!(info.data.iter().all(|&(s, _)| (s as usize) < INODE_ADDRS));
         // (nid, depth): depth 0 direct, 1 indirect, 2 double indirect.
-        let roots = [(inode.nids[0], 0), (inode.nids[1], 0), (inode.nids[2], 1), (inode.nids[3], 1), (inode.nids[4], 2)];
+        let roots = [
+            (inode.nids[0], 0),
+            (inode.nids[1], 0),
+            (inode.nids[2], 1),
+            (inode.nids[3], 1),
+            (inode.nids[4], 2),
+        ];
         let mut stack: Vec<(u32, u32)> = roots.iter().rev().filter(|r| r.0 != 0).copied().collect();
         // Bound: a tree cannot hold more nodes than the NAT; anything beyond is a loop.
         let mut budget = nodes.len() + 1;
@@ -411,12 +470,23 @@ impl<'a> Fsck<'a> {
                 return;
             }
             let Some(n) = nodes.get(&nid) else {
-                self.problem(Structure::Node, format!("inode {ino} refers to node {nid}, which the NAT does not map"), false);
+                self.problem(
+                    Structure::Node,
+                    format!("inode {ino} refers to node {nid}, which the NAT does not map"),
+                    false,
+                );
                 continue;
             };
             let want_kind = if depth == 0 { 2 } else { 3 };
             if n.kind != want_kind || n.ino != ino {
-                self.problem(Structure::Node, format!("inode {ino}: node {nid} is of kind {} and inode {}, expected kind {want_kind}", n.kind, n.ino), false);
+                self.problem(
+                    Structure::Node,
+                    format!(
+                        "inode {ino}: node {nid} is of kind {} and inode {}, expected kind {want_kind}",
+                        n.kind, n.ino
+                    ),
+                    false,
+                );
                 continue;
             }
             if !reached.insert(nid) {
@@ -435,12 +505,22 @@ impl<'a> Fsck<'a> {
                 Some(n) if n.kind == 4 && n.ino == ino => {
                     reached.insert(inode.xattr_nid);
                 }
-                _ => self.problem(Structure::Node, format!("inode {ino}: xattr node {} is missing or not its own", inode.xattr_nid), false),
+                _ => self.problem(
+                    Structure::Node,
+                    format!("inode {ino}: xattr node {} is missing or not its own", inode.xattr_nid),
+                    false,
+                ),
             }
         }
     }
 
-    fn check_namespace(&mut self, g: &Geometry, nodes: &BTreeMap<u32, NodeInfo>, dir_blocks: &HashMap<u32, Vec<u32>>, orphans: &[u32]) -> Result<()> {
+    fn check_namespace(
+        &mut self,
+        g: &Geometry,
+        nodes: &BTreeMap<u32, NodeInfo>,
+        dir_blocks: &HashMap<u32, Vec<u32>>,
+        orphans: &[u32],
+    ) -> Result<()> {
         let inode_of = |ino: u32| nodes.get(&ino).and_then(|n| n.inode.as_ref());
         match inode_of(ROOT_INO) {
             Some(i) if i.mode & S_IFMT == 0o040000 => {}
@@ -456,7 +536,7 @@ impl<'a> Fsck<'a> {
         let mut dirs = 0u64;
         while let Some(dir) = queue.pop_front() {
             dirs += 1;
-            if dirs % 256 == 0 {
+            if dirs.is_multiple_of(256) {
                 (self.progress)("directories", dirs, seen_dirs.len() as u64);
             }
             let blocks = dir_blocks.get(&dir).cloned().unwrap_or_default();
@@ -477,24 +557,53 @@ impl<'a> Fsck<'a> {
                 for d in db.entries {
                     let shown = String::from_utf8_lossy(&d.name).into_owned();
                     if !names.insert(d.name.clone()) {
-                        self.problem(Structure::Dentry, format!("directory {dir} holds '{shown}' twice"), false);
+                        self.problem(
+                            Structure::Dentry,
+                            format!("directory {dir} holds '{shown}' twice"),
+                            false,
+                        );
                         continue;
                     }
                     let Some(child) = inode_of(d.ino) else {
-                        self.problem(Structure::Dentry, format!("'{shown}' in directory {dir} points to inode {}, which does not exist", d.ino), false);
+                        self.problem(
+                            Structure::Dentry,
+                            format!(
+                                "'{shown}' in directory {dir} points to inode {}, which does not exist",
+                                d.ino
+                            ),
+                            false,
+                        );
                         continue;
                     };
                     if dtype_of(child.mode) != d.file_type {
-                        self.problem(Structure::Dentry, format!("'{shown}' in directory {dir} has type {} but inode {} is mode {:o}", d.file_type, d.ino, child.mode), false);
+                        self.problem(
+                            Structure::Dentry,
+                            format!(
+                                "'{shown}' in directory {dir} has type {} but inode {} is mode {:o}",
+                                d.file_type, d.ino, child.mode
+                            ),
+                            false,
+                        );
                     }
                     *refs.entry(d.ino).or_default() += 1;
                     if child.mode & S_IFMT == 0o040000 {
                         *subdirs.entry(dir).or_default() += 1;
                         if child.parent != dir {
-                            self.problem(Structure::Node, format!("directory {} is in directory {dir} but names {} as its parent", d.ino, child.parent), false);
+                            self.problem(
+                                Structure::Node,
+                                format!(
+                                    "directory {} is in directory {dir} but names {} as its parent",
+                                    d.ino, child.parent
+                                ),
+                                false,
+                            );
                         }
                         if !seen_dirs.insert(d.ino) {
-                            self.problem(Structure::Dentry, format!("directory {} has more than one name (loop or hard link)", d.ino), false);
+                            self.problem(
+                                Structure::Dentry,
+                                format!("directory {} has more than one name (loop or hard link)", d.ino),
+                                false,
+                            );
                         } else {
                             queue.push_back(d.ino);
                         }
@@ -510,22 +619,38 @@ impl<'a> Fsck<'a> {
             let names = refs.get(&ino).copied().unwrap_or(0) + u32::from(ino == ROOT_INO);
             if orphan_set.contains(&ino) {
                 if names != 0 || i.nlink != 0 {
-                    self.problem(Structure::Checkpoint, format!("orphan inode {ino} still has {names} names and nlink {}", i.nlink), false);
+                    self.problem(
+                        Structure::Checkpoint,
+                        format!("orphan inode {ino} still has {names} names and nlink {}", i.nlink),
+                        false,
+                    );
                 }
                 continue;
             }
             if names == 0 {
-                self.problem(Structure::Node, format!("inode {ino} is not reachable from the root and is not an orphan"), false);
+                self.problem(
+                    Structure::Node,
+                    format!("inode {ino} is not reachable from the root and is not an orphan"),
+                    false,
+                );
                 continue;
             }
             let want = if is_dir { 2 + subdirs.get(&ino).copied().unwrap_or(0) } else { names };
             if i.nlink != want {
-                self.problem(Structure::Node, format!("inode {ino} has link count {}, the tree gives {want}", i.nlink), false);
+                self.problem(
+                    Structure::Node,
+                    format!("inode {ino} has link count {}, the tree gives {want}", i.nlink),
+                    false,
+                );
             }
         }
         for &o in orphans {
             if inode_of(o).is_none() {
-                self.problem(Structure::Checkpoint, format!("orphan list names inode {o}, which does not exist"), false);
+                self.problem(
+                    Structure::Checkpoint,
+                    format!("orphan list names inode {o}, which does not exist"),
+                    false,
+                );
             }
         }
         Ok(())
@@ -540,7 +665,6 @@ fn sit_block_from(sit: &[SitEntry], index: u32, g: &Geometry) -> SitBlock {
             *e = sit[segno].clone();
         }
     }
-    debug_assert!(BLOCKS_PER_SEG == 512);
     b
 }
 

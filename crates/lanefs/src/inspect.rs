@@ -61,7 +61,12 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
     }
     // Free space: free segments beyond the cleaner's reserve, plus the unwritten tail of every
     // active segment.
-    let tails: u64 = cp.lanes.iter().flat_map(|l| l.logs.iter()).map(|c| (BLOCKS_PER_SEG - c.next_off as u32) as u64).sum();
+    let tails: u64 = cp
+        .lanes
+        .iter()
+        .flat_map(|l| l.logs.iter())
+        .map(|c| (BLOCKS_PER_SEG - c.next_off as u32) as u64)
+        .sum();
     let free_blocks = (usage.free.saturating_sub(g.reserved_segments) as u64) * BLOCKS_PER_SEG as u64 + tails;
     Ok(ImageInfo {
         uuid: sbr.sb.uuid_str(),

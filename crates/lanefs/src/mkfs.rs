@@ -11,14 +11,16 @@
 use crate::checkpoint::{commit, CommitSet};
 use crate::device::{BlockDevice, ReadReq, BLOCK_SIZE};
 use crate::error::Result;
-use crate::format::checkpoint::{CP_FLAG_CLEAN, LogCursor};
+use crate::format::checkpoint::{LogCursor, CP_FLAG_CLEAN};
 use crate::format::layout::{Geometry, LogType, LOG_TYPES, ROOT_INO, SIT_ENTRIES_PER_BLOCK};
 use crate::format::node::{Inode, Node, NodeBody, NodeFooter, Timespec};
+use crate::format::sit::SitEntry;
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::format::superblock::SB_ADDRS;
-use crate::format::{Checkpoint, CopyMap, LaneCheckpoint, NatBlock, NatEntry, SegmentSummary, SitBlock, Superblock};
+use crate::format::{
+    Checkpoint, CopyMap, LaneCheckpoint, NatBlock, NatEntry, SegmentSummary, SitBlock, Superblock,
+};
 use crate::seg::SegmentTable;
-use crate::format::sit::SitEntry;
 use std::sync::Arc;
 
 /// How to format.

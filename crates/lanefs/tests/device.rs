@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use lanefs::device::{
-    create_image, state_at, BlockDevice, CrashDevice, DeviceOptions, EventKind, FaultPlan,
-    FileDevice, IoChoice, IoMode, MemDevice, ReadReq, WriteReq, BLOCK_SIZE,
+    create_image, state_at, BlockDevice, CrashDevice, DeviceOptions, EventKind, FaultPlan, FileDevice,
+    IoChoice, IoMode, MemDevice, ReadReq, WriteReq, BLOCK_SIZE,
 };
 
 const B: usize = BLOCK_SIZE;
@@ -87,11 +87,8 @@ fn scattered_batch_round_trips_on_every_back_end() {
             }
             let addrs = [900u64, 3, 17, 4, 511, 18, 19, 1023, 0];
             let blocks: Vec<Vec<u8>> = addrs.iter().map(|&a| pattern(1, a)).collect();
-            let reqs: Vec<WriteReq> = addrs
-                .iter()
-                .zip(&blocks)
-                .map(|(&addr, d)| WriteReq { addr, data: d })
-                .collect();
+            let reqs: Vec<WriteReq> =
+                addrs.iter().zip(&blocks).map(|(&addr, d)| WriteReq { addr, data: d }).collect();
             dev.write_batch(&reqs).unwrap();
             dev.flush().unwrap();
 
@@ -99,10 +96,7 @@ fn scattered_batch_round_trips_on_every_back_end() {
             let mut rreqs: Vec<ReadReq> = addrs
                 .iter()
                 .zip(back.iter_mut())
-                .map(|(&addr, u)| ReadReq {
-                    addr,
-                    buf: &mut u.0[1..],
-                })
+                .map(|(&addr, u)| ReadReq { addr, buf: &mut u.0[1..] })
                 .collect();
             dev.read_batch(&mut rreqs).unwrap();
             for (b, want) in back.iter().zip(&blocks) {
@@ -125,11 +119,7 @@ fn direct_io_is_used_where_it_is_real() {
     let dev = open(&p, IoChoice::Auto);
     if fs_allows_real_direct(&p) {
         assert_eq!(dev.io_mode(), IoMode::Uring, "{}", dev.describe());
-        assert!(
-            dev.is_direct() && dev.describe().contains("O_DIRECT"),
-            "{}",
-            dev.describe()
-        );
+        assert!(dev.is_direct() && dev.describe().contains("O_DIRECT"), "{}", dev.describe());
     } else {
         assert_eq!(dev.io_mode(), IoMode::Sync, "{}", dev.describe());
     }
@@ -140,11 +130,7 @@ fn direct_io_is_used_where_it_is_real() {
         assert_eq!(auto.describe(), "sync-vectored (tmpfs)");
         let forced = open(&p, IoChoice::Uring);
         assert!(!forced.is_direct());
-        assert!(
-            forced.describe().contains("buffered"),
-            "{}",
-            forced.describe()
-        );
+        assert!(forced.describe().contains("buffered"), "{}", forced.describe());
     }
 }
 
@@ -156,44 +142,14 @@ fn bad_requests_are_rejected_and_change_nothing() {
         let dev = open(&p, io);
         let one = vec![7u8; B];
         let cases: Vec<Vec<WriteReq>> = vec![
-            vec![WriteReq {
-                addr: 16,
-                data: &one,
-            }],
-            vec![WriteReq {
-                addr: 15,
-                data: &[1u8; 2 * B],
-            }],
-            vec![WriteReq {
-                addr: 0,
-                data: &one[..100],
-            }],
+            vec![WriteReq { addr: 16, data: &one }],
+            vec![WriteReq { addr: 15, data: &[1u8; 2 * B] }],
+            vec![WriteReq { addr: 0, data: &one[..100] }],
             vec![WriteReq { addr: 0, data: &[] }],
-            vec![WriteReq {
-                addr: u64::MAX,
-                data: &one,
-            }],
+            vec![WriteReq { addr: u64::MAX, data: &one }],
             // A good request first: the whole batch must still be refused.
-            vec![
-                WriteReq {
-                    addr: 2,
-                    data: &one,
-                },
-                WriteReq {
-                    addr: 3,
-                    data: &one[..B - 1],
-                },
-            ],
-            vec![
-                WriteReq {
-                    addr: 4,
-                    data: &[1u8; 2 * B],
-                },
-                WriteReq {
-                    addr: 5,
-                    data: &one,
-                },
-            ],
+            vec![WriteReq { addr: 2, data: &one }, WriteReq { addr: 3, data: &one[..B - 1] }],
+            vec![WriteReq { addr: 4, data: &[1u8; 2 * B] }, WriteReq { addr: 5, data: &one }],
         ];
         for reqs in &cases {
             let e = dev.write_batch(reqs).unwrap_err();
@@ -206,10 +162,7 @@ fn bad_requests_are_rejected_and_change_nothing() {
         assert!(dev.read_block(0, &mut odd).is_err());
         assert!(dev.discard(10, 7).is_err());
         drop(dev);
-        assert!(
-            std::fs::read(&p).unwrap().iter().all(|&x| x == 0),
-            "{io:?} wrote something"
-        );
+        assert!(std::fs::read(&p).unwrap().iter().all(|&x| x == 0), "{io:?} wrote something");
     }
 }
 
@@ -250,11 +203,7 @@ fn random_batches(dev: &dyn BlockDevice, seed: u64, rounds: usize) -> BTreeMap<u
             .iter()
             .enumerate()
             .map(|(i, &(addr, _))| {
-                let data = if i % 2 == 0 {
-                    unaligned[i].get()
-                } else {
-                    &datas[i][..]
-                };
+                let data = if i % 2 == 0 { unaligned[i].get() } else { &datas[i][..] };
                 WriteReq { addr, data }
             })
             .collect();
@@ -275,18 +224,11 @@ fn check_against_model(dev: &dyn BlockDevice, model: &BTreeMap<u64, Vec<u8>>) {
         let mut reqs: Vec<ReadReq> = chunk
             .iter()
             .zip(bufs.iter_mut())
-            .map(|(&addr, u)| ReadReq {
-                addr,
-                buf: &mut u.0[1..],
-            })
+            .map(|(&addr, u)| ReadReq { addr, buf: &mut u.0[1..] })
             .collect();
         dev.read_batch(&mut reqs).unwrap();
         for (a, b) in chunk.iter().zip(&bufs) {
-            assert!(
-                b.get() == &model[a][..],
-                "block {a} differs ({})",
-                dev.describe()
-            );
+            assert!(b.get() == &model[a][..], "block {a} differs ({})", dev.describe());
         }
     }
 }
@@ -311,42 +253,25 @@ fn uring_and_sync_write_identical_images() {
 
         // Larger than one ring (128 SQEs) and a run longer than IOV_MAX (1024 iovecs).
         let big: Vec<Vec<u8>> = (0..1500u64).map(|i| pattern(7, i)).collect();
-        let mut reqs: Vec<WriteReq> = (0..300u64)
-            .map(|i| WriteReq {
-                addr: 2000 + 2 * i,
-                data: &big[i as usize],
-            })
-            .collect();
+        let mut reqs: Vec<WriteReq> =
+            (0..300u64).map(|i| WriteReq { addr: 2000 + 2 * i, data: &big[i as usize] }).collect();
         for dev in [&du, &ds] {
             dev.write_batch(&reqs).unwrap();
         }
-        reqs = (0..1100u64)
-            .map(|i| WriteReq {
-                addr: 2700 + i,
-                data: &big[i as usize],
-            })
-            .collect();
+        reqs = (0..1100u64).map(|i| WriteReq { addr: 2700 + i, data: &big[i as usize] }).collect();
         for dev in [&du, &ds] {
             dev.write_batch(&reqs).unwrap();
             dev.flush().unwrap();
         }
         // Read the long run back as one big request through io_uring.
         let mut long = vec![0u8; 1100 * B];
-        du.read_batch(&mut [ReadReq {
-            addr: 2700,
-            buf: &mut long,
-        }])
-        .unwrap();
+        du.read_batch(&mut [ReadReq { addr: 2700, buf: &mut long }]).unwrap();
         for i in 0..1100 {
             assert_eq!(&long[i * B..(i + 1) * B], &big[i][..], "long run block {i}");
         }
         drop((du, ds));
         let (iu, is) = (std::fs::read(&pu).unwrap(), std::fs::read(&ps).unwrap());
-        assert!(
-            iu == is,
-            "io_uring and sync images differ in {}",
-            dir.path().display()
-        );
+        assert!(iu == is, "io_uring and sync images differ in {}", dir.path().display());
     }
 }
 
@@ -355,8 +280,7 @@ fn concurrent_writers_on_one_device() {
     const THREADS: u64 = 8;
     const PER: u64 = 96;
     let dir = tempfile::tempdir().unwrap();
-    let mut devs: Vec<Arc<dyn BlockDevice>> =
-        vec![Arc::new(MemDevice::new(THREADS * PER * B as u64))];
+    let mut devs: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(MemDevice::new(THREADS * PER * B as u64))];
     for io in [IoChoice::Uring, IoChoice::Sync] {
         let p = image(dir.path(), &format!("mt-{io:?}.img"), THREADS * PER);
         devs.push(Arc::new(open(&p, io)));
@@ -370,11 +294,8 @@ fn concurrent_writers_on_one_device() {
                     let mine: Vec<u64> = (0..PER).map(|k| k * THREADS + t).collect();
                     for (round, chunk) in mine.chunks(1 + t as usize * 3).enumerate() {
                         let datas: Vec<Vec<u8>> = chunk.iter().map(|&a| pattern(t, a)).collect();
-                        let reqs: Vec<WriteReq> = chunk
-                            .iter()
-                            .zip(&datas)
-                            .map(|(&addr, d)| WriteReq { addr, data: d })
-                            .collect();
+                        let reqs: Vec<WriteReq> =
+                            chunk.iter().zip(&datas).map(|(&addr, d)| WriteReq { addr, data: d }).collect();
                         dev.write_batch(&reqs).unwrap();
                         if round % 4 == 0 {
                             dev.flush().unwrap();
@@ -386,11 +307,7 @@ fn concurrent_writers_on_one_device() {
         for a in 0..THREADS * PER {
             let mut buf = vec![0u8; B];
             dev.read_block(a, &mut buf).unwrap();
-            assert!(
-                buf == pattern(a % THREADS, a),
-                "block {a} on {}",
-                dev.describe()
-            );
+            assert!(buf == pattern(a % THREADS, a), "block {a} on {}", dev.describe());
         }
     }
 }
@@ -418,10 +335,7 @@ fn crash_log_replays_to_the_snapshot_at_every_flush() {
     assert_eq!(points.len(), snapshots.len());
     assert!(points.len() > 10);
     for (p, snap) in points.iter().zip(&snapshots) {
-        assert!(
-            state_at(&base, &events, p + 1) == *snap,
-            "replay differs at flush event {p}"
-        );
+        assert!(state_at(&base, &events, p + 1) == *snap, "replay differs at flush event {p}");
     }
     assert!(state_at(&base, &events, events.len()) == dev.inner().snapshot());
     // Every write event is exactly one block.
@@ -442,25 +356,15 @@ fn injected_faults_reach_the_caller_and_the_medium() {
     let new = vec![0xBBu8; 4 * B];
     let fresh = || {
         let mem = MemDevice::new(8 * B as u64);
-        mem.write_batch(&[WriteReq {
-            addr: 0,
-            data: &old,
-        }])
-        .unwrap();
+        mem.write_batch(&[WriteReq { addr: 0, data: &old }]).unwrap();
         mem
     };
 
     // 2nd write fails whole; 1st flush fails.
     let dev = CrashDevice::with_faults(fresh(), FaultPlan::new().fail_write(2).fail_flush(1));
     dev.write_block(5, &new[..B]).unwrap();
-    assert!(eio(dev.write_batch(&[WriteReq {
-        addr: 0,
-        data: &new
-    }])));
-    assert!(
-        dev.inner().snapshot()[..4 * B] == old[..],
-        "failed write must land nothing"
-    );
+    assert!(eio(dev.write_batch(&[WriteReq { addr: 0, data: &new }])));
+    assert!(dev.inner().snapshot()[..4 * B] == old[..], "failed write must land nothing");
     assert!(eio(dev.flush()));
     assert!(dev.flush_points().is_empty());
     dev.flush().unwrap();
@@ -469,20 +373,14 @@ fn injected_faults_reach_the_caller_and_the_medium() {
 
     // Short write: 2 of 4 blocks land.
     let dev = CrashDevice::with_faults(fresh(), FaultPlan::new().short_write(1, 2));
-    assert!(eio(dev.write_batch(&[WriteReq {
-        addr: 0,
-        data: &new
-    }])));
+    assert!(eio(dev.write_batch(&[WriteReq { addr: 0, data: &new }])));
     let img = dev.inner().snapshot();
     assert!(img[..2 * B] == new[..2 * B] && img[2 * B..4 * B] == old[2 * B..]);
     assert_eq!(dev.event_count(), 2);
 
     // Torn write: 1 whole block, then 100 bytes of the next.
     let dev = CrashDevice::with_faults(fresh(), FaultPlan::new().torn_write(1, 1, 100));
-    assert!(eio(dev.write_batch(&[WriteReq {
-        addr: 0,
-        data: &new
-    }])));
+    assert!(eio(dev.write_batch(&[WriteReq { addr: 0, data: &new }])));
     let img = dev.inner().snapshot();
     assert!(img[..B] == new[..B]);
     assert!(img[B..B + 100] == new[..100], "first k bytes are new");
@@ -507,11 +405,7 @@ fn create_image_never_shrinks_and_open_rejects_non_devices() {
     let p = dir.path().join("c.img");
     create_image(&p, 10 * B as u64 + 5).unwrap();
     assert_eq!(std::fs::metadata(&p).unwrap().len(), 10 * B as u64 + 5);
-    assert_eq!(
-        open(&p, IoChoice::Sync).block_count(),
-        10,
-        "size rounds down to blocks"
-    );
+    assert_eq!(open(&p, IoChoice::Sync).block_count(), 10, "size rounds down to blocks");
     create_image(&p, 4 * B as u64).unwrap();
     assert_eq!(std::fs::metadata(&p).unwrap().len(), 10 * B as u64 + 5);
     create_image(&p, 20 * B as u64).unwrap();
@@ -531,18 +425,10 @@ fn discard_punches_holes_in_image_files() {
             let p = image(dir.path(), &format!("trim-{io:?}.img"), 32);
             let dev = open(&p, io);
             let data = vec![0x11u8; 8 * B];
-            dev.write_batch(&[WriteReq {
-                addr: 4,
-                data: &data,
-            }])
-            .unwrap();
+            dev.write_batch(&[WriteReq { addr: 4, data: &data }]).unwrap();
             dev.discard(5, 2).unwrap();
             let mut back = vec![0u8; 8 * B];
-            dev.read_batch(&mut [ReadReq {
-                addr: 4,
-                buf: &mut back,
-            }])
-            .unwrap();
+            dev.read_batch(&mut [ReadReq { addr: 4, buf: &mut back }]).unwrap();
             assert!(back[..B].iter().all(|&x| x == 0x11));
             assert!(back[B..3 * B].iter().all(|&x| x == 0), "{}", dev.describe());
             assert!(back[3 * B..].iter().all(|&x| x == 0x11));
@@ -559,16 +445,9 @@ fn block_device_back_ends_agree() {
     let Ok(path) = std::env::var("LANEFS_TEST_BLOCK_DEVICE") else {
         panic!("set LANEFS_TEST_BLOCK_DEVICE to a scratch block device");
     };
-    let name = Path::new(&path)
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let sectors: u64 = std::fs::read_to_string(format!("/sys/class/block/{name}/size"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let name = Path::new(&path).file_name().unwrap().to_string_lossy().into_owned();
+    let sectors: u64 =
+        std::fs::read_to_string(format!("/sys/class/block/{name}/size")).unwrap().trim().parse().unwrap();
     let du = open(Path::new(&path), IoChoice::Auto);
     let ds = open(Path::new(&path), IoChoice::Sync);
     assert!(du.is_block_device());

@@ -51,7 +51,8 @@ fn fresh_images_are_clean_from_minimum_to_64_gib() {
         assert_eq!(r.stats.inodes, 1);
         assert_eq!(r.stats.directories, 1);
         // Sparse: formatting wrote a few blocks, not the image.
-        let used = std::fs::metadata(&path).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap();
+        let used =
+            std::fs::metadata(&path).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap();
         assert!(used < 16 << 20, "{size}: mkfs wrote {used} bytes");
         std::fs::remove_file(&path).unwrap();
     }
@@ -285,7 +286,11 @@ fn corruption_sweep_never_panics() {
     };
     let mut found = 0;
     for i in 0..400 {
-        let addr = if i % 2 == 0 { next() % meta_end } else { used_main[(next() % used_main.len() as u64) as usize] };
+        let addr = if i % 2 == 0 {
+            next() % meta_end
+        } else {
+            used_main[(next() % used_main.len() as u64) as usize]
+        };
         let off = (next() % BLOCK_SIZE as u64) as usize;
         let mut bytes = image.clone();
         bytes[addr as usize * BLOCK_SIZE + off] ^= 1 << (next() % 8);

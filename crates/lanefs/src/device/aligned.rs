@@ -40,8 +40,8 @@ impl AlignedBuf {
         if len == 0 {
             // A zero-sized allocation is not allowed; an aligned dangling pointer is what
             // `Vec` does for empty buffers too, and no byte is ever read through it.
-            let ptr = NonNull::new(DIRECT_ALIGN as *mut u8)
-                .ok_or_else(|| io::Error::other("null alignment"))?;
+            let ptr =
+                NonNull::new(DIRECT_ALIGN as *mut u8).ok_or_else(|| io::Error::other("null alignment"))?;
             return Ok(AlignedBuf { ptr, len: 0 });
         }
         let layout = Layout::from_size_align(len, DIRECT_ALIGN)
@@ -49,10 +49,7 @@ impl AlignedBuf {
         // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two alignment.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::OutOfMemory,
-                format!("cannot allocate {len} aligned bytes"),
-            )
+            io::Error::new(io::ErrorKind::OutOfMemory, format!("cannot allocate {len} aligned bytes"))
         })?;
         Ok(AlignedBuf { ptr, len })
     }
@@ -105,9 +102,7 @@ impl Drop for AlignedBuf {
 
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AlignedBuf")
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
     }
 }
 

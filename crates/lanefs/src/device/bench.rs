@@ -94,9 +94,7 @@ pub fn batch_bench(
 ) -> io::Result<BatchBenchReport> {
     let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
     if batch_blocks == 0 || iterations == 0 {
-        return Err(invalid(
-            "batch_blocks and iterations must be at least 1".into(),
-        ));
+        return Err(invalid("batch_blocks and iterations must be at least 1".into()));
     }
     let dev = FileDevice::open(path, DeviceOptions { io })?;
     let want = (batch_blocks as u64).saturating_mul(16).max(16384);
@@ -115,10 +113,7 @@ pub fn batch_bench(
     let mut start = 0;
     while start < region {
         let n = FILL.min(region - start) as usize;
-        dev.write_batch(&[WriteReq {
-            addr: start,
-            data: &chunk[..n * BLOCK_SIZE],
-        }])?;
+        dev.write_batch(&[WriteReq { addr: start, data: &chunk[..n * BLOCK_SIZE] }])?;
         start += n as u64;
     }
     dev.flush()?;
@@ -147,11 +142,8 @@ pub fn batch_bench(
             slots.swap(k, j);
         }
         let addrs: Vec<u64> = slots[..batch_blocks].iter().map(|s| s * 2).collect();
-        let reqs: Vec<WriteReq<'_>> = addrs
-            .iter()
-            .zip(&bufs)
-            .map(|(&addr, b)| WriteReq { addr, data: &b[..] })
-            .collect();
+        let reqs: Vec<WriteReq<'_>> =
+            addrs.iter().zip(&bufs).map(|(&addr, b)| WriteReq { addr, data: &b[..] }).collect();
 
         let mut run_batch = || -> io::Result<()> {
             let t = Instant::now();

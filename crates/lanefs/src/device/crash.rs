@@ -105,10 +105,7 @@ struct Log {
 
 impl Log {
     fn push(&mut self, kind: EventKind) {
-        self.events.push(CrashEvent {
-            seq: self.next_seq,
-            kind,
-        });
+        self.events.push(CrashEvent { seq: self.next_seq, kind });
         self.next_seq += 1;
     }
 }
@@ -138,21 +135,13 @@ impl<D: BlockDevice> CrashDevice<D> {
             inner,
             barrier: RwLock::new(()),
             log: Mutex::new(Log::default()),
-            faults: Mutex::new(FaultState {
-                plan,
-                writes: 0,
-                flushes: 0,
-            }),
+            faults: Mutex::new(FaultState { plan, writes: 0, flushes: 0 }),
         }
     }
 
     /// Installs a new plan and restarts the call counters.
     pub fn set_fault_plan(&self, plan: FaultPlan) {
-        *self.faults.lock() = FaultState {
-            plan,
-            writes: 0,
-            flushes: 0,
-        };
+        *self.faults.lock() = FaultState { plan, writes: 0, flushes: 0 };
     }
 
     pub fn inner(&self) -> &D {
@@ -193,12 +182,7 @@ impl<D: BlockDevice> CrashDevice<D> {
 /// The batch as single blocks in request order.
 fn split_blocks<'a>(reqs: &[WriteReq<'a>]) -> Vec<(u64, &'a [u8])> {
     reqs.iter()
-        .flat_map(|r| {
-            r.data
-                .chunks(BLOCK_SIZE)
-                .enumerate()
-                .map(move |(k, c)| (r.addr + k as u64, c))
-        })
+        .flat_map(|r| r.data.chunks(BLOCK_SIZE).enumerate().map(move |(k, c)| (r.addr + k as u64, c)))
         .collect()
 }
 
@@ -235,20 +219,15 @@ impl<D: BlockDevice> BlockDevice for CrashDevice<D> {
                 (k, blocks.get(k).map(|&b| (b, bytes.min(BLOCK_SIZE))))
             }
         };
-        let mut partial: Vec<(u64, Vec<u8>)> = blocks[..landed]
-            .iter()
-            .map(|&(a, d)| (a, d.to_vec()))
-            .collect();
+        let mut partial: Vec<(u64, Vec<u8>)> =
+            blocks[..landed].iter().map(|&(a, d)| (a, d.to_vec())).collect();
         if let Some(((addr, new), bytes)) = torn {
             let mut merged = vec![0u8; BLOCK_SIZE];
             self.inner.read_block(addr, &mut merged)?;
             merged[..bytes].copy_from_slice(&new[..bytes]);
             partial.push((addr, merged));
         }
-        let sub: Vec<WriteReq<'_>> = partial
-            .iter()
-            .map(|(a, d)| WriteReq { addr: *a, data: d })
-            .collect();
+        let sub: Vec<WriteReq<'_>> = partial.iter().map(|(a, d)| WriteReq { addr: *a, data: d }).collect();
         self.inner.write_batch(&sub)?;
         self.record_blocks(partial);
         Err(eio())
@@ -287,19 +266,11 @@ impl<D: BlockDevice> BlockDevice for CrashDevice<D> {
 
 /// Indices of the flush events in `events`.
 pub fn flush_points(events: &[CrashEvent]) -> Vec<usize> {
-    events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.is_flush())
-        .map(|(i, _)| i)
-        .collect()
+    events.iter().enumerate().filter(|(_, e)| e.is_flush()).map(|(i, _)| i).collect()
 }
 
 fn apply(image: &mut Vec<u8>, addr: u64, data: &[u8]) {
-    let Some(start) = usize::try_from(addr)
-        .ok()
-        .and_then(|a| a.checked_mul(BLOCK_SIZE))
-    else {
+    let Some(start) = usize::try_from(addr).ok().and_then(|a| a.checked_mul(BLOCK_SIZE)) else {
         return;
     };
     let end = start.saturating_add(data.len());
@@ -325,19 +296,14 @@ pub fn state_at(base: &[u8], events: &[CrashEvent], upto: usize) -> Vec<u8> {
 /// flush or the end of the log.
 fn window(events: &[CrashEvent], flush: Option<usize>) -> std::ops::Range<usize> {
     let start = flush.map_or(0, |f| f + 1).min(events.len());
-    let end = events[start..]
-        .iter()
-        .position(CrashEvent::is_flush)
-        .map_or(events.len(), |p| start + p);
+    let end = events[start..].iter().position(CrashEvent::is_flush).map_or(events.len(), |p| start + p);
     start..end
 }
 
 /// Indices of the writes that a crash after flush `flush` (`None`: before any flush) may or may
 /// not have persisted.
 pub fn in_flight_after(events: &[CrashEvent], flush: Option<usize>) -> Vec<usize> {
-    window(events, flush)
-        .filter(|&i| matches!(events[i].kind, EventKind::Write { .. }))
-        .collect()
+    window(events, flush).filter(|&i| matches!(events[i].kind, EventKind::Write { .. })).collect()
 }
 
 /// A crash image: everything up to and including flush `upto_flush` (`None`: nothing beyond
@@ -360,10 +326,9 @@ pub fn state_with_subset(
     let mut image = state_at(base, events, win.start);
     for &i in extra {
         match events.get(i) {
-            Some(CrashEvent {
-                kind: EventKind::Write { addr, data },
-                ..
-            }) if win.contains(&i) => apply(&mut image, *addr, data),
+            Some(CrashEvent { kind: EventKind::Write { addr, data }, .. }) if win.contains(&i) => {
+                apply(&mut image, *addr, data)
+            }
             _ => {
                 return Err(bad(format!(
                     "event {i} is not a write in flight after the flush (window {win:?})"
@@ -416,11 +381,7 @@ mod tests {
     #[test]
     fn seq_numbers_follow_log_order() {
         let dev = CrashDevice::new(MemDevice::new(4 * BLOCK_SIZE as u64));
-        dev.write_batch(&[WriteReq {
-            addr: 0,
-            data: &[7u8; 2 * BLOCK_SIZE],
-        }])
-        .unwrap();
+        dev.write_batch(&[WriteReq { addr: 0, data: &[7u8; 2 * BLOCK_SIZE] }]).unwrap();
         dev.flush().unwrap();
         let seqs: Vec<u64> = dev.events().iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![0, 1, 2]);

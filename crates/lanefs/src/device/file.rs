@@ -55,12 +55,7 @@ pub struct DeviceOptions {
 /// that size (sparse, with `set_len`). Never shrinks a file and leaves block devices alone, so it
 /// is safe to call on an existing image.
 pub fn create_image(path: impl AsRef<Path>, size_bytes: u64) -> io::Result<()> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)?;
+    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
     let meta = file.metadata()?;
     if meta.file_type().is_file() && meta.len() < size_bytes {
         file.set_len(size_bytes)?;
@@ -111,10 +106,7 @@ impl Backing {
                 None => true,
             },
             Backing::File { fs_magic } => {
-                matches!(
-                    fs_magic,
-                    EXT4_SUPER_MAGIC | XFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC
-                )
+                matches!(fs_magic, EXT4_SUPER_MAGIC | XFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC)
             }
         }
     }
@@ -198,10 +190,7 @@ impl FileDevice {
                     return Ok(sync(file, format!("sync-vectored ({label})")));
                 }
                 if !enable_direct(&file)? {
-                    return Ok(sync(
-                        file,
-                        format!("sync-vectored ({label}: O_DIRECT refused)"),
-                    ));
+                    return Ok(sync(file, format!("sync-vectored ({label}: O_DIRECT refused)")));
                 }
                 match UringBackend::new() {
                     Ok(uring) => Ok(FileDevice {
@@ -209,20 +198,14 @@ impl FileDevice {
                         blocks,
                         backing,
                         direct: true,
-                        description: format!(
-                            "io_uring+O_DIRECT ({label}, {} rings)",
-                            uring.ring_count()
-                        ),
+                        description: format!("io_uring+O_DIRECT ({label}, {} rings)", uring.ring_count()),
                         uring: Some(uring),
                     }),
                     Err(e) => {
                         // Buffered sync beats O_DIRECT sync for one-block pwrites on most setups,
                         // and the sync path assumes nothing about buffer alignment.
                         disable_direct(&file)?;
-                        Ok(sync(
-                            file,
-                            format!("sync-vectored ({label}: io_uring unavailable: {e})"),
-                        ))
+                        Ok(sync(file, format!("sync-vectored ({label}: io_uring unavailable: {e})")))
                     }
                 }
             }
@@ -240,14 +223,7 @@ impl FileDevice {
                 } else {
                     format!("io_uring {note} ({label}, {} rings)", uring.ring_count())
                 };
-                Ok(FileDevice {
-                    file,
-                    blocks,
-                    backing,
-                    direct,
-                    uring: Some(uring),
-                    description,
-                })
+                Ok(FileDevice { file, blocks, backing, direct, uring: Some(uring), description })
             }
         }
     }
@@ -372,12 +348,7 @@ fn pwritev_all(file: &File, bufs: &[&[u8]], mut off: u64) -> io::Result<()> {
         iov.push(IoSlice::new(&bufs[idx][skip..]));
         iov.extend(bufs[idx + 1..].iter().map(|b| IoSlice::new(b)));
         let n = match rustix::io::pwritev(file, &iov, off) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    "pwritev wrote 0 bytes",
-                ))
-            }
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote 0 bytes")),
             Ok(n) => n,
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
@@ -475,27 +446,12 @@ mod tests {
 
     #[test]
     fn fs_magic_policy() {
-        assert!(Backing::File {
-            fs_magic: EXT4_SUPER_MAGIC
-        }
-        .direct_is_real());
-        assert!(Backing::File {
-            fs_magic: XFS_SUPER_MAGIC
-        }
-        .direct_is_real());
-        assert!(!Backing::File {
-            fs_magic: TMPFS_MAGIC
-        }
-        .direct_is_real());
-        assert!(!Backing::File {
-            fs_magic: OVERLAYFS_SUPER_MAGIC
-        }
-        .direct_is_real());
+        assert!(Backing::File { fs_magic: EXT4_SUPER_MAGIC }.direct_is_real());
+        assert!(Backing::File { fs_magic: XFS_SUPER_MAGIC }.direct_is_real());
+        assert!(!Backing::File { fs_magic: TMPFS_MAGIC }.direct_is_real());
+        assert!(!Backing::File { fs_magic: OVERLAYFS_SUPER_MAGIC }.direct_is_real());
         assert!(Backing::BlockDevice { logical: Some(512) }.direct_is_real());
-        assert!(!Backing::BlockDevice {
-            logical: Some(8192)
-        }
-        .direct_is_real());
+        assert!(!Backing::BlockDevice { logical: Some(8192) }.direct_is_real());
         assert_eq!("URING".parse::<IoChoice>().unwrap(), IoChoice::Uring);
         assert!("fast".parse::<IoChoice>().is_err());
     }

@@ -30,30 +30,18 @@ impl MemDevice {
         let mut left = blocks;
         while left > 0 {
             let n = left.min(GROUP_BLOCKS);
-            groups.push(RwLock::new(
-                vec![0u8; n as usize * BLOCK_SIZE].into_boxed_slice(),
-            ));
+            groups.push(RwLock::new(vec![0u8; n as usize * BLOCK_SIZE].into_boxed_slice()));
             left -= n;
         }
-        MemDevice {
-            groups,
-            blocks,
-            flushes: Default::default(),
-        }
+        MemDevice { groups, blocks, flushes: Default::default() }
     }
 
     /// A device holding `bytes`; a trailing partial block is dropped, as for an image file.
     pub fn from_bytes(bytes: Vec<u8>) -> MemDevice {
         let whole = bytes.len() - bytes.len() % BLOCK_SIZE;
-        let groups = bytes[..whole]
-            .chunks(GROUP_BYTES)
-            .map(|c| RwLock::new(c.to_vec().into_boxed_slice()))
-            .collect();
-        MemDevice {
-            groups,
-            blocks: (whole / BLOCK_SIZE) as u64,
-            flushes: Default::default(),
-        }
+        let groups =
+            bytes[..whole].chunks(GROUP_BYTES).map(|c| RwLock::new(c.to_vec().into_boxed_slice())).collect();
+        MemDevice { groups, blocks: (whole / BLOCK_SIZE) as u64, flushes: Default::default() }
     }
 
     /// A copy of the whole device. Taken group by group, so it is a consistent image only when
@@ -117,8 +105,7 @@ impl BlockDevice for MemDevice {
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.flushes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -136,17 +123,9 @@ mod tests {
         let dev = MemDevice::new(600 * BLOCK_SIZE as u64 + 100);
         assert_eq!(dev.block_count(), 600);
         let data: Vec<u8> = (0..4 * BLOCK_SIZE).map(|i| (i % 251) as u8).collect();
-        dev.write_batch(&[WriteReq {
-            addr: 254,
-            data: &data,
-        }])
-        .unwrap();
+        dev.write_batch(&[WriteReq { addr: 254, data: &data }]).unwrap();
         let mut back = vec![0u8; data.len()];
-        dev.read_batch(&mut [ReadReq {
-            addr: 254,
-            buf: &mut back,
-        }])
-        .unwrap();
+        dev.read_batch(&mut [ReadReq { addr: 254, buf: &mut back }]).unwrap();
         assert_eq!(back, data);
         let snap = dev.snapshot();
         assert_eq!(snap.len(), 600 * BLOCK_SIZE);

@@ -73,9 +73,7 @@ pub(crate) fn plan(reqs: &[(u64, usize)], block_count: u64, is_write: bool) -> i
         if is_write {
             if let Some(end) = prev_end {
                 if addr < end {
-                    return Err(invalid(format!(
-                        "two writes of one batch overlap at block {addr}"
-                    )));
+                    return Err(invalid(format!("two writes of one batch overlap at block {addr}")));
                 }
             }
         }
@@ -88,10 +86,7 @@ pub(crate) fn plan(reqs: &[(u64, usize)], block_count: u64, is_write: bool) -> i
                 run.members.end = pos + 1;
             }
         } else {
-            runs.push(Run {
-                addr,
-                members: pos..pos + 1,
-            });
+            runs.push(Run { addr, members: pos..pos + 1 });
         }
         // Cannot overflow: check_request proved addr + blocks <= block_count.
         prev_end = Some(addr + blocks[i]);
@@ -138,19 +133,7 @@ mod tests {
         let reqs = [(7, B), (3, 2 * B), (5, B), (20, B), (6, B)];
         let p = plan(&reqs, 100, true).unwrap();
         assert_eq!(p.order, vec![1, 2, 4, 0, 3]);
-        assert_eq!(
-            p.runs,
-            vec![
-                Run {
-                    addr: 3,
-                    members: 0..4
-                },
-                Run {
-                    addr: 20,
-                    members: 4..5
-                }
-            ]
-        );
+        assert_eq!(p.runs, vec![Run { addr: 3, members: 0..4 }, Run { addr: 20, members: 4..5 }]);
     }
 
     #[test]

@@ -41,11 +41,7 @@ thread_local! {
 fn build_ring() -> io::Result<IoUring> {
     // A forked child must not inherit the ring mappings (the FUSE daemon may fork).
     // COOP_TASKRUN spares an IPI per completion; kernels before 5.19 refuse it, so retry plain.
-    match IoUring::builder()
-        .dontfork()
-        .setup_coop_taskrun()
-        .build(RING_ENTRIES)
-    {
+    match IoUring::builder().dontfork().setup_coop_taskrun().build(RING_ENTRIES) {
         Ok(r) => Ok(r),
         Err(_) => IoUring::builder().dontfork().build(RING_ENTRIES),
     }
@@ -58,9 +54,7 @@ pub(crate) struct UringBackend {
 
 impl std::fmt::Debug for UringBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UringBackend")
-            .field("rings", &self.rings.len())
-            .finish()
+        f.debug_struct("UringBackend").field("rings", &self.rings.len()).finish()
     }
 }
 
@@ -96,26 +90,18 @@ impl Op {
 }
 
 fn is_transient(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-    )
+    matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY))
 }
 
 impl UringBackend {
     /// Sets up the pool; fails if the kernel (or a seccomp policy) refuses io_uring.
     pub(crate) fn new() -> io::Result<Self> {
-        let slots = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .clamp(1, MAX_SLOTS);
+        let slots = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, MAX_SLOTS);
         let mut rings = Vec::with_capacity(slots);
         for _ in 0..slots {
             rings.push(Mutex::new(build_ring()?));
         }
-        Ok(UringBackend {
-            rings: rings.into_boxed_slice(),
-        })
+        Ok(UringBackend { rings: rings.into_boxed_slice() })
     }
 
     pub(crate) fn ring_count(&self) -> usize {
@@ -142,11 +128,8 @@ impl UringBackend {
         plan: &Plan,
         direct: bool,
     ) -> io::Result<()> {
-        let bounce_len: usize = reqs
-            .iter()
-            .filter(|r| direct && !is_direct_aligned(r.data.as_ptr()))
-            .map(|r| r.data.len())
-            .sum();
+        let bounce_len: usize =
+            reqs.iter().filter(|r| direct && !is_direct_aligned(r.data.as_ptr())).map(|r| r.data.len()).sum();
         let mut bounce = AlignedBuf::new(bounce_len)?;
         let mut src: Vec<*const u8> = Vec::with_capacity(reqs.len());
         // Carve disjoint pieces out of one borrow of `bounce`, so every pointer stays valid.
@@ -177,16 +160,8 @@ impl UringBackend {
         plan: &Plan,
         direct: bool,
     ) -> io::Result<()> {
-        let bounced: Vec<bool> = reqs
-            .iter()
-            .map(|r| direct && !is_direct_aligned(r.buf.as_ptr()))
-            .collect();
-        let bounce_len: usize = reqs
-            .iter()
-            .zip(&bounced)
-            .filter(|(_, &b)| b)
-            .map(|(r, _)| r.buf.len())
-            .sum();
+        let bounced: Vec<bool> = reqs.iter().map(|r| direct && !is_direct_aligned(r.buf.as_ptr())).collect();
+        let bounce_len: usize = reqs.iter().zip(&bounced).filter(|(_, &b)| b).map(|(r, _)| r.buf.len()).sum();
         let mut bounce = AlignedBuf::new(bounce_len)?;
         let mut dst: Vec<(*mut u8, usize)> = Vec::with_capacity(reqs.len());
         let mut bounce_off = Vec::with_capacity(reqs.len());
@@ -319,19 +294,11 @@ fn build_ops(plan: &Plan, mut buf: impl FnMut(usize) -> (*mut u8, usize)) -> Vec
                 .iter()
                 .map(|&i| {
                     let (base, len) = buf(i);
-                    libc::iovec {
-                        iov_base: base as *mut libc::c_void,
-                        iov_len: len,
-                    }
+                    libc::iovec { iov_base: base as *mut libc::c_void, iov_len: len }
                 })
                 .collect();
             let remaining = iov.iter().map(|v| v.iov_len).sum();
-            Op {
-                offset: run.addr * BLOCK_SIZE as u64,
-                iov,
-                start: 0,
-                remaining,
-            }
+            Op { offset: run.addr * BLOCK_SIZE as u64, iov, start: 0, remaining }
         })
         .collect()
 }
@@ -341,13 +308,9 @@ fn sqe_for(fd: RawFd, op: &Op, write: bool) -> squeue::Entry {
     // At most IOV_MAX (1024) iovecs per run, so the count fits in u32.
     let n = iov.len() as u32;
     if write {
-        opcode::Writev::new(types::Fd(fd), iov.as_ptr(), n)
-            .offset(op.offset)
-            .build()
+        opcode::Writev::new(types::Fd(fd), iov.as_ptr(), n).offset(op.offset).build()
     } else {
-        opcode::Readv::new(types::Fd(fd), iov.as_ptr(), n)
-            .offset(op.offset)
-            .build()
+        opcode::Readv::new(types::Fd(fd), iov.as_ptr(), n).offset(op.offset).build()
     }
 }
 
@@ -362,23 +325,14 @@ mod tests {
         let mut op = Op {
             offset: 100,
             iov: vec![
-                libc::iovec {
-                    iov_base: a.as_mut_ptr().cast(),
-                    iov_len: 8,
-                },
-                libc::iovec {
-                    iov_base: b.as_mut_ptr().cast(),
-                    iov_len: 8,
-                },
+                libc::iovec { iov_base: a.as_mut_ptr().cast(), iov_len: 8 },
+                libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: 8 },
             ],
             start: 0,
             remaining: 16,
         };
         op.advance(3);
-        assert_eq!(
-            (op.start, op.iov[0].iov_len, op.remaining, op.offset),
-            (0, 5, 13, 103)
-        );
+        assert_eq!((op.start, op.iov[0].iov_len, op.remaining, op.offset), (0, 5, 13, 103));
         op.advance(5);
         assert_eq!((op.start, op.remaining, op.offset), (1, 8, 108));
         op.advance(6);

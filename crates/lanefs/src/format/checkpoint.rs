@@ -143,8 +143,12 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     fn encode_payload(&self) -> Vec<u8> {
-        let cap = FIXED_LEN + 16 + self.nat_map.bits.len() + self.sit_map.bits.len()
-            + self.lanes.len() * LANE_LEN + self.orphans.len() * 4;
+        let cap = FIXED_LEN
+            + 16
+            + self.nat_map.bits.len()
+            + self.sit_map.bits.len()
+            + self.lanes.len() * LANE_LEN
+            + self.orphans.len() * 4;
         let mut p = vec![0u8; cap];
         let mut e = Enc::new(&mut p);
         e.u64(self.elapsed_secs);

@@ -185,12 +185,7 @@ impl BlockHeader {
     }
 
     /// Verifies magic, crc and length of a whole block and returns its header words.
-    pub fn check(
-        block: &[u8],
-        magic: u32,
-        structure: Structure,
-        addr: Option<u64>,
-    ) -> Result<BlockHeader> {
+    pub fn check(block: &[u8], magic: u32, structure: Structure, addr: Option<u64>) -> Result<BlockHeader> {
         if block.len() != crate::device::BLOCK_SIZE {
             return Err(Error::corrupt(
                 structure,

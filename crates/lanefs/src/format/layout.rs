@@ -225,7 +225,8 @@ impl Geometry {
     }
     /// Whether `addr` lies in the main area.
     pub fn in_main(&self, addr: u64) -> bool {
-        addr >= self.main_blkaddr && addr < self.main_blkaddr + self.main_segments as u64 * BLOCKS_PER_SEG as u64
+        addr >= self.main_blkaddr
+            && addr < self.main_blkaddr + self.main_segments as u64 * BLOCKS_PER_SEG as u64
     }
     /// Segment number and offset of a main-area block, or None outside main.
     pub fn seg_of(&self, addr: u64) -> Option<(u32, u32)> {

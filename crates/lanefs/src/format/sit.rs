@@ -101,9 +101,9 @@ impl SitBlock {
             let bitmap: [u8; BITMAP_BYTES] = d.bytes(BITMAP_BYTES)?.try_into().expect("64 bytes");
             let count: u32 = bitmap.iter().map(|x| x.count_ones()).sum();
             if count != valid_blocks as u32 {
-                return Err(d.err(format!(
-                    "segment slot {slot}: valid count {valid_blocks} but bitmap has {count}"
-                )));
+                return Err(
+                    d.err(format!("segment slot {slot}: valid count {valid_blocks} but bitmap has {count}"))
+                );
             }
             if log_type != NO_LOG && LogType::from_u8(log_type).is_none() {
                 return Err(d.err(format!("segment slot {slot}: unknown log type {log_type}")));

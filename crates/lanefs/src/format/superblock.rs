@@ -114,8 +114,8 @@ impl Superblock {
         if root != ROOT_INO || orphans != ORPHAN_CAPACITY {
             return Err(d.err(format!("unsupported root inode {root} or orphan capacity {orphans}")));
         }
-        let expected = Geometry::compute(total_blocks, lanes)
-            .map_err(|e| d.err(format!("impossible geometry: {e}")))?;
+        let expected =
+            Geometry::compute(total_blocks, lanes).map_err(|e| d.err(format!("impossible geometry: {e}")))?;
         if expected != stored {
             return Err(d.err("stored area addresses disagree with the geometry of the image size"));
         }

@@ -82,7 +82,10 @@ impl LaneSet {
         if a.next_off == BLOCKS_PER_SEG {
             let segno = self.next_free(l)?;
             self.table.activate(segno, l.id, log, mtime);
-            let old = std::mem::replace(&mut *a, ActiveLog { segno, next_off: 0, summary: SegmentSummary::empty(segno) });
+            let old = std::mem::replace(
+                &mut *a,
+                ActiveLog { segno, next_off: 0, summary: SegmentSummary::empty(segno) },
+            );
             self.table.close(old.segno);
             self.closed.lock().push(old.summary);
         }
@@ -119,10 +122,7 @@ impl LaneSet {
 
     /// Summaries of every active segment as they are now (for the checkpoint).
     pub fn active_summaries(&self) -> Vec<SegmentSummary> {
-        self.lanes
-            .iter()
-            .flat_map(|l| l.logs.iter().map(|a| a.lock().summary.clone()))
-            .collect()
+        self.lanes.iter().flat_map(|l| l.logs.iter().map(|a| a.lock().summary.clone())).collect()
     }
 
     /// Summaries of segments filled since the last call.

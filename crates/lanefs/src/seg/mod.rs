@@ -37,7 +37,8 @@ mod tests {
 
     fn setup(lanes: u32) -> (Geometry, Arc<SegmentTable>, LaneSet) {
         let g = Geometry::compute(256 * 256, lanes).unwrap(); // 256 MiB
-        let table = Arc::new(SegmentTable::new(g, vec![SitEntry::default(); g.main_segments as usize], &[]).unwrap());
+        let table =
+            Arc::new(SegmentTable::new(g, vec![SitEntry::default(); g.main_segments as usize], &[]).unwrap());
         let mut cursors = Vec::new();
         let mut sums = Vec::new();
         for l in 0..lanes {
@@ -101,7 +102,8 @@ mod tests {
     fn emptied_segment_is_prefree_until_checkpoint() {
         let (_g, table, lanes) = setup(1);
         let owner = SummaryEntry { kind: SummaryKind::Data, nid: 5, ofs: 0 };
-        let addrs: Vec<u64> = (0..BLOCKS_PER_SEG + 1).map(|_| lanes.alloc(0, LogType::HotData, owner, 1).unwrap()).collect();
+        let addrs: Vec<u64> =
+            (0..BLOCKS_PER_SEG + 1).map(|_| lanes.alloc(0, LogType::HotData, owner, 1).unwrap()).collect();
         let first_seg = table.geometry().seg_of(addrs[0]).unwrap().0;
         assert_eq!(table.state(first_seg), SegState::Dirty);
         let free_before = table.free_count();

@@ -1,7 +1,7 @@
 //! The segment table: per-segment validity (the in-memory SIT) and the global free map.
 
 use crate::error::{Error, Result};
-use crate::format::layout::{Geometry, LogType, BLOCKS_PER_SEG, SIT_ENTRIES_PER_BLOCK};
+use crate::format::layout::{Geometry, LogType, SIT_ENTRIES_PER_BLOCK};
 use crate::format::sit::{SitBlock, SitEntry, NO_LOG};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -288,7 +288,6 @@ impl SegmentTable {
                 return Err(format!("segment {i} is {:?} with valid blocks", s.state));
             }
         }
-        debug_assert!(BLOCKS_PER_SEG <= u16::MAX as u32);
         Ok(())
     }
 }

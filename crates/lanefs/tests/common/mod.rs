@@ -42,7 +42,9 @@ impl<'a> Builder<'a> {
             .lanes
             .iter()
             .enumerate()
-            .flat_map(|(l, lane)| lane.logs.iter().zip(LogType::ALL).map(move |(c, t)| (c.segno, l as u32, t)))
+            .flat_map(|(l, lane)| {
+                lane.logs.iter().zip(LogType::ALL).map(move |(c, t)| (c.segno, l as u32, t))
+            })
             .collect();
         let table = Arc::new(SegmentTable::new(g, sit, &active).unwrap());
         let cursors: Vec<_> = cp.lanes.iter().map(|l| l.logs).collect();
