@@ -111,52 +111,36 @@ pub trait BlockDevice: Send + Sync {
     }
 }
 
-/// Lets a shared device (`Arc<dyn BlockDevice>` from [`open`]) be wrapped, e.g. by
-/// [`CrashDevice`].
-impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
-    fn block_count(&self) -> u64 {
-        (**self).block_count()
-    }
-    fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> std::io::Result<()> {
-        (**self).read_batch(reqs)
-    }
-    fn write_batch(&self, reqs: &[WriteReq<'_>]) -> std::io::Result<()> {
-        (**self).write_batch(reqs)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        (**self).flush()
-    }
-    fn io_mode(&self) -> IoMode {
-        (**self).io_mode()
-    }
-    fn discard(&self, addr: u64, blocks: u64) -> std::io::Result<()> {
-        (**self).discard(addr, blocks)
-    }
-    fn describe(&self) -> String {
-        (**self).describe()
-    }
+/// Forwards every method of `BlockDevice` through a smart pointer.
+macro_rules! forward_block_device {
+    ($ptr:ident) => {
+        impl<T: BlockDevice + ?Sized> BlockDevice for $ptr<T> {
+            fn block_count(&self) -> u64 {
+                (**self).block_count()
+            }
+            fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> std::io::Result<()> {
+                (**self).read_batch(reqs)
+            }
+            fn write_batch(&self, reqs: &[WriteReq<'_>]) -> std::io::Result<()> {
+                (**self).write_batch(reqs)
+            }
+            fn flush(&self) -> std::io::Result<()> {
+                (**self).flush()
+            }
+            fn io_mode(&self) -> IoMode {
+                (**self).io_mode()
+            }
+            fn discard(&self, addr: u64, blocks: u64) -> std::io::Result<()> {
+                (**self).discard(addr, blocks)
+            }
+            fn describe(&self) -> String {
+                (**self).describe()
+            }
+        }
+    };
 }
 
-impl<T: BlockDevice + ?Sized> BlockDevice for Box<T> {
-    fn block_count(&self) -> u64 {
-        (**self).block_count()
-    }
-    fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> std::io::Result<()> {
-        (**self).read_batch(reqs)
-    }
-    fn write_batch(&self, reqs: &[WriteReq<'_>]) -> std::io::Result<()> {
-        (**self).write_batch(reqs)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        (**self).flush()
-    }
-    fn io_mode(&self) -> IoMode {
-        (**self).io_mode()
-    }
-    fn discard(&self, addr: u64, blocks: u64) -> std::io::Result<()> {
-        (**self).discard(addr, blocks)
-    }
-    fn describe(&self) -> String {
-        (**self).describe()
-    }
-}
+// Lets a shared device (`Arc<dyn BlockDevice>` from [`open`]) be wrapped, e.g. by
+// [`CrashDevice`].
+forward_block_device!(Arc);
+forward_block_device!(Box);
