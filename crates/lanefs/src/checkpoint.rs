@@ -140,7 +140,7 @@ pub fn read_sit(dev: &dyn BlockDevice, g: &Geometry, cp: &Checkpoint) -> Result<
 /// Reads the summary block of segment `segno`.
 pub fn read_summary(dev: &dyn BlockDevice, g: &Geometry, segno: u32) -> Result<SegmentSummary> {
     let addr = g.ssa_block_addr(segno);
-    let mut b = vec![0u8; BLOCK_SIZE];
+    let mut b = vec![0u8; BLOCK_SIZE * crate::format::ssa::SSA_BLOCKS_PER_SEG as usize];
     dev.read_block(addr, &mut b)?;
     SegmentSummary::decode(&b, segno, g.max_nid, Some(addr))
 }

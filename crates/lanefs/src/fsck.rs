@@ -23,9 +23,10 @@ use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result, Structure};
 use crate::format::dentry::DentryBlock;
 use crate::format::layout::{Geometry, NAT_ENTRIES_PER_BLOCK, ROOT_INO};
-use crate::format::node::{ADDRS_PER_NODE, INODE_ADDRS, NEW_ADDR, S_IFMT};
+use crate::format::node::{NEW_ADDR, S_IFMT};
 use crate::format::sit::SitEntry;
 use crate::format::superblock::SB_ADDRS;
+use crate::format::tree::NodePos;
 use crate::format::{Node, NodeBody, SegmentSummary, SitBlock, SummaryEntry, SummaryKind};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -123,6 +124,7 @@ struct Fsck<'a> {
 struct NodeInfo {
     kind: u8,
     ino: u32,
+    node_ofs: u32,
     /// Child node ids (indirect) or non-null data addresses with their slot (inode, direct).
     children: Vec<u32>,
     data: Vec<(u16, u32)>,
@@ -212,7 +214,8 @@ impl<'a> Fsck<'a> {
                     );
                     continue;
                 }
-                self.own(&mut owners, addr, SummaryEntry { kind: SummaryKind::Node, nid, ofs: 0 });
+                let ofs = node.footer.node_ofs;
+                self.own(&mut owners, addr, SummaryEntry { kind: SummaryKind::Node, nid, ofs });
                 nodes.insert(nid, self.node_info(node));
             }
         }
@@ -224,7 +227,7 @@ impl<'a> Fsck<'a> {
         let mut dir_blocks: HashMap<u32, Vec<u32>> = HashMap::new();
         for &ino in &inos {
             reached.insert(ino);
-            let mut data: Vec<(u32, u16, u32)> = Vec::new();
+            let mut data: Vec<(u64, u32)> = Vec::new();
             self.walk_tree(ino, &nodes, &mut reached, &mut data);
             let info = nodes[&ino].inode.as_ref().expect("inode");
             let counted = data.len() as u64;
@@ -236,13 +239,18 @@ impl<'a> Fsck<'a> {
                 );
             }
             let is_dir = info.mode & S_IFMT == 0o040000;
-            for &(owner, ofs, addr) in &data {
+            for &(idx, addr) in &data {
                 if addr != NEW_ADDR {
-                    self.own(&mut owners, addr, SummaryEntry { kind: SummaryKind::Data, nid: owner, ofs });
+                    self.own(
+                        &mut owners,
+                        addr,
+                        SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 },
+                    );
                 }
             }
             if is_dir {
-                dir_blocks.insert(ino, data.iter().map(|d| d.2).collect());
+                data.sort_unstable();
+                dir_blocks.insert(ino, data.iter().map(|d| d.1).collect());
             }
         }
         for (&nid, n) in &nodes {
@@ -412,6 +420,7 @@ impl<'a> Fsck<'a> {
             NodeBody::Inode(i) => NodeInfo {
                 kind: 1,
                 ino: node.footer.ino,
+                node_ofs: node.footer.node_ofs,
                 children: Vec::new(),
                 data: nz(&i.addrs),
                 inode: Some(InodeInfo {
@@ -423,15 +432,26 @@ impl<'a> Fsck<'a> {
                     xattr_nid: i.xattr_nid,
                 }),
             },
-            NodeBody::Direct(v) => {
-                NodeInfo { kind: 2, ino: node.footer.ino, children: Vec::new(), data: nz(&v), inode: None }
-            }
-            NodeBody::Indirect(v) => {
-                NodeInfo { kind: 3, ino: node.footer.ino, children: v, data: Vec::new(), inode: None }
-            }
+            NodeBody::Direct(v) => NodeInfo {
+                kind: 2,
+                ino: node.footer.ino,
+                node_ofs: node.footer.node_ofs,
+                children: Vec::new(),
+                data: nz(&v),
+                inode: None,
+            },
+            NodeBody::Indirect(v) => NodeInfo {
+                kind: 3,
+                ino: node.footer.ino,
+                node_ofs: node.footer.node_ofs,
+                children: v,
+                data: Vec::new(),
+                inode: None,
+            },
             NodeBody::Xattr(_) => NodeInfo {
                 kind: 4,
                 ino: node.footer.ino,
+                node_ofs: node.footer.node_ofs,
                 children: Vec::new(),
                 data: Vec::new(),
                 inode: None,
@@ -439,31 +459,26 @@ impl<'a> Fsck<'a> {
         }
     }
 
-    /// Walks inode `ino`'s node tree; collects (owner nid, slot, address) of its data blocks in
-    /// logical order.
+    /// Walks inode `ino`'s node tree, checking each node's kind, owner and position; collects
+    /// (logical block index, address) of its data blocks.
     fn walk_tree(
         &mut self,
         ino: u32,
         nodes: &BTreeMap<u32, NodeInfo>,
         reached: &mut HashSet<u32>,
-        data: &mut Vec<(u32, u16, u32)>,
+        data: &mut Vec<(u64, u32)>,
     ) {
         let info = &nodes[&ino];
         let inode = info.inode.as_ref().expect("inode");
-        data.extend(info.data.iter().map(|&(s, a)| (ino, s, a)));
-        debug_assert!(info.data.iter().all(|&(s, _)| (s as usize) < INODE_ADDRS));
-        // (nid, depth): depth 0 direct, 1 indirect, 2 double indirect.
-        let roots = [
-            (inode.nids[0], 0),
-            (inode.nids[1], 0),
-            (inode.nids[2], 1),
-            (inode.nids[3], 1),
-            (inode.nids[4], 2),
-        ];
-        let mut stack: Vec<(u32, u32)> = roots.iter().rev().filter(|r| r.0 != 0).copied().collect();
-        // Bound: a tree cannot hold more nodes than the NAT; anything beyond is a loop.
+        data.extend(info.data.iter().map(|&(s, a)| (s as u64, a)));
+        let mut stack: Vec<(u32, NodePos)> = (0..5u8)
+            .rev()
+            .filter(|&r| inode.nids[r as usize] != 0)
+            .map(|r| (inode.nids[r as usize], NodePos::root(r)))
+            .collect();
+        // Bound: a tree cannot hold more nodes than the NAT maps; anything beyond is a loop.
         let mut budget = nodes.len() + 1;
-        while let Some((nid, depth)) = stack.pop() {
+        while let Some((nid, pos)) = stack.pop() {
             budget = budget.saturating_sub(1);
             if budget == 0 {
                 self.problem(Structure::Node, format!("inode {ino}: node tree does not terminate"), false);
@@ -477,7 +492,7 @@ impl<'a> Fsck<'a> {
                 );
                 continue;
             };
-            let want_kind = if depth == 0 { 2 } else { 3 };
+            let want_kind = if pos.is_direct() { 2 } else { 3 };
             if n.kind != want_kind || n.ino != ino {
                 self.problem(
                     Structure::Node,
@@ -489,15 +504,32 @@ impl<'a> Fsck<'a> {
                 );
                 continue;
             }
+            if n.node_ofs != pos.node_ofs() {
+                self.problem(
+                    Structure::Node,
+                    format!(
+                        "inode {ino}: node {nid} sits at position {} but its footer says {}",
+                        pos.node_ofs(),
+                        n.node_ofs
+                    ),
+                    false,
+                );
+            }
             if !reached.insert(nid) {
                 self.problem(Structure::Node, format!("node {nid} is referenced twice"), false);
                 continue;
             }
-            if depth == 0 {
-                data.extend(n.data.iter().map(|&(s, a)| (nid, s, a)));
-                debug_assert!(n.data.iter().all(|&(s, _)| (s as usize) < ADDRS_PER_NODE));
+            if pos.is_direct() {
+                data.extend(n.data.iter().map(|&(s, a)| (pos.first_block() + s as u64, a)));
             } else {
-                stack.extend(n.children.iter().rev().filter(|&&c| c != 0).map(|&c| (c, depth - 1)));
+                stack.extend(
+                    n.children
+                        .iter()
+                        .enumerate()
+                        .rev()
+                        .filter(|(_, &c)| c != 0)
+                        .map(|(i, &c)| (c, pos.child_at(i as u32))),
+                );
             }
         }
         if inode.xattr_nid != 0 {

@@ -5,7 +5,7 @@
 //! cp area        two checkpoint packs, alternating (header, payload blocks, footer)
 //! NAT area       two copies of every NAT block; the checkpoint says which copy is current
 //! SIT area       two copies of every SIT block; likewise
-//! SSA area       one summary block per main segment
+//! SSA area       two summary blocks per main segment
 //! main area      segment aligned; segments written append-only by the lanes' logs
 //! ```
 //!
@@ -127,7 +127,7 @@ impl Geometry {
         let nat_blkaddr = cp_blkaddr + 2 * cp_pack_blocks as u64;
         let sit_blkaddr = nat_blkaddr + 2 * nat_blocks as u64;
         let ssa_blkaddr = sit_blkaddr + 2 * sit_blocks as u64;
-        let meta_end = ssa_blkaddr + main_segments as u64;
+        let meta_end = ssa_blkaddr + super::ssa::SSA_BLOCKS_PER_SEG as u64 * main_segments as u64;
         let main_blkaddr = meta_end.div_ceil(BLOCKS_PER_SEG as u64) * BLOCKS_PER_SEG as u64;
         Geometry {
             total_blocks,
@@ -214,10 +214,10 @@ impl Geometry {
         debug_assert!(index < self.sit_blocks && copy < 2);
         self.sit_blkaddr + copy as u64 * self.sit_blocks as u64 + index as u64
     }
-    /// Block address of the summary block of main segment `segno`.
+    /// Block address of the first of the summary blocks of main segment `segno`.
     pub fn ssa_block_addr(&self, segno: u32) -> u64 {
         debug_assert!(segno < self.main_segments);
-        self.ssa_blkaddr + segno as u64
+        self.ssa_blkaddr + super::ssa::SSA_BLOCKS_PER_SEG as u64 * segno as u64
     }
     /// First block of main segment `segno`.
     pub fn seg_start(&self, segno: u32) -> u64 {
@@ -259,7 +259,7 @@ mod tests {
                 assert_eq!(g.nat_blkaddr, g.cp_blkaddr + 2 * g.cp_pack_blocks as u64);
                 assert!(g.sit_blkaddr >= g.nat_blkaddr + 2 * g.nat_blocks as u64);
                 assert!(g.ssa_blkaddr >= g.sit_blkaddr + 2 * g.sit_blocks as u64);
-                assert!(g.main_blkaddr >= g.ssa_blkaddr + g.main_segments as u64);
+                assert!(g.main_blkaddr >= g.ssa_blkaddr + 2 * g.main_segments as u64);
                 assert_eq!(g.main_blkaddr % BLOCKS_PER_SEG as u64, 0);
                 assert!(g.main_blkaddr + g.main_blocks() <= total);
                 // Nearly all of the image is main area.

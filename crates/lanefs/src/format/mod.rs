@@ -15,6 +15,7 @@ pub mod node;
 pub mod sit;
 pub mod ssa;
 pub mod superblock;
+pub mod tree;
 
 pub use checkpoint::{Checkpoint, CopyMap, LaneCheckpoint, LogCursor};
 pub use dentry::{Dentry, DentryBlock};

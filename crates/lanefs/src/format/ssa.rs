@@ -1,14 +1,20 @@
-//! SSA (segment summary) blocks: for every block of a segment, who owns it.
+//! SSA (segment summary): for every block of a segment, who owns it. Two blocks per segment.
 //!
-//! A data block is owned by the node holding its address (`nid`) at slot `ofs`; a node block by
-//! itself; a journal block by its lane. The cleaner reads the summary to find and move the valid
-//! blocks of a victim segment; fsck checks it against the owners it finds by walking the tree.
+//! A data block is owned by its inode at a logical block index (`nid` = inode, `ofs` = index),
+//! so a block can be summarised when it is allocated, before the direct node that will point
+//! at it exists; a node block by itself (`nid`, `ofs` = its position in the inode's tree); a
+//! journal block by its lane. The cleaner reads the summary to find and move the valid blocks
+//! of a victim segment; fsck checks it against the owners it finds by walking the tree.
+//! Entries are nine bytes, so a segment's 512 entries take two blocks of 256.
 
 use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
 use super::layout::{BLOCKS_PER_SEG, BLOCK_SIZE};
-use crate::error::{Result, Structure};
+use crate::error::{Error, Result, Structure};
 
 pub const SSA_MAGIC: u32 = u32::from_le_bytes(*b"LNSS");
+/// SSA blocks per segment.
+pub const SSA_BLOCKS_PER_SEG: u32 = 2;
+const PER_BLOCK: usize = BLOCKS_PER_SEG as usize / SSA_BLOCKS_PER_SEG as usize;
 
 /// What a summarised block is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +31,7 @@ pub enum SummaryKind {
 pub struct SummaryEntry {
     pub kind: SummaryKind,
     pub nid: u32,
-    pub ofs: u16,
+    pub ofs: u32,
 }
 
 impl Default for SummaryEntry {
@@ -46,41 +52,56 @@ impl SegmentSummary {
         SegmentSummary { segno, entries: vec![SummaryEntry::default(); BLOCKS_PER_SEG as usize] }
     }
 
+    /// Encodes the summary as `SSA_BLOCKS_PER_SEG` contiguous blocks.
     pub fn encode(&self) -> Vec<u8> {
         assert_eq!(self.entries.len(), BLOCKS_PER_SEG as usize);
-        let mut b = vec![0u8; BLOCK_SIZE];
-        BlockHeader { magic: SSA_MAGIC, a: self.segno, b: 0 }.write(&mut b);
-        let mut e = Enc::at(&mut b, HEADER_LEN);
-        for en in &self.entries {
-            e.u32(en.nid);
-            e.u16(en.ofs);
-            e.u8(en.kind as u8);
+        let mut out = vec![0u8; BLOCK_SIZE * SSA_BLOCKS_PER_SEG as usize];
+        for (half, (b, entries)) in out.chunks_mut(BLOCK_SIZE).zip(self.entries.chunks(PER_BLOCK)).enumerate()
+        {
+            BlockHeader { magic: SSA_MAGIC, a: self.segno, b: half as u32 }.write(b);
+            let mut e = Enc::at(b, HEADER_LEN);
+            for en in entries {
+                e.u32(en.nid);
+                e.u32(en.ofs);
+                e.u8(en.kind as u8);
+            }
+            seal(b, 4);
         }
-        seal(&mut b, 4);
-        b
+        out
     }
 
+    /// Decodes the `SSA_BLOCKS_PER_SEG` blocks of segment `segno`'s summary.
     pub fn decode(b: &[u8], segno: u32, max_nid: u32, addr: Option<u64>) -> Result<SegmentSummary> {
-        let h = BlockHeader::check(b, SSA_MAGIC, Structure::Ssa, addr)?;
-        let mut d = Dec::at(b, HEADER_LEN, Structure::Ssa, addr);
-        if h.a != segno {
-            return Err(d.err(format!("summarises segment {}, expected {segno}", h.a)));
+        if b.len() != BLOCK_SIZE * SSA_BLOCKS_PER_SEG as usize {
+            return Err(Error::corrupt(Structure::Ssa, addr, "summary has the wrong length"));
         }
         let mut entries = Vec::with_capacity(BLOCKS_PER_SEG as usize);
-        for off in 0..BLOCKS_PER_SEG {
-            let nid = d.u32()?;
-            let ofs = d.u16()?;
-            let kind = match d.u8()? {
-                0 => SummaryKind::None,
-                1 => SummaryKind::Data,
-                2 => SummaryKind::Node,
-                3 => SummaryKind::Journal,
-                k => return Err(d.err(format!("block {off}: unknown kind {k}"))),
-            };
-            if kind != SummaryKind::None && kind != SummaryKind::Journal && (nid == 0 || nid > max_nid) {
-                return Err(d.err(format!("block {off}: owner node {nid} out of range")));
+        for (half, blk) in b.chunks(BLOCK_SIZE).enumerate() {
+            let at = addr.map(|a| a + half as u64);
+            let h = BlockHeader::check(blk, SSA_MAGIC, Structure::Ssa, at)?;
+            let mut d = Dec::at(blk, HEADER_LEN, Structure::Ssa, at);
+            if h.a != segno || h.b != half as u32 {
+                return Err(
+                    d.err(format!("summarises segment {} part {}, expected {segno} part {half}", h.a, h.b))
+                );
             }
-            entries.push(SummaryEntry { kind, nid, ofs });
+            for i in 0..PER_BLOCK {
+                let off = half * PER_BLOCK + i;
+                let nid = d.u32()?;
+                let ofs = d.u32()?;
+                let kind = match d.u8()? {
+                    0 => SummaryKind::None,
+                    1 => SummaryKind::Data,
+                    2 => SummaryKind::Node,
+                    3 => SummaryKind::Journal,
+                    k => return Err(d.err(format!("block {off}: unknown kind {k}"))),
+                };
+                let owned = matches!(kind, SummaryKind::Data | SummaryKind::Node);
+                if owned && (nid == 0 || nid > max_nid) {
+                    return Err(d.err(format!("block {off}: owner node {nid} out of range")));
+                }
+                entries.push(SummaryEntry { kind, nid, ofs });
+            }
         }
         Ok(SegmentSummary { segno, entries })
     }

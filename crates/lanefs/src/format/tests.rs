@@ -229,7 +229,7 @@ fn summary() -> impl Strategy<Value = SegmentSummary> {
         Just(SummaryEntry::default()),
         (
             nid(),
-            any::<u16>(),
+            any::<u32>(),
             prop::sample::select(vec![SummaryKind::Data, SummaryKind::Node, SummaryKind::Journal])
         )
             .prop_map(|(nid, ofs, kind)| SummaryEntry { kind, nid, ofs })
@@ -278,7 +278,7 @@ fn any_encoded() -> impl Strategy<Value = (&'static str, Vec<u8>, usize)> {
         }),
         nat_block().prop_map(|n| ("nat", n.encode(), BLOCK_SIZE)),
         sit_block().prop_map(|s| ("sit", s.encode(), BLOCK_SIZE)),
-        summary().prop_map(|s| ("ssa", s.encode(), BLOCK_SIZE)),
+        summary().prop_map(|s| ("ssa", s.encode(), 2 * BLOCK_SIZE)),
         node().prop_map(|n| ("node", n.encode().unwrap(), BLOCK_SIZE)),
         dentries().prop_map(|d| ("dentry", d.encode().unwrap(), BLOCK_SIZE)),
         journal().prop_map(|j| ("journal", j.encode(), BLOCK_SIZE)),

@@ -69,7 +69,7 @@ mod tests {
                     let log = LogType::ALL[(t % 6) as usize];
                     (0..per_thread)
                         .map(|i| {
-                            let owner = SummaryEntry { kind: SummaryKind::Data, nid: t + 1, ofs: i as u16 };
+                            let owner = SummaryEntry { kind: SummaryKind::Data, nid: t + 1, ofs: i };
                             lanes.alloc(t % 2, log, owner, 1).unwrap()
                         })
                         .collect::<Vec<u64>>()

@@ -114,7 +114,7 @@ impl<'a> Builder<'a> {
         let nblocks = data.len().div_ceil(BLOCK_SIZE);
         assert!(nblocks <= INODE_ADDRS);
         for (idx, chunk) in data.chunks(BLOCK_SIZE).enumerate() {
-            let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u16 };
+            let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 };
             let addr = self.lanes.alloc(0, LogType::WarmData, owner, 1).unwrap();
             let mut blk = vec![0u8; BLOCK_SIZE];
             blk[..chunk.len()].copy_from_slice(chunk);
@@ -140,7 +140,7 @@ impl<'a> Builder<'a> {
             let blocks = DentryBlock::pack(dir, entries);
             let inode = self.inodes.get_mut(&dir).unwrap();
             for (idx, b) in blocks.iter().enumerate() {
-                let owner = SummaryEntry { kind: SummaryKind::Data, nid: dir, ofs: idx as u16 };
+                let owner = SummaryEntry { kind: SummaryKind::Data, nid: dir, ofs: idx as u32 };
                 let addr = self.lanes.alloc(0, LogType::HotData, owner, 1).unwrap();
                 self.dev.write_block(addr, &b.encode().unwrap()).unwrap();
                 inode.addrs[idx] = addr as u32;
