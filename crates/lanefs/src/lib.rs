@@ -11,6 +11,7 @@ pub mod error;
 pub mod format;
 pub mod fsck;
 pub mod inspect;
+pub mod journal;
 pub mod mkfs;
 pub mod seg;
 

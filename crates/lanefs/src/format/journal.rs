@@ -13,6 +13,10 @@ pub const JOURNAL_MAGIC: u32 = u32::from_le_bytes(*b"LNJR");
 const FIXED: usize = HEADER_LEN + 24;
 /// Payload bytes one journal block carries.
 pub const JOURNAL_PAYLOAD: usize = BLOCK_SIZE - FIXED;
+/// Flag: the block carries the first bytes of a transaction.
+pub const TXN_START: u16 = 1;
+/// Flag: the block carries the last bytes of a transaction (a one-block transaction has both).
+pub const TXN_END: u16 = 2;
 
 /// One block of a lane's journal.
 #[derive(Debug, Clone, PartialEq, Eq)]

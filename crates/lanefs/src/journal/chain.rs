@@ -1,0 +1,292 @@
+//! A lane's journal chain: transactions split over journal blocks linked by next pointers.
+//!
+//! Job: [`ChainWriter`] turns a [`Transaction`] into the journal blocks that carry it, at
+//! addresses it learns one block ahead (each block names the next block's address, reserved
+//! before the block is written). [`read_chain`] walks a chain from a checkpointed head and
+//! returns the complete transactions it finds, and where a writer should continue.
+//!
+//! Block payload (inside [`JournalBlock::payload`]): `link u32 | transaction bytes`. The first
+//! block of a transaction is flagged [`TXN_START`], its last [`TXN_END`].
+//!
+//! Validity of a block, checked in this order: it decodes (magic, crc, lane exists, next pointer
+//! in the main area or 0), it belongs to this lane and carries the image's nonce, its seq is
+//! exactly the one expected (one more than its predecessor's, forever), its flags are known, its
+//! next pointer is in the main area, its payload holds a link and at least one byte, its link is
+//! 0 or matches its predecessor, and its START flag agrees with whether a transaction is open.
+//! The first invalid block is the normal end of a chain: recovery cannot tell a torn write from
+//! a block that was never written, and neither is an error.
+//!
+//! Why the link: after a crash, a batch may have reached the disk only in part, say a later
+//! transaction's blocks without an earlier one's. Recovery ends the chain at the hole and the
+//! next writer fills that hole with the same address and seq; a log-structured allocator may
+//! then hand out the very addresses the lost batch used, where its stale blocks carry exactly
+//! the seqs the new chain expects. Seq and nonce cannot tell them apart; the link can: every
+//! block records the crc of the block before it, so a stale block follows only the block it was
+//! written after. A link of 0 means "predecessor unknown" (the first block a writer made with
+//! [`ChainWriter::new`]) and is not checked; the head block's link is never checked, because
+//! the checkpoint that names the head does not record its predecessor.
+
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::format::codec::CRC_OFFSET;
+use crate::format::journal::{JournalBlock, JOURNAL_PAYLOAD, TXN_END, TXN_START};
+use crate::format::layout::{Geometry, BLOCK_SIZE};
+
+use super::record::{Record, Transaction};
+
+/// Bytes of the chain's own header in each block's payload (the link).
+const LINK_LEN: usize = 4;
+/// Transaction bytes one journal block carries.
+pub const FRAGMENT_CAPACITY: usize = JOURNAL_PAYLOAD - LINK_LEN;
+
+/// The link value a block's successor records: the block's stored crc32c, with 0 (reserved for
+/// "unknown") moved to 1.
+fn link_of(encoded: &[u8]) -> u32 {
+    let mut crc = [0u8; 4];
+    crc.copy_from_slice(&encoded[CRC_OFFSET..CRC_OFFSET + 4]);
+    match u32::from_le_bytes(crc) {
+        0 => 1,
+        c => c,
+    }
+}
+
+/// A place in a chain: where the next block goes, the seq it must carry, and the link to the
+/// block before it (0 if unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainPos {
+    pub addr: u32,
+    pub seq: u64,
+    pub link: u32,
+}
+
+/// Appends transactions to one lane's chain.
+///
+/// Invariant: `(next_addr, seq)` is where the next block goes; the block before it (if this
+/// writer knows it) has stored crc `link`. `append` changes the state only on success.
+#[derive(Debug, Clone)]
+pub struct ChainWriter {
+    lane: u16,
+    nonce: u64,
+    next_addr: u32,
+    seq: u64,
+    link: u32,
+}
+
+impl ChainWriter {
+    /// A writer whose next block goes at `head_addr` with seq `head_seq`, as a checkpoint
+    /// records them. Its first block carries link 0 (not checked); to continue a chain found
+    /// by recovery prefer [`ChainWriter::resume`], which keeps stale blocks out.
+    pub fn new(lane: u16, nonce: u64, head_addr: u32, head_seq: u64) -> ChainWriter {
+        ChainWriter { lane, nonce, next_addr: head_addr, seq: head_seq, link: 0 }
+    }
+
+    /// A writer continuing at `at`, normally [`ChainRead::end`] of the chain recovery read.
+    pub fn resume(lane: u16, nonce: u64, at: ChainPos) -> ChainWriter {
+        ChainWriter { lane, nonce, next_addr: at.addr, seq: at.seq, link: at.link }
+    }
+
+    /// Address and seq of the next block: what a checkpoint records as this lane's head.
+    pub fn position(&self) -> (u32, u64) {
+        (self.next_addr, self.seq)
+    }
+
+    /// The full position, link included.
+    pub fn pos(&self) -> ChainPos {
+        ChainPos { addr: self.next_addr, seq: self.seq, link: self.link }
+    }
+
+    pub fn lane(&self) -> u16 {
+        self.lane
+    }
+
+    /// Encodes `txn` into as many journal blocks as it needs and returns them as
+    /// `(address, block)` for the caller to write (with the data blocks the transaction maps,
+    /// in one batch, then flush). `reserve` is called once per block for the address of the
+    /// block after it. On any error (encoding, `reserve`, a reserved address that is 0 or used
+    /// twice) nothing changes; addresses already reserved are the caller's to reclaim.
+    pub fn append(
+        &mut self,
+        txn: &Transaction,
+        mut reserve: impl FnMut() -> Result<u32>,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        let bytes = txn.encode()?;
+        // An encoded transaction is never empty (16-byte header), so there is at least one.
+        let n = bytes.len().div_ceil(FRAGMENT_CAPACITY);
+        if self.seq.checked_add(n as u64).is_none() {
+            return Err(Error::InvalidArgument("journal sequence number exhausted".into()));
+        }
+        let mut nexts = Vec::with_capacity(n);
+        for _ in 0..n {
+            nexts.push(reserve()?);
+        }
+        // A repeated address would make the chain loop back on itself and recovery would stop
+        // there, losing this transaction; refuse it here where it is a clear error.
+        let mut seen = nexts.clone();
+        seen.push(self.next_addr);
+        seen.sort_unstable();
+        if seen[0] == 0 || seen.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::InvalidArgument("journal reserve returned 0 or a repeated address".into()));
+        }
+
+        let mut out = Vec::with_capacity(n);
+        let (mut addr, mut seq, mut link) = (self.next_addr, self.seq, self.link);
+        for (i, (frag, &next)) in bytes.chunks(FRAGMENT_CAPACITY).zip(&nexts).enumerate() {
+            let mut flags = 0;
+            if i == 0 {
+                flags |= TXN_START;
+            }
+            if i + 1 == n {
+                flags |= TXN_END;
+            }
+            let mut payload = Vec::with_capacity(LINK_LEN + frag.len());
+            payload.extend_from_slice(&link.to_le_bytes());
+            payload.extend_from_slice(frag);
+            let block =
+                JournalBlock { lane: self.lane, flags, cp_ver: self.nonce, seq, next_blkaddr: next, payload }
+                    .encode();
+            link = link_of(&block);
+            out.push((addr as u64, block));
+            addr = next;
+            seq += 1;
+        }
+        self.next_addr = addr;
+        self.seq = seq;
+        self.link = link;
+        Ok(out)
+    }
+}
+
+/// What [`read_chain`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainRead {
+    /// Complete transactions, in chain order.
+    pub transactions: Vec<Transaction>,
+    /// Where each transaction's first block is (parallel to `transactions`); recovery that
+    /// rejects transaction `k` (say, its data blocks did not reach the disk) continues there
+    /// ([`ChainRead::truncate`]).
+    pub starts: Vec<ChainPos>,
+    /// Every block that passed the block checks, in chain order, including those of a dropped
+    /// incomplete final transaction: recovery keeps them from being reused before the next
+    /// checkpoint, so no stale block can reappear at an address the new chain reserves.
+    pub blocks: Vec<u64>,
+    /// Where a writer continues: the first block after the last complete transaction.
+    pub end_addr: u32,
+    /// The seq that block must carry.
+    pub end_seq: u64,
+    /// The link it must carry (0 when no transaction was found: the head's predecessor is not
+    /// known).
+    pub end_link: u32,
+}
+
+impl ChainRead {
+    /// Where a writer continues (see [`ChainWriter::resume`]).
+    pub fn end(&self) -> ChainPos {
+        ChainPos { addr: self.end_addr, seq: self.end_seq, link: self.end_link }
+    }
+
+    /// Keeps only the first `keep` transactions and moves the end to the start of the first
+    /// one dropped. `blocks` is left whole (the dropped blocks still need protecting).
+    pub fn truncate(&mut self, keep: usize) {
+        if keep < self.transactions.len() {
+            let at = self.starts[keep];
+            self.transactions.truncate(keep);
+            self.starts.truncate(keep);
+            self.end_addr = at.addr;
+            self.end_seq = at.seq;
+            self.end_link = at.link;
+        }
+    }
+}
+
+/// Walks lane `lane`'s chain from `(head_addr, head_seq)`, reading at most `max_blocks` blocks,
+/// and returns its complete transactions. The walk ends without error at the first invalid
+/// block (see the module docs), at a transaction that does not decode or names something
+/// outside the image, or after `max_blocks` (pass a bound above any real chain length, such as
+/// the main area's size; a chain cut short by it is treated like any other end). Errors: I/O,
+/// and a head outside the main area (`InvalidArgument`: the checkpoint decoder rejects those).
+pub fn read_chain(
+    dev: &dyn BlockDevice,
+    g: &Geometry,
+    lane: u16,
+    nonce: u64,
+    head_addr: u32,
+    head_seq: u64,
+    max_blocks: u64,
+) -> Result<ChainRead> {
+    if !g.in_main(head_addr as u64) {
+        return Err(Error::InvalidArgument(format!("journal head {head_addr} outside the main area")));
+    }
+    let mut out = ChainRead {
+        transactions: Vec::new(),
+        starts: Vec::new(),
+        blocks: Vec::new(),
+        end_addr: head_addr,
+        end_seq: head_seq,
+        end_link: 0,
+    };
+    let mut buf = vec![0u8; BLOCK_SIZE];
+    let (mut addr, mut seq) = (head_addr, head_seq);
+    // Link of the previous valid block; None at the head, whose predecessor is unknown.
+    let mut prev_link: Option<u32> = None;
+    // Bytes of the open transaction and where it started; None between transactions.
+    let mut open: Option<(ChainPos, Vec<u8>)> = None;
+
+    for _ in 0..max_blocks {
+        dev.read_block(addr as u64, &mut buf)?;
+        let Ok(jb) = JournalBlock::decode(&buf, g, Some(addr as u64)) else { break };
+        if jb.lane != lane || jb.cp_ver != nonce || jb.seq != seq {
+            break;
+        }
+        let Some(next_seq) = seq.checked_add(1) else { break };
+        if jb.flags & !(TXN_START | TXN_END) != 0 || !g.in_main(jb.next_blkaddr as u64) {
+            break;
+        }
+        if jb.payload.len() <= LINK_LEN {
+            break;
+        }
+        let (link_bytes, frag) = jb.payload.split_at(LINK_LEN);
+        let link = u32::from_le_bytes([link_bytes[0], link_bytes[1], link_bytes[2], link_bytes[3]]);
+        if let Some(expected) = prev_link {
+            if link != 0 && link != expected {
+                break;
+            }
+        }
+        let start = jb.flags & TXN_START != 0;
+        match (&mut open, start) {
+            (Some(_), true) | (None, false) => break,
+            (None, true) => {
+                let pos = ChainPos { addr, seq, link: prev_link.unwrap_or(0) };
+                open = Some((pos, frag.to_vec()));
+            }
+            (Some((_, bytes)), false) => bytes.extend_from_slice(frag),
+        }
+        out.blocks.push(addr as u64);
+        let this_link = link_of(&buf);
+        if jb.flags & TXN_END != 0 {
+            let Some((pos, bytes)) = open.take() else { break };
+            let Ok(txn) = Transaction::decode(&bytes) else { break };
+            if txn.validate_geometry(g).is_err() {
+                break;
+            }
+            out.transactions.push(txn);
+            out.starts.push(pos);
+            out.end_addr = jb.next_blkaddr;
+            out.end_seq = next_seq;
+            out.end_link = this_link;
+        }
+        prev_link = Some(this_link);
+        addr = jb.next_blkaddr;
+        seq = next_seq;
+    }
+    Ok(out)
+}
+
+/// All records of all lanes in replay order: by stamp, and for equal stamps in the order given
+/// (chain order within a lane, then lane order), since the sort is stable. Each lane's records
+/// are not sorted on their own (one fsync may log operations older than the previous fsync's),
+/// so this is a full sort rather than a k-way merge.
+pub fn merge_by_stamp(chains: Vec<Vec<Transaction>>) -> Vec<Record> {
+    let mut all: Vec<Record> = chains.into_iter().flatten().flat_map(|t| t.records).collect();
+    all.sort_by_key(Record::stamp);
+    all
+}
