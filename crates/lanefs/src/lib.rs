@@ -12,6 +12,8 @@ pub mod format;
 pub mod fsck;
 pub mod inspect;
 pub mod mkfs;
+pub mod nat;
+pub mod node;
 pub mod seg;
 
 pub use error::{Error, Result};
