@@ -13,6 +13,8 @@ pub mod fsck;
 pub mod inspect;
 pub mod journal;
 pub mod mkfs;
+pub mod nat;
+pub mod node;
 pub mod seg;
 
 pub use error::{Error, Result};
