@@ -113,11 +113,14 @@ mod tests {
         assert_eq!(table.state(first_seg), SegState::Prefree);
         assert!(table.invalidate(addrs[0]).is_err(), "double invalidation must be refused");
         assert_eq!(table.free_count(), free_before);
+        // Not yet handed to a checkpoint: a checkpoint completing now does not free it.
+        table.checkpoint_done();
+        assert_eq!(table.state(first_seg), SegState::Prefree);
+        let dirty = table.take_dirty_sit_blocks();
         table.checkpoint_done();
         assert_eq!(table.state(first_seg), SegState::Free);
         assert_eq!(table.free_count(), free_before + 1);
         table.check_invariants().unwrap();
-        let dirty = table.take_dirty_sit_blocks();
         assert!(dirty.iter().any(|(i, _)| *i == 0));
         assert!(table.take_dirty_sit_blocks().is_empty());
     }

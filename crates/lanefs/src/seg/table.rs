@@ -32,8 +32,13 @@ pub struct SegmentTable {
 struct FreeMap {
     /// Free segments, kept in ascending order of number so allocation stays near the front.
     free: std::collections::BTreeSet<u32>,
-    /// Emptied since the last checkpoint: reusable after the next one.
+    /// Emptied since the SIT was last taken for a checkpoint: reusable once the checkpoint
+    /// after that one is durable.
     prefree: Vec<u32>,
+    /// Emptied before the SIT of the checkpoint being written was taken: reusable once that
+    /// checkpoint is durable. (A segment emptied while a checkpoint is being written may still
+    /// be referenced by it, so it waits one checkpoint more.)
+    committing: Vec<u32>,
 }
 
 impl SegmentTable {
@@ -70,7 +75,7 @@ impl SegmentTable {
             geometry: g,
             segs: segs.into_iter().map(Mutex::new).collect(),
             dirty_sit: (0..sit_words).map(|_| AtomicU64::new(0)).collect(),
-            free: Mutex::new(FreeMap { free, prefree: Vec::new() }),
+            free: Mutex::new(FreeMap { free, prefree: Vec::new(), committing: Vec::new() }),
         })
     }
 
@@ -199,10 +204,11 @@ impl SegmentTable {
         }
     }
 
-    /// Called once a checkpoint is durable: prefree segments become free.
+    /// Called once a checkpoint is durable: segments emptied before its SIT was taken become
+    /// free.
     pub fn checkpoint_done(&self) {
         let mut fm = self.free.lock();
-        let pre = std::mem::take(&mut fm.prefree);
+        let pre = std::mem::take(&mut fm.committing);
         for s in pre {
             let mut seg = self.seg(s).lock();
             if seg.state == SegState::Prefree {
@@ -237,8 +243,15 @@ impl SegmentTable {
         self.segs.iter().map(|s| s.lock().entry.valid_blocks as u64).sum()
     }
 
-    /// SIT blocks changed since the last call, encoded, with their indexes; clears the marks.
+    /// SIT blocks changed since the last call, with their indexes; clears the marks. This is the
+    /// moment a checkpoint takes the SIT: segments emptied so far are handed to that checkpoint
+    /// (free once it is durable).
     pub fn take_dirty_sit_blocks(&self) -> Vec<(u32, SitBlock)> {
+        {
+            let mut fm = self.free.lock();
+            let pre = std::mem::take(&mut fm.prefree);
+            fm.committing.extend(pre);
+        }
         let mut out = Vec::new();
         for (w, word) in self.dirty_sit.iter().enumerate() {
             let mut bits = word.swap(0, Ordering::AcqRel);

@@ -1,0 +1,230 @@
+//! In-memory directories: a concurrent hash map from name to entry, with stable readdir cookies.
+//!
+//! The map is split into shards chosen by a hash of the name; an operation on one name locks
+//! only its shard, so creates of different names in one directory proceed in parallel (a
+//! lookup takes a shard read lock, which a writer of a name in another shard never takes).
+//!
+//! Cookies: every entry gets `((shard + 1) << 40) | seq` when it is inserted, where `seq`
+//! grows per shard and never repeats. readdir walks shards in order and each shard in cookie
+//! order, so a listing resumed from a cookie neither repeats nor skips an entry that existed
+//! for the whole listing, however many names are created or removed meanwhile (entries created
+//! during the listing may or may not appear, as POSIX allows). Cookies 1 and 2 are left for
+//! "." and "..".
+
+use parking_lot::RwLock;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const SHARDS: usize = 64;
+const SEQ_BITS: u32 = 40;
+
+/// One name in a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u32,
+    /// `DT_*` file type.
+    pub file_type: u8,
+    /// Position for readdir; unique within the directory for its lifetime.
+    pub cookie: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    by_name: HashMap<Box<[u8]>, DirEntry>,
+    by_cookie: BTreeMap<u64, Box<[u8]>>,
+    next_seq: u64,
+}
+
+/// A directory's entries.
+pub struct DirMap {
+    shards: Box<[RwLock<Shard>]>,
+    len: AtomicU64,
+}
+
+impl Default for DirMap {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn shard_of(name: &[u8]) -> usize {
+    crc32c::crc32c(name) as usize % SHARDS
+}
+
+impl DirMap {
+    pub fn new() -> DirMap {
+        DirMap { shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(), len: AtomicU64::new(0) }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> u64 {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn lookup(&self, name: &[u8]) -> Option<DirEntry> {
+        self.shards[shard_of(name)].read().by_name.get(name).copied()
+    }
+
+    /// Runs `f` with the shard of `name` write-locked and the current entry for it; `f` returns
+    /// what the entry should become (None: absent). The whole change is atomic for that name;
+    /// `f` must be short (it runs under the shard lock) and must not touch this directory.
+    pub fn update<R>(&self, name: &[u8], f: impl FnOnce(Option<DirEntry>) -> (Option<(u32, u8)>, R)) -> R {
+        let s = shard_of(name);
+        let mut shard = self.shards[s].write();
+        let old = shard.by_name.get(name).copied();
+        let (new, r) = f(old);
+        match (old, new) {
+            (None, None) => {}
+            (Some(o), None) => {
+                shard.by_name.remove(name);
+                shard.by_cookie.remove(&o.cookie);
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+            (old, Some((ino, file_type))) => {
+                // A replaced entry gets a fresh cookie, like a new name: a listing in progress
+                // may show it again, which POSIX allows for changed entries.
+                if let Some(o) = old {
+                    shard.by_cookie.remove(&o.cookie);
+                } else {
+                    self.len.fetch_add(1, Ordering::Relaxed);
+                }
+                shard.next_seq += 1;
+                assert!(shard.next_seq < 1 << SEQ_BITS, "directory shard exhausted its cookies");
+                let cookie = ((s as u64 + 1) << SEQ_BITS) | shard.next_seq;
+                shard.by_name.insert(name.into(), DirEntry { ino, file_type, cookie });
+                shard.by_cookie.insert(cookie, name.into());
+            }
+        }
+        r
+    }
+
+    /// Inserts `name` if absent; returns the existing entry otherwise.
+    pub fn insert(&self, name: &[u8], ino: u32, file_type: u8) -> Result<DirEntry, DirEntry> {
+        self.update(name, |old| match old {
+            Some(e) => (Some((e.ino, e.file_type)), Err(e)),
+            None => (Some((ino, file_type)), Ok(())),
+        })
+        .map(|()| self.lookup(name).expect("just inserted"))
+    }
+
+    /// Removes `name`; returns its entry.
+    pub fn remove(&self, name: &[u8]) -> Option<DirEntry> {
+        self.update(name, |old| (None, old))
+    }
+
+    /// Up to `max` entries with cookies after `after`, in cookie order.
+    pub fn list_after(&self, after: u64, max: usize) -> Vec<(Vec<u8>, DirEntry)> {
+        let mut out = Vec::new();
+        let first_shard = (after >> SEQ_BITS).saturating_sub(1) as usize;
+        for s in first_shard..SHARDS {
+            if out.len() >= max {
+                break;
+            }
+            let shard = self.shards[s].read();
+            let lo = if s == first_shard { after + 1 } else { 0 };
+            for (_, name) in shard.by_cookie.range(lo..) {
+                if out.len() >= max {
+                    break;
+                }
+                let e = shard.by_name[name];
+                out.push((name.to_vec(), e));
+            }
+        }
+        out
+    }
+
+    /// Every entry (name, entry), unordered.
+    pub fn entries(&self) -> Vec<(Vec<u8>, DirEntry)> {
+        let mut out = Vec::with_capacity(self.len() as usize);
+        for s in self.shards.iter() {
+            let s = s.read();
+            out.extend(s.by_name.iter().map(|(k, v)| (k.to_vec(), *v)));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::sync::Arc;
+
+    #[test]
+    fn insert_lookup_remove() {
+        let d = DirMap::new();
+        assert!(d.insert(b"a", 5, 8).is_ok());
+        assert_eq!(d.insert(b"a", 6, 8).unwrap_err().ino, 5);
+        assert_eq!(d.lookup(b"a").unwrap().ino, 5);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d.remove(b"a").unwrap().ino, 5);
+        assert!(d.lookup(b"a").is_none());
+        assert!(d.is_empty());
+    }
+
+    #[test]
+    fn listing_resumes_without_repeats_or_skips_under_churn() {
+        let d = Arc::new(DirMap::new());
+        for i in 0..2000u32 {
+            d.insert(format!("stable-{i}").as_bytes(), i + 10, 8).unwrap();
+        }
+        let churn = {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                for round in 0..20 {
+                    for i in 0..200u32 {
+                        let n = format!("churn-{round}-{i}");
+                        d.insert(n.as_bytes(), 1, 8).unwrap();
+                        if i % 2 == 0 {
+                            d.remove(n.as_bytes());
+                        }
+                    }
+                }
+            })
+        };
+        let mut seen = HashSet::new();
+        let mut cookie = 2;
+        loop {
+            let page = d.list_after(cookie, 37);
+            if page.is_empty() {
+                break;
+            }
+            for (name, e) in &page {
+                assert!(e.cookie > cookie, "cookies must increase");
+                assert!(seen.insert(name.clone()), "{} listed twice", String::from_utf8_lossy(name));
+            }
+            cookie = page.last().unwrap().1.cookie;
+        }
+        churn.join().unwrap();
+        for i in 0..2000u32 {
+            assert!(seen.contains(format!("stable-{i}").as_bytes()), "stable-{i} skipped");
+        }
+    }
+
+    #[test]
+    fn concurrent_creates_of_distinct_names_all_land() {
+        let d = Arc::new(DirMap::new());
+        let hs: Vec<_> = (0..8u32)
+            .map(|t| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2000u32 {
+                        d.insert(format!("t{t}-{i}").as_bytes(), t * 10_000 + i + 1, 8).unwrap();
+                    }
+                    // Same name from every thread: exactly one wins.
+                    d.insert(b"contended", t + 1, 8).is_ok()
+                })
+            })
+            .collect();
+        let winners = hs.into_iter().map(|h| h.join().unwrap()).filter(|&w| w).count();
+        assert_eq!(winners, 1);
+        assert_eq!(d.len(), 8 * 2000 + 1);
+        assert_eq!(d.entries().len(), 8 * 2000 + 1);
+        let cookies: HashSet<u64> = d.entries().iter().map(|e| e.1.cookie).collect();
+        assert_eq!(cookies.len(), 8 * 2000 + 1, "cookies are unique");
+    }
+}
