@@ -298,6 +298,23 @@ impl NatTable {
         Ok(())
     }
 
+    /// Takes the specific free id `nid` (recovery replays a create that named it). Idempotent
+    /// for an id already reserved.
+    pub fn reserve(&self, nid: u32) -> Result<()> {
+        if !self.in_range(nid) {
+            return Err(Error::InvalidArgument(format!("node id {nid} out of 1..={}", self.g.max_nid)));
+        }
+        let w = self.word_mut(nid);
+        match w.compare_exchange(FREE, RESERVED, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                self.took_free(nid);
+                Ok(())
+            }
+            Err(RESERVED) => Ok(()),
+            Err(_) => Err(Error::InvalidArgument(format!("node id {nid} is in use"))),
+        }
+    }
+
     /// Hands out a free node id from cache `cpu % slots()`; the caller owns it until it frees
     /// it. `Error::NoSpace` when no id is free.
     pub fn alloc_nid(&self, cpu: usize) -> Result<u32> {

@@ -21,7 +21,7 @@ pub const CP_PAYLOAD_MAGIC: u32 = u32::from_le_bytes(*b"LNCD");
 /// Set when the checkpoint was taken by a clean unmount (no roll-forward needed).
 pub const CP_FLAG_CLEAN: u32 = 1;
 
-const FIXED_LEN: usize = 64;
+const FIXED_LEN: usize = 96;
 const LANE_LEN: usize = LOG_TYPES * 6 + 4 + 8;
 
 /// Bytes the payload may need at most for this geometry.
@@ -135,6 +135,9 @@ pub struct Checkpoint {
     pub user_bytes_written: u64,
     pub gc_bytes_written: u64,
     pub cp_bytes_written: u64,
+    /// Operation timestamp at which the checkpoint's snapshot was taken: journal records
+    /// stamped at or before it are already part of the checkpoint and are not replayed.
+    pub stamp: u64,
     pub nat_map: CopyMap,
     pub sit_map: CopyMap,
     pub lanes: Vec<LaneCheckpoint>,
@@ -159,6 +162,7 @@ impl Checkpoint {
         e.u64(self.user_bytes_written);
         e.u64(self.gc_bytes_written);
         e.u64(self.cp_bytes_written);
+        e.u64(self.stamp);
         e.pad_to(FIXED_LEN);
         self.nat_map.encode(&mut e);
         self.sit_map.encode(&mut e);
@@ -275,6 +279,10 @@ impl Checkpoint {
         let user_bytes_written = d.u64()?;
         let gc_bytes_written = d.u64()?;
         let cp_bytes_written = d.u64()?;
+        let stamp = d.u64()?;
+        if p[d.pos()..FIXED_LEN.min(p.len())].iter().any(|&b| b != 0) {
+            return Err(d.err("reserved checkpoint bytes are not zero"));
+        }
         d.skip_to(FIXED_LEN)?;
         if valid_blocks > g.main_blocks() || valid_nodes > valid_blocks || valid_inodes > valid_nodes {
             return Err(d.err("block counts exceed the main area"));
@@ -330,6 +338,7 @@ impl Checkpoint {
             user_bytes_written,
             gc_bytes_written,
             cp_bytes_written,
+            stamp,
             nat_map,
             sit_map,
             lanes,

@@ -191,6 +191,7 @@ fn checkpoint() -> impl Strategy<Value = Checkpoint> {
                     user_bytes_written: u,
                     gc_bytes_written: gc,
                     cp_bytes_written: cp,
+                    stamp: u.rotate_left(7),
                     nat_map,
                     sit_map,
                     lanes,
@@ -414,6 +415,7 @@ fn checkpoint_torn_pack_is_rejected() {
         user_bytes_written: 0,
         gc_bytes_written: 0,
         cp_bytes_written: 0,
+        stamp: 0,
         nat_map: CopyMap::new(g.nat_blocks),
         sit_map: CopyMap::new(g.sit_blocks),
         lanes: vec![

@@ -74,6 +74,24 @@ impl LaneSet {
     /// Allocates the next block of `lane`'s `log` for `owner`, marking it valid. Moves to a
     /// fresh segment when the active one is full.
     pub fn alloc(&self, lane: u32, log: LogType, owner: SummaryEntry, mtime: u64) -> Result<u64> {
+        self.take_block(lane, log, owner, mtime, true)
+    }
+
+    /// Takes the next block of `lane`'s `log` without marking it valid. Journal blocks are taken
+    /// this way: they are garbage once the next checkpoint is durable, so they never count as
+    /// live, and their segment becomes reusable only through the prefree rule.
+    pub fn reserve(&self, lane: u32, log: LogType, owner: SummaryEntry, mtime: u64) -> Result<u64> {
+        self.take_block(lane, log, owner, mtime, false)
+    }
+
+    fn take_block(
+        &self,
+        lane: u32,
+        log: LogType,
+        owner: SummaryEntry,
+        mtime: u64,
+        valid: bool,
+    ) -> Result<u64> {
         let l = self
             .lanes
             .get(lane as usize)
@@ -93,7 +111,9 @@ impl LaneSet {
         let addr = self.table.geometry().seg_start(a.segno) + off as u64;
         a.summary.entries[off as usize] = owner;
         a.next_off += 1;
-        self.table.validate(addr, mtime)?;
+        if valid {
+            self.table.validate(addr, mtime)?;
+        }
         debug_assert!(a.next_off <= BLOCKS_PER_SEG);
         Ok(addr)
     }
@@ -105,6 +125,26 @@ impl LaneSet {
             cache.reverse(); // pop from the end in ascending order
         }
         cache.pop().ok_or(Error::NoSpace)
+    }
+
+    /// Moves every log of every lane to a fresh segment and closes the old ones (recovery: the
+    /// tails of the old active segments may hold journal and data blocks written after the
+    /// checkpoint, which must survive until the next checkpoint is durable).
+    pub fn retire_all(&self, mtime: u64) -> Result<()> {
+        for l in &self.lanes {
+            for (t, log) in LogType::ALL.iter().enumerate() {
+                let mut a = l.logs[t].lock();
+                let segno = self.next_free(l)?;
+                self.table.activate(segno, l.id, *log, mtime);
+                let old = std::mem::replace(
+                    &mut *a,
+                    ActiveLog { segno, next_off: 0, summary: SegmentSummary::empty(segno) },
+                );
+                self.table.close(old.segno);
+                self.closed.lock().push(old.summary);
+            }
+        }
+        Ok(())
     }
 
     /// Where every log of every lane stands (for the checkpoint).

@@ -182,6 +182,42 @@ impl SegmentTable {
         self.mark_sit_dirty(segno);
     }
 
+    /// Recovery: block `addr`, written after the checkpoint and referenced by a replayed journal
+    /// record, is live. Its segment leaves the free map if it was there.
+    pub fn claim_valid(&self, addr: u64, mtime: u64) -> Result<()> {
+        let (s, off) = self
+            .geometry
+            .seg_of(addr)
+            .ok_or_else(|| Error::InvalidArgument(format!("block {addr} outside the main area")))?;
+        let mut seg = self.seg(s).lock();
+        if seg.state == SegState::Free {
+            self.free.lock().free.remove(&s);
+            seg.state = SegState::Dirty;
+        }
+        debug_assert!(seg.state != SegState::Prefree, "claiming a block of prefree segment {s}");
+        seg.entry.set_valid(off);
+        seg.entry.mtime = seg.entry.mtime.max(mtime);
+        drop(seg);
+        self.mark_sit_dirty(s);
+        Ok(())
+    }
+
+    /// Recovery: segment `segno` holds journal blocks that must survive until the next
+    /// checkpoint is durable. A free one becomes prefree (reusable after that checkpoint).
+    pub fn claim_for_journal(&self, segno: u32) -> Result<()> {
+        if segno >= self.geometry.main_segments {
+            return Err(Error::InvalidArgument(format!("segment {segno} out of range")));
+        }
+        let mut seg = self.seg(segno).lock();
+        if seg.state == SegState::Free {
+            let mut fm = self.free.lock();
+            fm.free.remove(&segno);
+            fm.prefree.push(segno);
+            seg.state = SegState::Prefree;
+        }
+        Ok(())
+    }
+
     /// Takes a specific free segment out of the free map and activates it (mkfs, recovery).
     pub fn activate_free(&self, segno: u32, lane: u32, log: LogType, mtime: u64) -> Result<()> {
         if segno >= self.geometry.main_segments || !self.free.lock().free.remove(&segno) {
