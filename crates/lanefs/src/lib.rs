@@ -7,5 +7,8 @@
 
 pub mod device;
 pub mod error;
+pub mod mem;
+pub mod oplog;
+pub mod sync;
 
 pub use error::{Error, Result};
