@@ -12,9 +12,12 @@ pub mod format;
 pub mod fsck;
 pub mod inspect;
 pub mod journal;
+pub mod mem;
 pub mod mkfs;
 pub mod nat;
 pub mod node;
+pub mod oplog;
 pub mod seg;
+pub mod sync;
 
 pub use error::{Error, Result};

@@ -1,0 +1,278 @@
+//! File cells (Max, ATC'21): the mnode table, sharded by inode number.
+//!
+//! One global inode table would put every open, create and unlink on one lock and one cache line.
+//! [`Cells<T>`] splits it into `N` cells (a power of two, at least four per possible CPU), each a
+//! reader/writer-locked hash map from inode number to `Arc<T>`. The cell is a pure function of the
+//! inode number, so an operation on one inode touches exactly one cell, and operations on
+//! different inodes rarely meet.
+//!
+//! Invariants:
+//! - An inode number lives in exactly one cell, [`Cells::cell_of`], for the table's lifetime.
+//! - `insert_if_absent` is atomic per key: concurrent callers for one inode all get the same
+//!   `Arc`, and exactly one of them is told it inserted.
+//! - No callback supplied by a caller ever runs while a cell lock is held, except the
+//!   constructor of `insert_if_absent` (documented there), so callbacks may use the table freely.
+
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+use crossbeam::utils::CachePadded;
+
+/// Inode numbers are integers handed out by our own allocator, not attacker-chosen keys, so a
+/// cheap integer mixer is enough and SipHash would only cost time.
+#[derive(Default, Clone, Copy)]
+struct InoHasher(u64);
+
+impl Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used for u64 keys; kept total so that the hasher is correct for any key type.
+        for &b in bytes {
+            self.0 = mix(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = mix(self.0 ^ n);
+    }
+}
+
+/// splitmix64's finaliser: every input bit affects every output bit, so both the cell index
+/// (high bits) and the in-cell bucket (low bits) spread inode numbers allocated in runs.
+#[inline]
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+type Cell<T> = CachePadded<RwLock<HashMap<u64, Arc<T>, BuildHasherDefault<InoHasher>>>>;
+
+/// The mnode table: inode number -> `Arc<T>`, sharded into cells.
+pub struct Cells<T> {
+    cells: Box<[Cell<T>]>,
+    /// `cells.len() - 1`; the length is a power of two.
+    mask: usize,
+}
+
+impl<T> Cells<T> {
+    /// A table with the next power of two at or above `4 * possible_cpus()` cells.
+    pub fn new() -> Self {
+        Self::with_cells(4 * crate::sync::percpu::possible_cpus())
+    }
+
+    /// A table with `n` rounded up to a power of two (at least 1) cells.
+    pub fn with_cells(n: usize) -> Self {
+        // Cap far above any real core count; keeps the allocation bounded whatever `n` is.
+        let n = n.clamp(1, 1 << 16).next_power_of_two();
+        let cells = (0..n)
+            .map(|_| CachePadded::new(RwLock::default()))
+            .collect();
+        Cells { cells, mask: n - 1 }
+    }
+
+    /// Number of cells.
+    pub fn cell_count(&self) -> usize {
+        self.cells.len()
+    }
+
+    /// The cell that holds inode `ino`.
+    #[inline]
+    pub fn cell_of(&self, ino: u64) -> usize {
+        // Bits 32.. of the mixed value pick the cell; the in-cell map uses the low bits (bucket)
+        // and the top seven (tag), so the keys of one cell still spread inside it.
+        (mix(ino) >> 32) as usize & self.mask
+    }
+
+    #[inline]
+    fn cell(&self, ino: u64) -> &Cell<T> {
+        &self.cells[self.cell_of(ino)]
+    }
+
+    /// The mnode for `ino`, if present. Takes the cell's read lock only.
+    pub fn get(&self, ino: u64) -> Option<Arc<T>> {
+        self.cell(ino).read().get(&ino).cloned()
+    }
+
+    /// True if `ino` is present.
+    pub fn contains(&self, ino: u64) -> bool {
+        self.cell(ino).read().contains_key(&ino)
+    }
+
+    /// Returns the mnode for `ino`, creating it with `make` if absent, and whether this call
+    /// inserted it. `make` runs under the cell's write lock so that exactly one value is ever
+    /// created per key: keep it cheap and do not touch this table from it.
+    pub fn insert_if_absent(&self, ino: u64, make: impl FnOnce() -> T) -> (Arc<T>, bool) {
+        let cell = self.cell(ino);
+        // Most lookups of an existing inode should not take the write lock.
+        if let Some(v) = cell.read().get(&ino) {
+            return (v.clone(), false);
+        }
+        let mut map = cell.write();
+        match map.entry(ino) {
+            std::collections::hash_map::Entry::Occupied(e) => (e.get().clone(), false),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                (e.insert(Arc::new(make())).clone(), true)
+            }
+        }
+    }
+
+    /// Removes and returns the mnode for `ino`.
+    pub fn remove(&self, ino: u64) -> Option<Arc<T>> {
+        self.cell(ino).write().remove(&ino)
+    }
+
+    /// Removes `ino` only if it still maps to `expected` (the same allocation). For eviction:
+    /// a mnode replaced since the caller looked it up is left alone.
+    pub fn remove_if_same(&self, ino: u64, expected: &Arc<T>) -> bool {
+        let mut map = self.cell(ino).write();
+        match map.get(&ino) {
+            Some(v) if Arc::ptr_eq(v, expected) => {
+                map.remove(&ino);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Calls `f` for every mnode, one cell at a time. Each cell's entries are copied out (as
+    /// `Arc`s) under its read lock and `f` runs after the lock is dropped, so `f` may use the
+    /// table; entries inserted or removed meanwhile may or may not be visited.
+    pub fn for_each(&self, mut f: impl FnMut(u64, &Arc<T>)) {
+        let mut batch: Vec<(u64, Arc<T>)> = Vec::new();
+        for cell in self.cells.iter() {
+            batch.extend(cell.read().iter().map(|(&k, v)| (k, v.clone())));
+            for (k, v) in batch.drain(..) {
+                f(k, &v);
+            }
+        }
+    }
+
+    /// Number of mnodes (a sum over cells, not a snapshot).
+    pub fn len(&self) -> usize {
+        self.cells.iter().map(|c| c.read().len()).sum()
+    }
+
+    /// True if no cell holds a mnode (not a snapshot).
+    pub fn is_empty(&self) -> bool {
+        self.cells.iter().all(|c| c.read().is_empty())
+    }
+}
+
+impl<T> Default for Cells<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> std::fmt::Debug for Cells<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cells")
+            .field("cells", &self.cells.len())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Barrier;
+
+    #[test]
+    fn cell_count_is_power_of_two_and_at_least_4x_cpus() {
+        let c: Cells<u32> = Cells::new();
+        assert!(c.cell_count().is_power_of_two());
+        assert!(c.cell_count() >= 4 * crate::sync::percpu::possible_cpus());
+        assert_eq!(Cells::<u32>::with_cells(0).cell_count(), 1);
+        assert_eq!(Cells::<u32>::with_cells(5).cell_count(), 8);
+    }
+
+    #[test]
+    fn basic_operations() {
+        let c: Cells<String> = Cells::with_cells(8);
+        assert!(c.get(1).is_none());
+        let (a, ins) = c.insert_if_absent(1, || "one".into());
+        assert!(ins);
+        let (b, ins) = c.insert_if_absent(1, || "uno".into());
+        assert!(!ins);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(*c.get(1).unwrap(), "one");
+        assert!(c.contains(1));
+        let other = Arc::new(String::from("x"));
+        assert!(!c.remove_if_same(1, &other));
+        assert!(c.remove_if_same(1, &a));
+        assert!(c.remove(1).is_none());
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn inodes_spread_over_cells_and_for_each_visits_all() {
+        let c: Cells<u64> = Cells::with_cells(16);
+        for ino in 0..1600u64 {
+            c.insert_if_absent(ino, || ino * 2);
+        }
+        assert_eq!(c.len(), 1600);
+        let mut per_cell = vec![0usize; 16];
+        for ino in 0..1600u64 {
+            per_cell[c.cell_of(ino)] += 1;
+        }
+        // Sequential numbers must not pile into a few cells.
+        assert!(per_cell.iter().all(|&n| n > 50), "{per_cell:?}");
+        let mut seen = 0u64;
+        c.for_each(|k, v| {
+            assert_eq!(**v, k * 2);
+            // The table is usable from inside the callback.
+            assert!(c.get(k).is_some());
+            seen += 1;
+        });
+        assert_eq!(seen, 1600);
+    }
+
+    #[test]
+    fn concurrent_insert_if_absent_yields_one_value() {
+        const THREADS: usize = 8;
+        let c: Cells<usize> = Cells::with_cells(4);
+        let made = AtomicUsize::new(0);
+        let inserted = AtomicUsize::new(0);
+        for round in 0..200u64 {
+            let start = Barrier::new(THREADS);
+            let got: Vec<Arc<usize>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..THREADS)
+                    .map(|t| {
+                        let (c, made, inserted, start) = (&c, &made, &inserted, &start);
+                        s.spawn(move || {
+                            start.wait();
+                            let (v, ins) = c.insert_if_absent(round, || {
+                                made.fetch_add(1, SeqCst);
+                                t
+                            });
+                            if ins {
+                                inserted.fetch_add(1, SeqCst);
+                            }
+                            v
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(
+                got.iter().all(|v| Arc::ptr_eq(v, &got[0])),
+                "round {round}: two values"
+            );
+            assert_eq!(
+                made.load(SeqCst),
+                round as usize + 1,
+                "constructor ran twice"
+            );
+            assert_eq!(inserted.load(SeqCst), round as usize + 1);
+        }
+        assert_eq!(c.len(), 200);
+    }
+}

@@ -1,0 +1,13 @@
+//! Synchronisation primitives that keep the common path free of shared cache lines.
+//!
+//! - [`percpu`]: which CPU a thread runs on, how many CPUs there can be, and an array with one
+//!   cache-line-padded slot per CPU. Everything "per core" in lanefs (lanes, counters, in-flight
+//!   registries) is built on it.
+//! - [`pass_sem`]: the reader pass-through semaphore (Max, ATC'21) that every file-system
+//!   operation enters in shared mode and a checkpoint takes exclusively.
+
+pub mod pass_sem;
+pub mod percpu;
+
+pub use pass_sem::{ExclusiveGuard, PassSem, SharedGuard};
+pub use percpu::{current_cpu, possible_cpus, PerCpu};
