@@ -51,6 +51,15 @@ pub enum Error {
     InvalidArgument(String),
     #[error("no space left on device")]
     NoSpace,
+    /// A POSIX error for the caller, with what it was about.
+    #[error("{what}: {}", errno_text(*errno))]
+    Errno { errno: i32, what: String },
+}
+
+fn errno_text(errno: i32) -> String {
+    let s = std::io::Error::from_raw_os_error(errno).to_string();
+    // "No such file or directory (os error 2)" -> "No such file or directory"
+    s.split(" (os error").next().unwrap_or(&s).to_string()
 }
 
 fn at_block(b: Option<u64>) -> String {
@@ -66,9 +75,15 @@ impl Error {
         Error::Corrupt { structure, block, reason: reason.into() }
     }
 
+    /// A POSIX error.
+    pub fn errno(errno: i32, what: impl Into<String>) -> Self {
+        Error::Errno { errno, what: what.into() }
+    }
+
     /// The errno a POSIX caller should see.
-    pub fn errno(&self) -> i32 {
+    pub fn to_errno(&self) -> i32 {
         match self {
+            Error::Errno { errno, .. } => *errno,
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Error::Corrupt { .. } | Error::NotLanefs(_) => libc::EUCLEAN,
             Error::InvalidArgument(_) => libc::EINVAL,
@@ -78,3 +93,9 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        std::io::Error::new(std::io::Error::from_raw_os_error(e.to_errno()).kind(), e.to_string())
+    }
+}

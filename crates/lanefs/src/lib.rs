@@ -7,8 +7,12 @@
 
 pub mod checkpoint;
 pub mod device;
+pub mod diskdir;
+pub mod engine;
 pub mod error;
+pub mod flush;
 pub mod format;
+pub mod fs;
 pub mod fsck;
 pub mod inspect;
 pub mod journal;
@@ -17,7 +21,9 @@ pub mod mkfs;
 pub mod nat;
 pub mod node;
 pub mod oplog;
+pub mod recovery;
 pub mod seg;
 pub mod sync;
 
 pub use error::{Error, Result};
+pub use fs::{Attr, DirEntry, FileKind, Fs, FsOptions, Ino, MkfsOptions, SetAttr, StatFs, ROOT};

@@ -10,6 +10,7 @@
 
 use crate::checkpoint::{commit, CommitSet};
 use crate::device::{BlockDevice, ReadReq, BLOCK_SIZE};
+use crate::engine::JOURNAL_LOG;
 use crate::error::Result;
 use crate::format::checkpoint::{LogCursor, CP_FLAG_CLEAN};
 use crate::format::layout::{Geometry, LogType, LOG_TYPES, ROOT_INO, SIT_ENTRIES_PER_BLOCK};
@@ -126,6 +127,10 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
         table.activate_free(segno, lane, log, 0)?;
     }
 
+    let journal_lane = |segno: u32| -> Option<u32> {
+        (segno as usize % LOG_TYPES == JOURNAL_LOG as usize).then_some(segno / LOG_TYPES as u32)
+    };
+
     // 3. The root directory's inode, first block of lane 0's hot node log.
     let root_seg = active.iter().find(|a| a.1 == 0 && a.2 == LogType::HotNode).expect("lane 0").0;
     let root_addr = g.seg_start(root_seg);
@@ -149,6 +154,9 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
             if segno == root_seg {
                 s.entries[0] = SummaryEntry { kind: SummaryKind::Node, nid: ROOT_INO, ofs: 0 };
             }
+            if let Some(lane) = journal_lane(segno) {
+                s.entries[0] = SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
+            }
             s
         })
         .collect();
@@ -158,9 +166,10 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
         .map(|l| LaneCheckpoint {
             logs: std::array::from_fn(|t| {
                 let segno = (l * LOG_TYPES + t) as u32;
-                LogCursor { segno, next_off: u16::from(segno == root_seg) }
+                LogCursor { segno, next_off: u16::from(segno == root_seg || journal_lane(segno).is_some()) }
             }),
-            journal_head: 0,
+            // Each lane's journal starts at the first block of its journal log, reserved here.
+            journal_head: g.seg_start((l * LOG_TYPES + JOURNAL_LOG as usize) as u32) as u32,
             journal_seq: 0,
         })
         .collect();

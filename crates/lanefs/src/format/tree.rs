@@ -18,6 +18,9 @@ use super::node::{ADDRS_PER_NODE, INODE_ADDRS, INODE_NIDS};
 const N: u64 = ADDRS_PER_NODE as u64;
 const I: u64 = INODE_ADDRS as u64;
 
+/// Position number of an inode's xattr node (outside the data tree).
+pub const XATTR_NODE_OFS: u32 = u32::MAX;
+
 /// Blocks a file can have.
 pub const MAX_FILE_BLOCKS: u64 = I + 2 * N + 2 * N * N + N * N * N;
 

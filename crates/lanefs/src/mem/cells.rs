@@ -70,9 +70,7 @@ impl<T> Cells<T> {
     pub fn with_cells(n: usize) -> Self {
         // Cap far above any real core count; keeps the allocation bounded whatever `n` is.
         let n = n.clamp(1, 1 << 16).next_power_of_two();
-        let cells = (0..n)
-            .map(|_| CachePadded::new(RwLock::default()))
-            .collect();
+        let cells = (0..n).map(|_| CachePadded::new(RwLock::default())).collect();
         Cells { cells, mask: n - 1 }
     }
 
@@ -116,9 +114,7 @@ impl<T> Cells<T> {
         let mut map = cell.write();
         match map.entry(ino) {
             std::collections::hash_map::Entry::Occupied(e) => (e.get().clone(), false),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                (e.insert(Arc::new(make())).clone(), true)
-            }
+            std::collections::hash_map::Entry::Vacant(e) => (e.insert(Arc::new(make())).clone(), true),
         }
     }
 
@@ -172,10 +168,7 @@ impl<T> Default for Cells<T> {
 
 impl<T> std::fmt::Debug for Cells<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cells")
-            .field("cells", &self.cells.len())
-            .field("len", &self.len())
-            .finish()
+        f.debug_struct("Cells").field("cells", &self.cells.len()).field("len", &self.len()).finish()
     }
 }
 
@@ -262,15 +255,8 @@ mod tests {
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
-            assert!(
-                got.iter().all(|v| Arc::ptr_eq(v, &got[0])),
-                "round {round}: two values"
-            );
-            assert_eq!(
-                made.load(SeqCst),
-                round as usize + 1,
-                "constructor ran twice"
-            );
+            assert!(got.iter().all(|v| Arc::ptr_eq(v, &got[0])), "round {round}: two values");
+            assert_eq!(made.load(SeqCst), round as usize + 1, "constructor ran twice");
             assert_eq!(inserted.load(SeqCst), round as usize + 1);
         }
         assert_eq!(c.len(), 200);

@@ -53,7 +53,10 @@ fn shard_of(name: &[u8]) -> usize {
 
 impl DirMap {
     pub fn new() -> DirMap {
-        DirMap { shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(), len: AtomicU64::new(0) }
+        DirMap {
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            len: AtomicU64::new(0),
+        }
     }
 
     /// Number of entries.
@@ -77,6 +80,13 @@ impl DirMap {
         let mut shard = self.shards[s].write();
         let old = shard.by_name.get(name).copied();
         let (new, r) = f(old);
+        self.apply(&mut shard, s, name, new);
+        r
+    }
+
+    /// Sets `name` in locked shard `s` to `new`.
+    fn apply(&self, shard: &mut Shard, s: usize, name: &[u8], new: Option<(u32, u8)>) {
+        let old = shard.by_name.get(name).copied();
         match (old, new) {
             (None, None) => {}
             (Some(o), None) => {
@@ -99,7 +109,6 @@ impl DirMap {
                 shard.by_cookie.insert(cookie, name.into());
             }
         }
-        r
     }
 
     /// Inserts `name` if absent; returns the existing entry otherwise.
@@ -146,6 +155,40 @@ impl DirMap {
         }
         out
     }
+}
+
+/// Changes two names atomically (rename): both shards are locked, in the global order of
+/// (directory inode, shard), `f` sees both current entries and returns both new ones.
+pub fn update_two<E>(
+    a: (u32, &DirMap, &[u8]),
+    b: (u32, &DirMap, &[u8]),
+    f: impl FnOnce(Option<DirEntry>, Option<DirEntry>) -> Result<(Option<(u32, u8)>, Option<(u32, u8)>), E>,
+) -> Result<(), E> {
+    let (ai, am, an) = a;
+    let (bi, bm, bn) = b;
+    let (sa, sb) = (shard_of(an), shard_of(bn));
+    debug_assert!(!(std::ptr::eq(am, bm) && an == bn), "update_two of one name");
+    if std::ptr::eq(am, bm) && sa == sb {
+        let mut g = am.shards[sa].write();
+        let (ca, cb) = (g.by_name.get(an).copied(), g.by_name.get(bn).copied());
+        let (na, nb) = f(ca, cb)?;
+        am.apply(&mut g, sa, an, na);
+        am.apply(&mut g, sa, bn, nb);
+        return Ok(());
+    }
+    let a_first = (ai, sa) < (bi, sb);
+    let (mut ga, mut gb) = if a_first {
+        let ga = am.shards[sa].write();
+        (ga, bm.shards[sb].write())
+    } else {
+        let gb = bm.shards[sb].write();
+        (am.shards[sa].write(), gb)
+    };
+    let (ca, cb) = (ga.by_name.get(an).copied(), gb.by_name.get(bn).copied());
+    let (na, nb) = f(ca, cb)?;
+    am.apply(&mut ga, sa, an, na);
+    bm.apply(&mut gb, sb, bn, nb);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,13 +1,19 @@
 //! MEMFS: the in-memory file system that serves every read and namespace change.
 //!
-//! This part holds the concurrency building blocks of that layer:
-//!
 //! - [`range_lock`]: the file-level byte-range lock (Lee et al., SYSTOR'19), so that writers to
 //!   disjoint ranges of one file proceed in parallel.
 //! - [`cells`]: the mnode table sharded into file cells (Max, ATC'21), so that operations on
 //!   different inodes touch different locks.
+//! - [`dir`]: directories as concurrent hash maps with stable readdir cookies.
+//! - [`pages`]: file pages in per-file sparse, sharded maps with copy-on-write snapshots.
+//! - [`mnode`]: the in-memory inode.
+//! - [`ops`]: the operations themselves.
 
 pub mod cells;
+pub mod dir;
+pub mod mnode;
+pub mod ops;
+pub mod pages;
 pub mod range_lock;
 
 pub use cells::Cells;

@@ -23,6 +23,9 @@ pub struct Page {
     pub data: PageBuf,
     /// Changed since it was last written to the device.
     pub dirty: bool,
+    /// Taken by fsync, writeback or a checkpoint whose new block address is not installed yet:
+    /// the device does not hold this data where the mapping says, so it must stay cached.
+    pub in_flight: bool,
 }
 
 /// Bytes cached and dirty across every file, for the cache limit.
@@ -41,7 +44,11 @@ pub struct PageMap {
 
 impl PageMap {
     pub fn new(stats: Arc<CacheStats>) -> PageMap {
-        PageMap { shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(), dirty: AtomicU64::new(0), stats }
+        PageMap {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            dirty: AtomicU64::new(0),
+            stats,
+        }
     }
 
     fn shard(&self, idx: u64) -> &Mutex<HashMap<u64, Page>> {
@@ -70,14 +77,16 @@ impl PageMap {
     ) -> Result<(), E> {
         debug_assert!(off + bytes.len() <= PAGE_SIZE && !bytes.is_empty());
         let mut shard = self.shard(idx).lock();
-        if !shard.contains_key(&idx) {
-            // Loading under the shard lock keeps two writers of one page from loading twice; the
-            // read is of a block this file already owns, so it cannot wait on this file.
-            let base = if off == 0 && bytes.len() == PAGE_SIZE { [0u8; PAGE_SIZE] } else { load()? };
-            shard.insert(idx, Page { data: Arc::new(base), dirty: false });
-            self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
-        }
-        let page = shard.get_mut(&idx).expect("inserted above");
+        let page = match shard.entry(idx) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                // Loading under the shard lock keeps two writers of one page from loading twice;
+                // the read is of a block this file already owns, so it cannot wait on this file.
+                let base = if off == 0 && bytes.len() == PAGE_SIZE { [0u8; PAGE_SIZE] } else { load()? };
+                self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
+                v.insert(Page { data: Arc::new(base), dirty: false, in_flight: false })
+            }
+        };
         Arc::make_mut(&mut page.data)[off..off + bytes.len()].copy_from_slice(bytes);
         if !page.dirty {
             page.dirty = true;
@@ -92,19 +101,21 @@ impl PageMap {
         let mut shard = self.shard(idx).lock();
         let p = shard.entry(idx).or_insert_with(|| {
             self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
-            Page { data: Arc::new(data), dirty: false }
+            Page { data: Arc::new(data), dirty: false, in_flight: false }
         });
         p.data.clone()
     }
 
-    /// Every dirty page (index order), each marked clean. A writer that changes one of them
-    /// afterwards copies it and marks it dirty again; the caller owns the snapshot it got.
+    /// Every dirty page (index order), each marked clean and in flight. A writer that changes
+    /// one of them afterwards copies it and marks it dirty again; the caller owns the snapshot
+    /// it got, and calls [`PageMap::settle`] once the page's new address is known.
     pub fn take_dirty(&self) -> Vec<(u64, PageBuf)> {
         let mut out = Vec::new();
         for s in self.shards.iter() {
             let mut s = s.lock();
             for (&idx, p) in s.iter_mut().filter(|(_, p)| p.dirty) {
                 p.dirty = false;
+                p.in_flight = true;
                 out.push((idx, p.data.clone()));
             }
         }
@@ -115,6 +126,18 @@ impl PageMap {
         out
     }
 
+    /// Ends page `idx`'s flight; returns whether the page still exists (a truncate or punch
+    /// removed it otherwise, and its new block must not be mapped).
+    pub fn settle(&self, idx: u64) -> bool {
+        match self.shard(idx).lock().get_mut(&idx) {
+            Some(p) => {
+                p.in_flight = false;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Puts back pages whose write failed so that a later fsync retries them; a page changed
     /// since is dirty already and keeps its newer contents.
     pub fn restore_dirty(&self, pages: &[(u64, PageBuf)]) {
@@ -123,13 +146,14 @@ impl PageMap {
             match s.get_mut(idx) {
                 Some(p) if !p.dirty => {
                     p.dirty = true;
+                    p.in_flight = false;
                     p.data = buf.clone();
                     self.dirty.fetch_add(1, Ordering::Relaxed);
                     self.stats.dirty_pages.fetch_add(1, Ordering::Relaxed);
                 }
-                Some(_) => {}
+                Some(p) => p.in_flight = false,
                 None => {
-                    s.insert(*idx, Page { data: buf.clone(), dirty: true });
+                    s.insert(*idx, Page { data: buf.clone(), dirty: true, in_flight: false });
                     self.dirty.fetch_add(1, Ordering::Relaxed);
                     self.stats.dirty_pages.fetch_add(1, Ordering::Relaxed);
                     self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
@@ -150,6 +174,21 @@ impl PageMap {
         }
     }
 
+    /// Drops page `idx`, dirty or not (a punched hole).
+    pub fn truncate_one(&self, idx: u64) {
+        if let Some(p) = self.shard(idx).lock().remove(&idx) {
+            self.forget(&p);
+        }
+    }
+
+    /// Dirty pages for which `mapped` is false (not yet given a block).
+    pub fn dirty_unmapped(&self, mapped: impl Fn(u64) -> bool) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.lock().iter().filter(|(&i, p)| p.dirty && !mapped(i)).count() as u64)
+            .sum()
+    }
+
     /// Zeroes bytes [off, PAGE_SIZE) of page `idx` if it is cached (the tail of a truncated page).
     pub fn zero_tail(&self, idx: u64, off: usize) {
         let mut s = self.shard(idx).lock();
@@ -168,7 +207,8 @@ impl PageMap {
         let mut n = 0;
         for s in self.shards.iter() {
             let mut s = s.lock();
-            let clean: Vec<u64> = s.iter().filter(|(_, p)| !p.dirty).map(|(&i, _)| i).take(max - n).collect();
+            let clean: Vec<u64> =
+                s.iter().filter(|(_, p)| !p.dirty && !p.in_flight).map(|(&i, _)| i).take(max - n).collect();
             for i in clean {
                 let p = s.remove(&i).expect("listed");
                 self.forget(&p);
@@ -258,7 +298,13 @@ mod tests {
             assert_eq!(m.get(idx).unwrap()[100], (idx % 8) as u8 + 1);
         }
         assert_eq!(m.evict_clean(10), 0, "dirty pages are never evicted");
-        m.take_dirty();
+        let taken = m.take_dirty();
+        assert_eq!(m.evict_clean(10), 0, "pages in flight are never evicted");
+        for (idx, _) in &taken {
+            assert!(m.settle(*idx));
+        }
         assert_eq!(m.evict_clean(10), 10);
+        m.truncate(0);
+        assert!(!m.settle(5), "a truncated page is gone");
     }
 }

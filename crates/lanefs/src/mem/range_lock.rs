@@ -83,18 +83,9 @@ impl RangeLock {
             inner.next_seq += 1;
             let blocked = inner.requests.iter().any(|r| r.conflicts(start, end, mode));
             let waiter = blocked.then(|| {
-                Arc::new(Waiter {
-                    granted: AtomicBool::new(false),
-                    thread: std::thread::current(),
-                })
+                Arc::new(Waiter { granted: AtomicBool::new(false), thread: std::thread::current() })
             });
-            inner.requests.push(Request {
-                seq,
-                start,
-                end,
-                mode,
-                waiter: waiter.clone(),
-            });
+            inner.requests.push(Request { seq, start, end, mode, waiter: waiter.clone() });
             (seq, waiter)
         };
         if let Some(w) = waiter {
@@ -104,13 +95,7 @@ impl RangeLock {
                 std::thread::park();
             }
         }
-        RangeGuard {
-            lock: self,
-            seq,
-            start,
-            end,
-            mode,
-        }
+        RangeGuard { lock: self, seq, start, end, mode }
     }
 
     /// Locks `[start, end)` for reading.
@@ -132,20 +117,8 @@ impl RangeLock {
         }
         let seq = inner.next_seq;
         inner.next_seq += 1;
-        inner.requests.push(Request {
-            seq,
-            start,
-            end,
-            mode,
-            waiter: None,
-        });
-        Some(RangeGuard {
-            lock: self,
-            seq,
-            start,
-            end,
-            mode,
-        })
+        inner.requests.push(Request { seq, start, end, mode, waiter: None });
+        Some(RangeGuard { lock: self, seq, start, end, mode })
     }
 
     /// [`try_lock`](Self::try_lock) for reading.
@@ -281,21 +254,12 @@ mod tests {
     fn conflict_rules() {
         let l = RangeLock::new();
         let a = l.lock_shared(0, 100);
-        assert!(
-            l.try_lock_shared(50, 150).is_some(),
-            "shared/shared overlap must coexist"
-        );
+        assert!(l.try_lock_shared(50, 150).is_some(), "shared/shared overlap must coexist");
         assert!(l.try_lock_exclusive(50, 150).is_none());
-        assert!(
-            l.try_lock_exclusive(100, 200).is_some(),
-            "half-open ranges touch, not overlap"
-        );
+        assert!(l.try_lock_exclusive(100, 200).is_some(), "half-open ranges touch, not overlap");
         let b = l.lock_exclusive(200, 300);
         assert!(l.try_lock_shared(299, 300).is_none());
-        assert!(
-            l.try_lock_shared(10, 10).is_some(),
-            "empty range conflicts with nothing"
-        );
+        assert!(l.try_lock_shared(10, 10).is_some(), "empty range conflicts with nothing");
         drop(a);
         assert!(l.try_lock_exclusive(0, 200).is_some());
         drop(b);
@@ -312,10 +276,7 @@ mod tests {
         assert!(l.try_lock_shared(1 << 40, (1 << 40) + 1).is_none());
         assert!(l.try_lock_shared(u64::MAX - 2, u64::MAX).is_none());
         assert!(l.try_lock_exclusive(4000, 4097).is_none());
-        assert!(
-            l.try_lock_exclusive(0, 4096).is_some(),
-            "bytes before x stay free"
-        );
+        assert!(l.try_lock_exclusive(0, 4096).is_some(), "bytes before x stay free");
 
         // A blocking request past x waits until the infinite range is released.
         let got = AtomicBool::new(false);
@@ -367,17 +328,9 @@ mod tests {
                     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ ((t + 1) * 0x1234_5678_9ABC));
                     for i in 0..ITERS {
                         let start = rng.below(1000);
-                        let end = if rng.below(16) == 0 {
-                            u64::MAX
-                        } else {
-                            start + 1 + rng.below(64)
-                        };
+                        let end = if rng.below(16) == 0 { u64::MAX } else { start + 1 + rng.below(64) };
                         let excl = rng.below(3) == 0;
-                        let mode = if excl {
-                            LockMode::Exclusive
-                        } else {
-                            LockMode::Shared
-                        };
+                        let mode = if excl { LockMode::Exclusive } else { LockMode::Shared };
                         let g = if i % 5 == 0 {
                             match l.try_lock(start, end, mode) {
                                 Some(g) => g,
@@ -411,10 +364,7 @@ mod tests {
         assert!(grants.load(SeqCst) > 0);
         assert!(shadow.lock().unwrap().is_empty());
         assert_eq!(l.waiting(), 0);
-        assert!(
-            l.try_lock_exclusive(0, u64::MAX).is_some(),
-            "a request leaked"
-        );
+        assert!(l.try_lock_exclusive(0, u64::MAX).is_some(), "a request leaked");
     }
 
     /// A writer queued behind overlapping readers is not overtaken: every read request that
@@ -431,14 +381,8 @@ mod tests {
         let started = Barrier::new(READERS + 1);
         std::thread::scope(|s| {
             for r in 0..READERS as u64 {
-                let (l, wq, wd, stop, late, started) = (
-                    &l,
-                    &writer_queued,
-                    &writer_done,
-                    &stop,
-                    &late_grants,
-                    &started,
-                );
+                let (l, wq, wd, stop, late, started) =
+                    (&l, &writer_queued, &writer_done, &stop, &late_grants, &started);
                 s.spawn(move || {
                     let mut first = true;
                     while !stop.load(SeqCst) {
@@ -512,11 +456,7 @@ mod tests {
             while l.waiting() < 1 + READERS && grants.load(SeqCst) == 0 {
                 std::thread::yield_now();
             }
-            assert_eq!(
-                grants.load(SeqCst),
-                0,
-                "a reader joined the held range past the writer"
-            );
+            assert_eq!(grants.load(SeqCst), 0, "a reader joined the held range past the writer");
             assert!(!writer_done.load(SeqCst));
             drop(first_reader);
             w.join().unwrap();
@@ -546,10 +486,7 @@ mod tests {
             while l.waiting() < 2 && order.lock().unwrap().is_empty() {
                 std::thread::yield_now();
             }
-            assert!(
-                order.lock().unwrap().is_empty(),
-                "reader overtook the waiting writer"
-            );
+            assert!(order.lock().unwrap().is_empty(), "reader overtook the waiting writer");
             drop(r1);
         });
         assert_eq!(*order.lock().unwrap(), vec!["w", "r2"]);

@@ -49,10 +49,7 @@ impl Timestamp {
     /// Smaller than or equal to every timestamp.
     pub const MIN: Timestamp = Timestamp { ticks: 0, cpu: 0 };
     /// Greater than or equal to every timestamp.
-    pub const MAX: Timestamp = Timestamp {
-        ticks: u64::MAX,
-        cpu: u32::MAX,
-    };
+    pub const MAX: Timestamp = Timestamp { ticks: u64::MAX, cpu: u32::MAX };
 
     /// The current time from the process's [`ClockSource`].
     #[inline]
@@ -89,8 +86,7 @@ pub enum ClockSource {
 pub fn source() -> ClockSource {
     static SOURCE: OnceLock<ClockSource> = OnceLock::new();
     *SOURCE.get_or_init(|| {
-        let forced =
-            std::env::var("LANEFS_CLOCK").is_ok_and(|v| v.eq_ignore_ascii_case("monotonic"));
+        let forced = std::env::var("LANEFS_CLOCK").is_ok_and(|v| v.eq_ignore_ascii_case("monotonic"));
         if !forced && tsc_usable() {
             ClockSource::Tsc
         } else {
@@ -124,12 +120,10 @@ fn kernel_reports_invariant_tsc() -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
         return false;
     };
-    info.lines()
-        .find(|l| l.starts_with("flags"))
-        .is_some_and(|l| {
-            let has = |flag: &str| l.split_whitespace().any(|w| w == flag);
-            has("constant_tsc") && has("nonstop_tsc")
-        })
+    info.lines().find(|l| l.starts_with("flags")).is_some_and(|l| {
+        let has = |flag: &str| l.split_whitespace().any(|w| w == flag);
+        has("constant_tsc") && has("nonstop_tsc")
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -160,10 +154,7 @@ mod tsc {
         let ticks = unsafe { __rdtscp(&mut aux) };
         compiler_fence(SeqCst);
         // Linux loads IA32_TSC_AUX with (node << 12) | cpu.
-        Timestamp {
-            ticks,
-            cpu: aux & 0xfff,
-        }
+        Timestamp { ticks, cpu: aux & 0xfff }
     }
 }
 
@@ -246,16 +237,12 @@ pub struct InFlight {
 impl InFlight {
     /// A registry with one slot per possible CPU.
     pub fn new() -> Self {
-        InFlight {
-            slots: PerCpu::new(|_| Slot::default()),
-        }
+        InFlight { slots: PerCpu::new(|_| Slot::default()) }
     }
 
     /// A registry with exactly `n` slots (at least one); any `n` is correct.
     pub fn with_slots(n: usize) -> Self {
-        InFlight {
-            slots: PerCpu::with_slots(n, |_| Slot::default()),
-        }
+        InFlight { slots: PerCpu::with_slots(n, |_| Slot::default()) }
     }
 
     /// Takes a timestamp and registers the operation under it, on the caller's CPU slot. Call it
@@ -268,12 +255,7 @@ impl InFlight {
         let id = st.next_id;
         st.next_id = st.next_id.wrapping_add(1);
         st.ops.push((id, ts));
-        InFlightOp {
-            reg: self,
-            slot,
-            id,
-            ts,
-        }
+        InFlightOp { reg: self, slot, id, ts }
     }
 
     /// True if some registered operation has a timestamp strictly below `ts` (stale at once).
@@ -451,13 +433,7 @@ mod tests {
             all.sort_by_key(|&(step, _)| step);
             assert_eq!(all.len() as u64, STEPS);
             for w in all.windows(2) {
-                assert!(
-                    w[0].1 < w[1].1,
-                    "{src:?}: step {} {:?} !< {:?}",
-                    w[1].0,
-                    w[0].1,
-                    w[1].1
-                );
+                assert!(w[0].1 < w[1].1, "{src:?}: step {} {:?} !< {:?}", w[1].0, w[0].1, w[1].1);
             }
         }
     }
@@ -484,10 +460,7 @@ mod tests {
             });
             // Deterministic: wait until the waiter is parked on the registered op.
             while reg.parked_waiters() == 0 {
-                assert!(
-                    !done.load(SeqCst),
-                    "wait_below returned while a lower op is in flight"
-                );
+                assert!(!done.load(SeqCst), "wait_below returned while a lower op is in flight");
                 std::thread::yield_now();
             }
             assert!(!done.load(SeqCst));

@@ -147,6 +147,43 @@ impl LaneSet {
         Ok(())
     }
 
+    /// Recovery: records the owners of blocks written after the checkpoint in their segments'
+    /// summaries (in memory where the segment's summary is held here, else read with `read`
+    /// and queued for the next checkpoint to write).
+    pub fn patch_summaries(
+        &self,
+        patches: &std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>>,
+        mut read: impl FnMut(u32) -> SegmentSummary,
+    ) {
+        let mut closed = self.closed.lock();
+        for (&segno, entries) in patches {
+            let apply = |s: &mut SegmentSummary| {
+                for &(off, e) in entries {
+                    s.entries[off as usize] = e;
+                }
+            };
+            if let Some(s) = closed.iter_mut().find(|s| s.segno == segno) {
+                apply(s);
+                continue;
+            }
+            let mut held = false;
+            for l in &self.lanes {
+                for a in &l.logs {
+                    let mut a = a.lock();
+                    if a.segno == segno {
+                        apply(&mut a.summary);
+                        held = true;
+                    }
+                }
+            }
+            if !held {
+                let mut s = read(segno);
+                apply(&mut s);
+                closed.push(s);
+            }
+        }
+    }
+
     /// Where every log of every lane stands (for the checkpoint).
     pub fn cursors(&self) -> Vec<[LogCursor; LOG_TYPES]> {
         self.lanes

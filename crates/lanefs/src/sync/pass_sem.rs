@@ -174,10 +174,7 @@ impl PassSem {
     fn wait_phase_over(&self) {
         let mut g = self.lock();
         while g.writer {
-            g = self
-                .phase_over
-                .wait(g)
-                .unwrap_or_else(PoisonError::into_inner);
+            g = self.phase_over.wait(g).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
@@ -188,10 +185,7 @@ impl PassSem {
         {
             let mut g = self.lock();
             while g.writer {
-                g = self
-                    .phase_over
-                    .wait(g)
-                    .unwrap_or_else(PoisonError::into_inner);
+                g = self.phase_over.wait(g).unwrap_or_else(PoisonError::into_inner);
             }
             g.writer = true;
             self.exclusive.store(true, SeqCst);
@@ -305,19 +299,10 @@ mod tests {
         while !sem.exclusive.load(SeqCst) {
             std::thread::yield_now();
         }
-        assert!(
-            sem.try_shared().is_none(),
-            "reader entered while a writer was draining"
-        );
-        assert!(
-            !got.load(SeqCst),
-            "exclusive granted while shared holders exist"
-        );
+        assert!(sem.try_shared().is_none(), "reader entered while a writer was draining");
+        assert!(!got.load(SeqCst), "exclusive granted while shared holders exist");
         drop(a);
-        assert!(
-            !got.load(SeqCst),
-            "exclusive granted while a shared holder exists"
-        );
+        assert!(!got.load(SeqCst), "exclusive granted while a shared holder exists");
         drop(b);
         t.join().unwrap();
         assert!(got.load(SeqCst));
@@ -354,11 +339,7 @@ mod tests {
                     let _x = sem.exclusive();
                     // Stay a while and let readers run (yield): any that got in would show.
                     for _ in 0..10 {
-                        assert_eq!(
-                            inside.load(SeqCst),
-                            0,
-                            "reader inside during exclusive phase"
-                        );
+                        assert_eq!(inside.load(SeqCst), 0, "reader inside during exclusive phase");
                         std::thread::yield_now();
                     }
                     phases += 1;

@@ -36,9 +36,8 @@ pub fn possible_cpus() -> usize {
 fn detect_possible_cpus() -> usize {
     // "possible" rather than "online" or the affinity mask: sched_getcpu can return any possible
     // id once a CPU is hot-plugged in, and a slot array sized for fewer CPUs would alias them.
-    if let Some(n) = std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .ok()
-        .and_then(|s| parse_cpu_list_max(&s))
+    if let Some(n) =
+        std::fs::read_to_string("/sys/devices/system/cpu/possible").ok().and_then(|s| parse_cpu_list_max(&s))
     {
         return n + 1;
     }
@@ -61,9 +60,7 @@ fn parse_cpu_list_max(s: &str) -> Option<usize> {
             let last = part.rsplit('-').next().unwrap_or(part);
             last.trim().parse::<usize>().ok()
         })
-        .try_fold(None, |acc: Option<usize>, id| {
-            id.map(|id| Some(acc.map_or(id, |a| a.max(id))))
-        })
+        .try_fold(None, |acc: Option<usize>, id| id.map(|id| Some(acc.map_or(id, |a| a.max(id)))))
         .flatten()
 }
 

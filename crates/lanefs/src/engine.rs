@@ -1,0 +1,321 @@
+//! The engine: every piece of state a mounted file system has, and the glue between MEMFS and
+//! DISKFS (loading inodes on first use, the dirty set, group commit, the operation clock).
+//!
+//! Locking, outermost first (a thread takes them only in this order):
+//! `cp_serial` -> `gate` (write: checkpoint; read: fsync, writeback) -> `pass` (exclusive:
+//! checkpoint snapshot; shared: every operation) -> a directory's `flush_lock`s (ascending
+//! inode) -> `rename_lock` -> directory shards (ascending (inode, shard)) -> `meta` / `disk`
+//! of one mnode -> a lane's chain writer. No lock is held across device I/O except the gate
+//! (by design: it is how a checkpoint keeps fsync from changing block validity under it), a
+//! lane's chain writer (journal blocks of one lane complete in chain order), and `cp_serial`.
+
+use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::diskdir::DiskDir;
+use crate::error::{Error, Result};
+use crate::format::dentry::DentryBlock;
+use crate::format::layout::{Geometry, LogType};
+use crate::format::node::Timespec;
+use crate::format::Checkpoint;
+use crate::journal::{ChainWriter, Stamp};
+use crate::mem::mnode::{DiskState, MNode, Meta, S_IFDIR, S_IFLNK};
+use crate::mem::pages::CacheStats;
+use crate::mem::Cells;
+use crate::nat::NatTable;
+use crate::oplog::{InFlight, Timestamp};
+use crate::seg::{LaneSet, SegmentTable};
+use crate::sync::{current_cpu, PassSem, PerCpu};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The log journal blocks go to (per lane). Node logs hold nothing else between checkpoints
+/// except the checkpoint's own cold copies of nodes, so the journal stays compact.
+pub const JOURNAL_LOG: LogType = LogType::ColdNode;
+
+/// How a mounted file system behaves.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// Memory for cached file pages; dirty pages beyond half of it are written back, clean
+    /// pages beyond all of it are evicted.
+    pub cache_bytes: u64,
+    /// Take a checkpoint this often (None: only on sync, unmount and bounds).
+    pub checkpoint_interval: Option<Duration>,
+    /// Take a checkpoint once the journals hold this many blocks.
+    pub journal_blocks_limit: u64,
+    /// Take a checkpoint once this many namespace operations are logged.
+    pub logged_ops_limit: u64,
+}
+
+impl Default for FsOptions {
+    fn default() -> Self {
+        FsOptions {
+            cache_bytes: 256 << 20,
+            checkpoint_interval: Some(Duration::from_secs(30)),
+            journal_blocks_limit: 16384,
+            logged_ops_limit: 1 << 20,
+        }
+    }
+}
+
+/// Timestamps for records: monotonic across mounts (each mount starts past the newest stamp
+/// it found on disk) and ordered across cores (the synchronized TSC, ties by CPU).
+pub(crate) struct StampClock {
+    base: u64,
+    t0: u64,
+}
+
+impl StampClock {
+    pub fn new(floor: u64) -> StampClock {
+        StampClock { base: floor + 1, t0: Timestamp::now().ticks() }
+    }
+    pub fn stamp_of(&self, ts: Timestamp) -> Stamp {
+        Stamp { ticks: self.base + ts.ticks().saturating_sub(self.t0), cpu: ts.cpu() }
+    }
+    pub fn now(&self) -> Stamp {
+        self.stamp_of(Timestamp::now())
+    }
+}
+
+/// Group commit: concurrent fsyncs share one device flush. A caller whose writes completed
+/// before a flush started is covered by that flush.
+#[derive(Default)]
+pub(crate) struct GroupCommit {
+    tickets: AtomicU64,
+    state: Mutex<GroupState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct GroupState {
+    /// Every ticket up to this one is durable.
+    durable: u64,
+    flushing: bool,
+}
+
+impl GroupCommit {
+    /// Makes every write the caller completed before calling durable.
+    pub fn sync(&self, dev: &dyn BlockDevice) -> Result<()> {
+        let mine = self.tickets.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut st = self.state.lock();
+        // Bounded: each pass either returns or waits for a flush that ends in finite time.
+        loop {
+            if st.durable >= mine {
+                return Ok(());
+            }
+            if st.flushing {
+                self.cv.wait(&mut st);
+                continue;
+            }
+            st.flushing = true;
+            let covers = self.tickets.load(Ordering::Acquire);
+            drop(st);
+            let r = dev.flush();
+            st = self.state.lock();
+            st.flushing = false;
+            if r.is_ok() {
+                st.durable = st.durable.max(covers);
+            }
+            self.cv.notify_all();
+            r?;
+        }
+    }
+}
+
+/// Checkpoint bookkeeping.
+pub(crate) struct CpState {
+    pub cp: Checkpoint,
+    pub pack: u32,
+    /// Sequence number of the last checkpoint started / made durable.
+    pub started: u64,
+    pub durable: u64,
+}
+
+/// A mounted file system.
+pub struct Engine {
+    pub(crate) dev: Arc<dyn BlockDevice>,
+    pub(crate) g: Geometry,
+    pub(crate) nat: NatTable,
+    pub(crate) table: Arc<SegmentTable>,
+    pub(crate) lanes: LaneSet,
+    pub(crate) cells: Cells<MNode>,
+    pub(crate) pass: PassSem,
+    pub(crate) inflight: InFlight,
+    pub(crate) gate: RwLock<()>,
+    pub(crate) cp_serial: Mutex<()>,
+    pub(crate) chains: Vec<Mutex<ChainWriter>>,
+    pub(crate) group: GroupCommit,
+    pub(crate) dirty: PerCpu<Mutex<Vec<u32>>>,
+    /// Unlinked while open.
+    pub(crate) orphans: Mutex<std::collections::BTreeSet<u32>>,
+    pub(crate) cp: Mutex<CpState>,
+    pub(crate) cp_done: Condvar,
+    pub(crate) clock: StampClock,
+    pub(crate) cache: Arc<CacheStats>,
+    pub(crate) opts: FsOptions,
+    pub(crate) rename_lock: Mutex<()>,
+    pub(crate) journal_blocks: AtomicU64,
+    pub(crate) logged_ops: AtomicU64,
+    pub(crate) user_bytes: AtomicU64,
+    /// Set after a failed checkpoint: the in-memory state no longer matches what can be made
+    /// durable, so every further change is refused (like ext4's errors=remount-ro).
+    pub(crate) failed: AtomicBool,
+    /// Wakes the background checkpoint thread.
+    pub(crate) cp_kick: (Mutex<bool>, Condvar),
+    /// Tells the background thread to end.
+    pub(crate) stop: AtomicBool,
+}
+
+/// Seconds and nanoseconds now.
+pub(crate) fn now() -> Timespec {
+    crate::mkfs::now()
+}
+
+impl Engine {
+    /// The lane and CPU slot of the calling thread.
+    pub(crate) fn lane(&self) -> (u32, usize) {
+        let cpu = current_cpu();
+        (cpu as u32 % self.lanes.lane_count(), cpu)
+    }
+
+    /// Refuses changes after a failed checkpoint.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(Error::errno(libc::EIO, "file system stopped after a failed checkpoint"));
+        }
+        Ok(())
+    }
+
+    /// Adds `m` to the dirty set (idempotent and cheap when it is there already).
+    pub(crate) fn mark_dirty(&self, m: &MNode) {
+        if !m.in_dirty_set.swap(true, Ordering::AcqRel) {
+            self.dirty.current().lock().push(m.ino);
+        }
+    }
+
+    /// The mnode of `ino`, loading it from disk on first use.
+    pub(crate) fn mnode(&self, ino: u32) -> Result<Arc<MNode>> {
+        if let Some(m) = self.cells.get(ino as u64) {
+            return Ok(m);
+        }
+        let m = self.load_mnode(ino)?;
+        Ok(self.cells.insert_if_absent(ino as u64, || m).0)
+    }
+
+    fn load_mnode(&self, ino: u32) -> Result<MNode> {
+        let e = self.nat.get(ino);
+        if e.is_free() || e.ino != ino {
+            return Err(Error::errno(libc::ENOENT, format!("inode {ino}")));
+        }
+        let (inode, map, tree) = crate::node::read_inode(&*self.dev, &self.g, &self.nat, ino)?;
+        let meta = Meta {
+            mode: inode.mode,
+            uid: inode.uid,
+            gid: inode.gid,
+            nlink: inode.nlink,
+            atime: inode.atime,
+            crtime: inode.crtime,
+            rdev: inode.rdev,
+            flags: inode.flags,
+            generation: inode.generation,
+            xattrs: self.read_xattrs(ino, inode.xattr_nid)?,
+            xattrs_dirty: false,
+            symlink: Vec::new(),
+        };
+        let mut disk = DiskState {
+            tree: Some(tree),
+            tree_map: map.clone(),
+            cur_map: map,
+            xattr_nid: inode.xattr_nid,
+            ..Default::default()
+        };
+        let is_dir = inode.mode & crate::format::node::S_IFMT == S_IFDIR;
+        let is_link = inode.mode & crate::format::node::S_IFMT == S_IFLNK;
+        let addrs: Vec<(u64, u32)> = disk.cur_map.iter().map(|(&i, &a)| (i, a)).collect();
+        let mut meta = meta;
+        let m_size;
+        let mut dir_entries = Vec::new();
+        if is_dir {
+            let bufs = crate::checkpoint::read_blocks(
+                &*self.dev,
+                &addrs.iter().map(|a| a.1 as u64).collect::<Vec<_>>(),
+            )?;
+            let mut blocks = Vec::with_capacity(addrs.len());
+            for ((_, addr), b) in addrs.iter().zip(bufs.chunks(BLOCK_SIZE)) {
+                let db = DentryBlock::decode(b, ino, self.g.max_nid, Some(*addr as u64))?;
+                dir_entries.extend(db.entries.iter().cloned());
+                blocks.push(db);
+            }
+            disk.dentries = Some(DiskDir::load(blocks));
+            m_size = inode.size;
+        } else if is_link {
+            let len = inode.size as usize;
+            if len == 0 || len > crate::journal::MAX_SYMLINK_LEN || addrs.first().map(|a| a.0) != Some(0) {
+                return Err(Error::corrupt(
+                    crate::error::Structure::Node,
+                    None,
+                    format!("symlink {ino} has no target"),
+                ));
+            }
+            let mut b = vec![0u8; BLOCK_SIZE];
+            self.dev.read_block(addrs[0].1 as u64, &mut b)?;
+            meta.symlink = b[..len].to_vec();
+            m_size = inode.size;
+        } else {
+            m_size = inode.size;
+        }
+        let m = MNode::new(ino, meta, m_size, inode.mtime, inode.ctime, &self.cache);
+        *m.disk.lock() = disk;
+        if let Some(d) = m.dir() {
+            for e in dir_entries {
+                // Entries were validated by the decoder; duplicates would be corruption.
+                if d.map.insert(&e.name, e.ino, e.file_type).is_err() {
+                    return Err(Error::corrupt(
+                        crate::error::Structure::Dentry,
+                        None,
+                        format!("directory {ino} holds a name twice"),
+                    ));
+                }
+            }
+            m.parent.store(inode.parent, Ordering::Relaxed);
+        }
+        Ok(m)
+    }
+
+    fn read_xattrs(&self, ino: u32, xattr_nid: u32) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        if xattr_nid == 0 {
+            return Ok(Vec::new());
+        }
+        let e = self.nat.get(xattr_nid);
+        if e.is_free() || e.ino != ino {
+            return Err(Error::corrupt(
+                crate::error::Structure::Nat,
+                None,
+                format!("xattr node {xattr_nid} of inode {ino} missing"),
+            ));
+        }
+        let mut b = vec![0u8; BLOCK_SIZE];
+        self.dev.read_block(e.block_addr as u64, &mut b)?;
+        match crate::format::Node::decode(&b, &self.g, Some(e.block_addr as u64))?.body {
+            crate::format::NodeBody::Xattr(a) => Ok(a),
+            _ => Err(Error::corrupt(
+                crate::error::Structure::Node,
+                Some(e.block_addr as u64),
+                "not an xattr node",
+            )),
+        }
+    }
+
+    /// Asks the background thread for a checkpoint.
+    pub(crate) fn kick_checkpoint(&self) {
+        let (m, cv) = &self.cp_kick;
+        *m.lock() = true;
+        cv.notify_one();
+    }
+
+    /// Whether the journals or logs passed their bounds.
+    pub(crate) fn over_bounds(&self) -> bool {
+        self.journal_blocks.load(Ordering::Relaxed) > self.opts.journal_blocks_limit
+            || self.logged_ops.load(Ordering::Relaxed) > self.opts.logged_ops_limit
+    }
+}

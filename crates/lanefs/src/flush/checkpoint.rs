@@ -1,0 +1,412 @@
+//! Taking a checkpoint.
+//!
+//! 1. Take the gate exclusively: in-flight fsyncs and writebacks finish, new ones wait. This
+//!    keeps block validity still while the checkpoint writes the SIT that must match its trees.
+//! 2. Exclusive phase of the pass-through semaphore (every operation drained): stamp the
+//!    checkpoint, swap out the dirty set, and snapshot each dirty inode — attributes, dirty
+//!    pages (shared, copy-on-write), current mapping, and the names its directory log says
+//!    changed. No I/O happens here; namespace and data operations resume right after.
+//! 3. Write the snapshot: data pages to new blocks, changed dentry blocks, each inode's changed
+//!    nodes; deleted inodes' trees are dropped. Then the NAT and SIT blocks that changed, the
+//!    segment summaries and the pack (`checkpoint::commit`, which flushes before and after).
+//! 4. Segments and node ids freed before the snapshot become reusable; fsyncs waiting for this
+//!    checkpoint proceed.
+//!
+//! Records in the journals stamped at or before the checkpoint's stamp are part of it; the new
+//! journal heads are where each lane's chain stood at the snapshot.
+
+use crate::checkpoint::{commit, CommitSet};
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::format::checkpoint::{LaneCheckpoint, CP_FLAG_CLEAN};
+use crate::format::node::{Inode, NodeBody, NodeFooter, INODE_ADDRS, INODE_NIDS, NEW_ADDR};
+use crate::format::ssa::{SummaryEntry, SummaryKind};
+use crate::format::tree::XATTR_NODE_OFS;
+use crate::format::LogType;
+use crate::journal::{ChainPos, Record};
+use crate::mem::mnode::{DiskState, MNode, Meta, S_IFLNK};
+use crate::mem::pages::{PageBuf, PAGE_SIZE};
+use crate::node::{BlockMap, InodeTree, NodeWriter};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A name of a directory and its entry at the snapshot (None: absent).
+type NameChange = (Vec<u8>, Option<(u32, u8)>);
+
+struct InodeSnap {
+    m: Arc<MNode>,
+    meta: Meta,
+    size: u64,
+    pages: Vec<(u64, PageBuf)>,
+    map: BlockMap,
+    /// For directories: names whose entry changed, with the entry at the snapshot.
+    names: Vec<NameChange>,
+    xattrs_changed: bool,
+}
+
+struct Snapshot {
+    seq: u64,
+    stamp: u64,
+    inodes: Vec<InodeSnap>,
+    deleted: Vec<Arc<MNode>>,
+    orphans: Vec<u32>,
+    heads: Vec<ChainPos>,
+}
+
+impl Engine {
+    /// Takes a checkpoint now. `clean` marks an unmount.
+    pub fn checkpoint(&self, clean: bool) -> Result<()> {
+        let _one = self.cp_serial.lock();
+        self.check_writable()?;
+        let gate = self.gate.write();
+        let snap = {
+            let _x = self.pass.exclusive();
+            self.snapshot()
+        };
+        let r = self.write_snapshot(snap, clean);
+        drop(gate);
+        if r.is_err() {
+            self.failed.store(true, Ordering::Release);
+            self.cp_done.notify_all();
+        }
+        r
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let seq = {
+            let mut cp = self.cp.lock();
+            cp.started += 1;
+            cp.started
+        };
+        let stamp = self.clock.now().ticks;
+        let mut inos: Vec<u32> = Vec::new();
+        for d in self.dirty.iter() {
+            inos.append(&mut d.lock());
+        }
+        inos.sort_unstable();
+        inos.dedup();
+        let mut inodes = Vec::new();
+        let mut deleted = Vec::new();
+        for ino in inos {
+            let Some(m) = self.cells.get(ino as u64) else { continue };
+            m.in_dirty_set.store(false, Ordering::Release);
+            m.captured_by.store(seq, Ordering::Release);
+            let meta = m.meta.lock().clone();
+            if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
+                deleted.push(m);
+                continue;
+            }
+            // The checkpoint makes whatever is pending durable by itself.
+            m.create_dir.store(0, Ordering::Release);
+            m.name_dirty.store(false, Ordering::Release);
+            m.attr_dirty.store(false, Ordering::Release);
+            let xattrs_changed = std::mem::take(&mut m.meta.lock().xattrs_dirty) || meta.xattrs_dirty;
+            let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
+            let map = {
+                let mut disk = m.disk.lock();
+                disk.unjournaled.clear();
+                disk.truncated_from = None;
+                disk.cur_map.clone()
+            };
+            let mut names = Vec::new();
+            if let Some(d) = m.dir() {
+                let mut touched: Vec<Vec<u8>> = Vec::new();
+                for op in d.log.take_all() {
+                    match &op.record {
+                        Record::Create { dir, name, .. }
+                        | Record::Link { dir, name, .. }
+                        | Record::Unlink { dir, name, .. }
+                            if *dir == ino =>
+                        {
+                            touched.push(name.clone());
+                        }
+                        Record::Rename { src_dir, src_name, dst_dir, dst_name, .. } => {
+                            if *src_dir == ino {
+                                touched.push(src_name.clone());
+                            }
+                            if *dst_dir == ino {
+                                touched.push(dst_name.clone());
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                touched.sort();
+                touched.dedup();
+                names = touched
+                    .into_iter()
+                    .map(|n| {
+                        let e = d.map.lookup(&n).map(|e| (e.ino, e.file_type));
+                        (n, e)
+                    })
+                    .collect();
+            }
+            let size = m.size.load(Ordering::Acquire);
+            inodes.push(InodeSnap { m, meta, size, pages, map, names, xattrs_changed });
+        }
+        let orphans = self.orphans.lock().iter().copied().collect();
+        let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
+        self.journal_blocks.store(0, Ordering::Relaxed);
+        self.logged_ops.store(0, Ordering::Relaxed);
+        Snapshot { seq, stamp, inodes, deleted, orphans, heads }
+    }
+
+    fn write_snapshot(&self, snap: Snapshot, clean: bool) -> Result<()> {
+        let (lane, cpu) = self.lane();
+        let (cp_ver, mtime) = {
+            let cp = self.cp.lock();
+            (cp.cp.version + 1, cp.cp.elapsed_secs)
+        };
+        let w = NodeWriter { g: &self.g, nat: &self.nat, lanes: &self.lanes, lane, cpu, cp_ver, mtime };
+        let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
+        for s in &snap.inodes {
+            self.write_inode_snap(&w, s, &mut writes)?;
+            if writes.len() >= 1024 {
+                self.write_all(&writes)?;
+                writes.clear();
+            }
+        }
+        for m in &snap.deleted {
+            self.drop_deleted(&w, m)?;
+        }
+        self.write_all(&writes)?;
+        drop(writes);
+
+        let nat = self.nat.take_dirty_blocks();
+        let sit = self.table.take_dirty_sit_blocks().into_iter().map(|(_, b)| b).collect();
+        let mut summaries = self.lanes.take_closed_summaries();
+        summaries.extend(self.lanes.active_summaries());
+        let cursors = self.lanes.cursors();
+        let cps = self.cp.lock();
+        let mut cp = cps.cp.clone();
+        cp.version = cp_ver;
+        cp.flags = if clean { CP_FLAG_CLEAN } else { 0 };
+        cp.stamp = snap.stamp;
+        cp.valid_blocks = self.table.total_valid();
+        cp.valid_nodes = self.nat.valid_nodes();
+        cp.valid_inodes = self.nat.valid_inodes();
+        cp.next_nid = self.nat.next_nid_hint();
+        cp.user_bytes_written =
+            cp.user_bytes_written.saturating_add(self.user_bytes.swap(0, Ordering::Relaxed));
+        cp.lanes = cursors
+            .into_iter()
+            .zip(&snap.heads)
+            .map(|(logs, h)| LaneCheckpoint { logs, journal_head: h.addr, journal_seq: h.seq })
+            .collect();
+        cp.orphans = snap.orphans.clone();
+        let pack = cps.pack;
+        drop(cps);
+        let written = commit(&*self.dev, &self.g, &mut cp, pack, &CommitSet { nat, sit, summaries })?;
+        self.table.checkpoint_done();
+        self.nat.checkpoint_done();
+        let mut cps = self.cp.lock();
+        cps.cp = cp;
+        cps.pack = written;
+        cps.durable = snap.seq;
+        drop(cps);
+        self.cp_done.notify_all();
+        for m in snap.deleted {
+            self.cells.remove_if_same(m.ino as u64, &m);
+        }
+        Ok(())
+    }
+
+    /// Writes one inode's data, dentry blocks and nodes from its snapshot.
+    fn write_inode_snap(
+        &self,
+        w: &NodeWriter,
+        s: &InodeSnap,
+        writes: &mut Vec<(u64, Vec<u8>)>,
+    ) -> Result<()> {
+        let m = &s.m;
+        let ino = m.ino;
+        let data_log = if m.is_dir() { LogType::HotData } else { LogType::WarmData };
+        // New blocks for dirty pages (and for a symlink's target, written once).
+        let mut fresh: Vec<(u64, u32)> = Vec::new();
+        let put = |idx: u64, bytes: Vec<u8>, writes: &mut Vec<(u64, Vec<u8>)>| -> Result<u32> {
+            let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 };
+            let addr = self.lanes.alloc(w.lane, data_log, owner, w.mtime)?;
+            writes.push((addr, bytes));
+            Ok(addr as u32)
+        };
+        for (idx, buf) in &s.pages {
+            let a = put(*idx, buf.to_vec(), writes)?;
+            fresh.push((*idx, a));
+        }
+        let mut tree_map = s.map.clone();
+        if m.file_type == S_IFLNK && !tree_map.contains_key(&0) {
+            let mut b = s.meta.symlink.clone();
+            b.resize(PAGE_SIZE, 0);
+            let a = put(0, b, writes)?;
+            tree_map.insert(0, a);
+        }
+        let mut disk = m.disk.lock();
+        if m.is_dir() {
+            let dd = disk.dentries.get_or_insert_with(Default::default);
+            for (name, e) in &s.names {
+                dd.set(name, *e);
+            }
+            let dirty = dd.take_dirty(ino);
+            for (idx, blk) in dirty {
+                let a = put(idx, blk.encode()?, writes)?;
+                tree_map.insert(idx, a);
+            }
+            disk.cur_map = tree_map.clone();
+        }
+        let pages = m.pages().map(|(p, _)| p);
+        for &(idx, a) in &fresh {
+            tree_map.insert(idx, a);
+            let still = pages.is_some_and(|p| p.settle(idx));
+            if still && disk.cur_map.get(&idx) == s.map.get(&idx) {
+                let old = s.map.get(&idx).copied();
+                disk.cur_map.insert(idx, a);
+                if let Some(old) = old {
+                    // Journal-only blocks superseded here die now; tree blocks below.
+                    if disk.tree_map.get(&idx) != Some(&old) && old != NEW_ADDR {
+                        self.table.invalidate(old as u64)?;
+                    }
+                }
+            } else {
+                // Truncated or remapped since the snapshot: the block belongs to this
+                // checkpoint's tree only, and dies once that tree is superseded.
+                disk.garbage.push(a);
+            }
+        }
+        // Garbage from before is in no tree, but may be in this one (a truncate after the
+        // snapshot): keep those for the next round.
+        let garbage = std::mem::take(&mut disk.garbage);
+        for a in garbage {
+            if tree_map.values().any(|&t| t == a) {
+                disk.garbage.push(a);
+            } else {
+                self.table.invalidate(a as u64)?;
+            }
+        }
+        // Blocks of the previous tree that this tree no longer holds.
+        let old_tree_map = std::mem::replace(&mut disk.tree_map, tree_map.clone());
+        for (idx, a) in old_tree_map {
+            if tree_map.get(&idx) != Some(&a) && a != NEW_ADDR {
+                self.table.invalidate(a as u64)?;
+            }
+        }
+        let old_tree = disk.tree.take().unwrap_or_else(|| InodeTree::empty(ino));
+        let size = if m.is_dir() {
+            disk.dentries.as_ref().map(|d| d.block_count()).unwrap_or(0) as u64 * PAGE_SIZE as u64
+        } else {
+            s.size
+        };
+        let inode = Inode {
+            mode: s.meta.mode,
+            uid: s.meta.uid,
+            gid: s.meta.gid,
+            nlink: s.meta.nlink,
+            size,
+            blocks: 0,
+            atime: s.meta.atime,
+            mtime: m.mtime(),
+            ctime: m.ctime(),
+            crtime: s.meta.crtime,
+            rdev: s.meta.rdev,
+            generation: s.meta.generation,
+            flags: s.meta.flags,
+            xattr_nid: 0,
+            parent: m.parent.load(Ordering::Acquire),
+            name: Vec::new(),
+            nids: [0; INODE_NIDS],
+            addrs: vec![0; INODE_ADDRS],
+        };
+        let inode = self.write_xattrs(w, m.ino, inode, &mut disk, s, writes)?;
+        let log = if m.is_dir() { LogType::HotNode } else { LogType::WarmNode };
+        let (tree, blocks) = crate::node::write_inode(w, &inode, &tree_map, &old_tree, log)?;
+        writes.extend(blocks);
+        disk.tree = Some(tree);
+        Ok(())
+    }
+
+    /// Writes the xattr node when the set changed; returns the inode naming it.
+    fn write_xattrs(
+        &self,
+        w: &NodeWriter,
+        ino: u32,
+        mut inode: Inode,
+        disk: &mut DiskState,
+        s: &InodeSnap,
+        writes: &mut Vec<(u64, Vec<u8>)>,
+    ) -> Result<Inode> {
+        let old_nid = disk.xattr_nid;
+        if !s.xattrs_changed {
+            inode.xattr_nid = old_nid;
+            return Ok(inode);
+        }
+        if old_nid != 0 {
+            let e = self.nat.get(old_nid);
+            if !e.is_free() {
+                self.table.invalidate(e.block_addr as u64)?;
+            }
+            self.nat.free_nid(old_nid)?;
+        }
+        if s.meta.xattrs.is_empty() {
+            disk.xattr_nid = 0;
+            inode.xattr_nid = 0;
+            return Ok(inode);
+        }
+        let nid = self.nat.alloc_nid(w.cpu)?;
+        let owner = SummaryEntry { kind: SummaryKind::Node, nid, ofs: XATTR_NODE_OFS };
+        let addr = self.lanes.alloc(w.lane, LogType::ColdNode, owner, w.mtime)?;
+        let node = crate::format::Node {
+            footer: NodeFooter {
+                nid,
+                ino,
+                node_ofs: XATTR_NODE_OFS,
+                cp_ver: w.cp_ver,
+                lane: w.lane as u16,
+                ..Default::default()
+            },
+            body: NodeBody::Xattr(s.meta.xattrs.clone()),
+        };
+        writes.push((addr, node.encode()?));
+        self.nat.set(nid, crate::format::NatEntry { block_addr: addr as u32, ino });
+        disk.xattr_nid = nid;
+        inode.xattr_nid = nid;
+        Ok(inode)
+    }
+
+    /// Drops a deleted inode: its nodes, its data blocks, its node ids.
+    fn drop_deleted(&self, w: &NodeWriter, m: &MNode) -> Result<()> {
+        let mut disk = m.disk.lock();
+        let tree_map = std::mem::take(&mut disk.tree_map);
+        let cur_map = std::mem::take(&mut disk.cur_map);
+        for (&idx, &a) in &cur_map {
+            if tree_map.get(&idx) != Some(&a) && a != NEW_ADDR {
+                self.table.invalidate(a as u64)?;
+            }
+        }
+        for (_, a) in tree_map {
+            if a != NEW_ADDR {
+                self.table.invalidate(a as u64)?;
+            }
+        }
+        for a in std::mem::take(&mut disk.garbage) {
+            self.table.invalidate(a as u64)?;
+        }
+        match disk.tree.take() {
+            Some(tree) => {
+                let xnid = std::mem::take(&mut disk.xattr_nid);
+                if xnid != 0 {
+                    let e = self.nat.get(xnid);
+                    if !e.is_free() {
+                        self.table.invalidate(e.block_addr as u64)?;
+                    }
+                    self.nat.free_nid(xnid)?;
+                }
+                crate::node::drop_inode(w, &tree)?;
+            }
+            // Never checkpointed: only its reserved id to give back.
+            None => self.nat.free_nid(m.ino)?,
+        }
+        if let Some((p, _)) = m.pages() {
+            p.truncate(0);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,338 @@
+//! flush: bringing the disk up to date from MEMFS.
+//!
+//! fsync writes a *transaction* to the caller's lane journal: the directory operations the
+//! file or directory depends on (merged from the per-core logs by timestamp, with create/unlink
+//! pairs absorbed), the file's attributes, and the mapping of its newly written data blocks with
+//! their checksums. Data and journal blocks go out in one scatter-gather batch, then one device
+//! flush shared with every concurrent fsync (group commit). Recovery replays transactions whose
+//! data checksums match, so a crash between the batch and the flush cannot expose stale data.
+//!
+//! Which directories an fsync flushes (durability contract, DESIGN.md): the file's creating
+//! directory while its creation is not durable, the directory of its latest rename or link,
+//! the other directory of every rename among the operations flushed, and, for a directory that
+//! is itself not durable yet, its parent — repeated until nothing new is added (ScaleFS's
+//! rename dependencies and ancestor rule).
+
+pub mod checkpoint;
+pub mod writeback;
+
+use crate::engine::{Engine, JOURNAL_LOG};
+use crate::error::{Error, Result};
+use crate::format::ssa::{SummaryEntry, SummaryKind};
+use crate::journal::{Record, Transaction};
+use crate::mem::mnode::MNode;
+use crate::oplog::dirlog::LoggedOp;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The directory operations one fsync writes.
+struct DirOps {
+    ops: Vec<Arc<LoggedOp>>,
+    /// Inodes whose Create is among `ops`: durable once the transaction is.
+    created: Vec<Arc<MNode>>,
+    /// Renamed or linked inodes among `ops`: their names are durable once it is.
+    renamed: Vec<Arc<MNode>>,
+}
+
+impl Engine {
+    /// Waits until no checkpoint in progress holds changes of `m` that no journal has, then
+    /// returns holding the gate shared (so none starts until the caller is done).
+    pub(crate) fn enter_flush(&self, m: &MNode) -> Result<parking_lot::RwLockReadGuard<'_, ()>> {
+        // Bounded: each round waits for a checkpoint to finish; a new one captures m only if it
+        // was changed again, and then the next round waits for that one.
+        loop {
+            let need = m.captured_by.load(Ordering::Acquire);
+            {
+                let mut cp = self.cp.lock();
+                while cp.durable < need {
+                    self.check_writable()?;
+                    self.cp_done.wait(&mut cp);
+                }
+            }
+            let gate = self.gate.read();
+            if m.captured_by.load(Ordering::Acquire) == need {
+                return Ok(gate);
+            }
+        }
+    }
+
+    /// fsync(2) and fdatasync(2).
+    pub fn fsync(&self, ino: u32, _datasync: bool) -> Result<()> {
+        self.check_writable()?;
+        let m = self.mnode(ino)?;
+        let gate = self.enter_flush(&m)?;
+        let mut start = Vec::new();
+        let cd = m.create_dir.load(Ordering::Acquire);
+        if cd != 0 {
+            start.push(cd);
+        }
+        if m.is_dir() {
+            start.push(ino);
+        } else if m.name_dirty.load(Ordering::Acquire) {
+            start.push(m.parent.load(Ordering::Acquire));
+        }
+        let r = self.flush_txn(&m, &start);
+        drop(gate);
+        if self.over_bounds() {
+            self.kick_checkpoint();
+        }
+        r
+    }
+
+    /// Writes one transaction for `m` and the directories reachable from `start`.
+    fn flush_txn(&self, m: &Arc<MNode>, start: &[u32]) -> Result<()> {
+        let (lane, _) = self.lane();
+        let dirs = self.dir_closure(start)?;
+        // Serialise with other flushes of the same directories: a later fsync of one of them
+        // must find this one's blocks written before it decides what is left to write.
+        let locks: Vec<_> = dirs.iter().map(|d| d.dir().expect("dir").flush_lock.lock()).collect();
+        let stamp = self.clock.now();
+        // Operations already stamped below `stamp` but still appending must land first.
+        self.inflight.wait_below(crate::oplog::Timestamp::now());
+        let dir_ops = self.collect_dir_ops(&dirs)?;
+        let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
+        let result = self.write_txn(m, lane, stamp, &dir_ops, &pages);
+        match &result {
+            Ok(()) => {
+                for c in &dir_ops.created {
+                    c.create_dir.store(0, Ordering::Release);
+                }
+                for r in &dir_ops.renamed {
+                    r.name_dirty.store(false, Ordering::Release);
+                }
+                m.name_dirty.store(false, Ordering::Release);
+            }
+            Err(_) => {
+                for op in &dir_ops.ops {
+                    op.journaled.store(false, Ordering::Release);
+                }
+                if let Some((p, _)) = m.pages() {
+                    p.restore_dirty(&pages);
+                }
+            }
+        }
+        drop(locks);
+        result
+    }
+
+    /// The directories an fsync starting at `start` must flush, in ascending inode order.
+    fn dir_closure(&self, start: &[u32]) -> Result<Vec<Arc<MNode>>> {
+        let mut seen = BTreeMap::new();
+        let mut queue: Vec<u32> = start.to_vec();
+        // Bounded by the number of directories: each is visited once.
+        while let Some(d) = queue.pop() {
+            if d == 0 || seen.contains_key(&d) {
+                continue;
+            }
+            let dm = match self.dir_mnode(d) {
+                Ok(x) => x,
+                // A directory removed since: its operations were absorbed or are in a log
+                // reached another way.
+                Err(Error::Errno { errno: libc::ENOENT, .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let cd = dm.create_dir.load(Ordering::Acquire);
+            if cd != 0 {
+                queue.push(cd);
+            }
+            for op in dm.dir().expect("dir").log.unjournaled() {
+                match &op.record {
+                    Record::Rename { src_dir, dst_dir, .. } => {
+                        queue.push(*src_dir);
+                        queue.push(*dst_dir);
+                    }
+                    Record::Link { ino, .. } => {
+                        if let Some(c) = self.cells.get(*ino as u64) {
+                            queue.push(c.create_dir.load(Ordering::Acquire));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            seen.insert(d, dm);
+        }
+        Ok(seen.into_values().collect())
+    }
+
+    /// Unjournaled operations of `dirs`, merged by timestamp, create/unlink pairs of inodes
+    /// that are gone absorbed; marks them journaled.
+    fn collect_dir_ops(&self, dirs: &[Arc<MNode>]) -> Result<DirOps> {
+        let mut seen = HashSet::new();
+        let mut ops: Vec<Arc<LoggedOp>> = Vec::new();
+        for d in dirs {
+            for op in d.dir().expect("dir").log.unjournaled() {
+                if seen.insert(Arc::as_ptr(&op) as usize) {
+                    ops.push(op);
+                }
+            }
+        }
+        ops.sort_by_key(|o| o.stamp());
+        // Absorption: an inode created and unlinked again, now without links and not open, never
+        // reaches the journal (ScaleFS). Its operations are journaled as done all the same.
+        let mut created: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut absorbed: BTreeSet<usize> = BTreeSet::new();
+        for (i, op) in ops.iter().enumerate() {
+            match &op.record {
+                Record::Create { ino, .. } => {
+                    created.insert(*ino, i);
+                }
+                Record::Unlink { ino, .. } => {
+                    if let Some(&ci) = created.get(ino) {
+                        let gone = match self.cells.get(*ino as u64) {
+                            Some(c) => c.meta.lock().nlink == 0 && c.open.load(Ordering::Acquire) == 0,
+                            None => true,
+                        };
+                        let mentioned_between = ops[ci + 1..i].iter().any(|o| mentions(&o.record, *ino));
+                        if gone && !mentioned_between {
+                            absorbed.insert(ci);
+                            absorbed.insert(i);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut out = DirOps { ops: Vec::new(), created: Vec::new(), renamed: Vec::new() };
+        for (i, op) in ops.into_iter().enumerate() {
+            op.journaled.store(true, Ordering::Release);
+            if absorbed.contains(&i) {
+                continue;
+            }
+            match &op.record {
+                Record::Create { ino, .. } => {
+                    if let Some(c) = self.cells.get(*ino as u64) {
+                        out.created.push(c);
+                    }
+                }
+                Record::Rename { ino, replaced, .. } => {
+                    for x in [*ino, *replaced] {
+                        if let Some(c) = self.cells.get(x as u64) {
+                            out.renamed.push(c);
+                        }
+                    }
+                }
+                Record::Link { ino, .. } => {
+                    if let Some(c) = self.cells.get(*ino as u64) {
+                        out.renamed.push(c);
+                    }
+                }
+                _ => {}
+            }
+            out.ops.push(op);
+        }
+        Ok(out)
+    }
+
+    /// Allocates and writes data blocks and the journal transaction, then makes them durable.
+    fn write_txn(
+        &self,
+        m: &Arc<MNode>,
+        lane: u32,
+        stamp: crate::journal::Stamp,
+        dir_ops: &DirOps,
+        pages: &[(u64, crate::mem::pages::PageBuf)],
+    ) -> Result<()> {
+        let mtime = self.elapsed_secs();
+        let mut writes: Vec<(u64, Vec<u8>)> = Vec::with_capacity(pages.len() + 1);
+        let mut map: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
+        for (idx, buf) in pages {
+            let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
+            let addr =
+                self.lanes.alloc(lane, crate::format::LogType::WarmData, owner, mtime).map_err(nospace)?;
+            map.insert(*idx, (addr as u32, crc32c::crc32c(&buf[..])));
+            writes.push((addr, buf.to_vec()));
+        }
+        let mut records: Vec<Record> = dir_ops.ops.iter().map(|o| o.record.clone()).collect();
+        {
+            let mut disk = m.disk.lock();
+            let pm = m.pages().map(|(p, _)| p);
+            let mut gone = Vec::new();
+            for (&idx, &(addr, _)) in &map {
+                if pm.is_some_and(|p| p.settle(idx)) {
+                    disk.remap(idx, addr);
+                } else {
+                    gone.push((idx, addr));
+                }
+            }
+            for (idx, addr) in gone {
+                // Truncated while in flight: neither mapped nor journaled.
+                map.remove(&idx);
+                writes.retain(|w| w.0 != addr as u64);
+                self.table.invalidate(addr as u64)?;
+            }
+            // Blocks that left the mapping and are in no checkpoint: dead now (we hold the gate).
+            for a in std::mem::take(&mut disk.garbage) {
+                self.table.invalidate(a as u64)?;
+            }
+            let mut own_map = std::mem::take(&mut disk.unjournaled);
+            own_map.extend(map.iter().map(|(&i, &v)| (i, v)));
+            if let Some(from) = disk.truncated_from.take() {
+                records.push(Record::Truncate { stamp, ino: m.ino, from_block: from });
+            }
+            let meta = m.meta.lock();
+            if !dir_ops.created.iter().any(|c| Arc::ptr_eq(c, m))
+                || m.attr_dirty.load(Ordering::Acquire)
+                || !own_map.is_empty()
+            {
+                records.push(Record::SetAttr { stamp, ino: m.ino, attr: m.attr_record(&meta) });
+            }
+            m.attr_dirty.store(false, Ordering::Release);
+            if meta.xattrs_dirty {
+                records.push(Record::Xattrs { stamp, ino: m.ino, attrs: meta.xattrs.clone() });
+            }
+            drop(meta);
+            records.extend(Record::map_runs(m.ino, stamp, &own_map));
+        }
+        m.meta.lock().xattrs_dirty = false;
+        if records.is_empty() {
+            return Ok(());
+        }
+        let txn = Transaction::new(records);
+        {
+            let mut chain = self.chains[lane as usize].lock();
+            let blocks = chain.append(&txn, || {
+                let owner = SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
+                self.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32).map_err(nospace)
+            })?;
+            self.journal_blocks.fetch_add(blocks.len() as u64, Ordering::Relaxed);
+            writes.extend(blocks);
+            // Within a lane, journal blocks complete in chain order: the chain lock is held
+            // until the batch is written.
+            self.write_all(&writes)?;
+        }
+        self.group.sync(&*self.dev)
+    }
+
+    /// Writes (address, bytes) pairs in bounded batches.
+    pub(crate) fn write_all(&self, writes: &[(u64, Vec<u8>)]) -> Result<()> {
+        let reqs: Vec<crate::device::WriteReq> =
+            writes.iter().map(|(a, d)| crate::device::WriteReq { addr: *a, data: d }).collect();
+        for chunk in reqs.chunks(256) {
+            self.dev.write_batch(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// File-system age in seconds (segment mtimes for cleaning).
+    pub(crate) fn elapsed_secs(&self) -> u64 {
+        self.cp.lock().cp.elapsed_secs
+    }
+}
+
+fn mentions(r: &Record, ino: u32) -> bool {
+    match r {
+        Record::Create { ino: i, .. } | Record::Link { ino: i, .. } | Record::Unlink { ino: i, .. } => {
+            *i == ino
+        }
+        Record::Rename { ino: i, replaced, .. } => *i == ino || *replaced == ino,
+        _ => false,
+    }
+}
+
+fn nospace(e: Error) -> Error {
+    match e {
+        Error::NoSpace => Error::errno(libc::ENOSPC, "no free segments"),
+        e => e,
+    }
+}

@@ -1,0 +1,444 @@
+//! The library API: a mounted lanefs with POSIX-shaped calls.
+//!
+//! [`Fs`] translates; it decides nothing. Inode numbers are the on-disk node ids (stable across
+//! mounts); the root is [`ROOT`]. Errors carry an errno ([`Error::to_errno`]) and print as one
+//! line. Permissions are not checked here: a library caller is trusted as the owner of the image,
+//! and the FUSE adapter lets the kernel check them (`default_permissions`).
+//!
+//! # Example
+//!
+//! ```
+//! use lanefs::device::MemDevice;
+//! use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
+//! use std::sync::Arc;
+//!
+//! let dev = Arc::new(MemDevice::new(64 << 20));
+//! Fs::format(&*dev, &MkfsOptions { lanes: 1, ..Default::default() }).unwrap();
+//! let fs = Fs::open(dev.clone(), FsOptions::default()).unwrap();
+//! let dir = fs.mkdir(ROOT, b"docs", 0o755, 0, 0).unwrap();
+//! let f = fs.create(dir.ino, b"hello.txt", 0o644, 0, 0).unwrap();
+//! fs.write_at(f.ino, 0, b"hello, world").unwrap();
+//! fs.fsync(f.ino, false).unwrap();
+//! let mut buf = [0u8; 5];
+//! assert_eq!(fs.read_at(f.ino, 7, &mut buf).unwrap(), 5);
+//! assert_eq!(&buf, b"world");
+//! fs.unmount().unwrap();
+//!
+//! let fs = Fs::open(dev, FsOptions::default()).unwrap();
+//! assert_eq!(fs.resolve("/docs/hello.txt").unwrap().size, 12);
+//! ```
+
+use crate::device::BlockDevice;
+use crate::engine::Engine;
+pub use crate::engine::FsOptions;
+use crate::error::{Error, Result};
+use crate::format::node::{Timespec, S_IFMT};
+use crate::mem::mnode::MNode;
+use crate::mem::ops::NewInode;
+pub use crate::mem::ops::{
+    FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE,
+};
+pub use crate::mkfs::MkfsOptions;
+pub use crate::recovery::RecoveryReport;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// An inode number.
+pub type Ino = u64;
+/// The root directory.
+pub const ROOT: Ino = 1;
+
+/// What an inode is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl FileKind {
+    fn of(mode: u32) -> FileKind {
+        match mode & S_IFMT {
+            0o040000 => FileKind::Dir,
+            0o120000 => FileKind::Symlink,
+            0o010000 => FileKind::Fifo,
+            0o140000 => FileKind::Socket,
+            0o020000 => FileKind::CharDevice,
+            0o060000 => FileKind::BlockDevice,
+            _ => FileKind::File,
+        }
+    }
+}
+
+/// Attributes, as stat(2) reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Type and permission bits, as `st_mode`.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// 512-byte units allocated.
+    pub blocks: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub crtime: Timespec,
+    pub rdev: u64,
+    pub blksize: u32,
+}
+
+/// Attributes to change; `None` leaves one alone.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timespec>,
+    pub mtime: Option<Timespec>,
+    /// Defaults to now.
+    pub ctime: Option<Timespec>,
+}
+
+/// One directory entry from [`Fs::readdir`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Pass to `readdir` to continue after this entry.
+    pub cookie: u64,
+}
+
+/// statfs(2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatFs {
+    pub bsize: u32,
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub namelen: u32,
+}
+
+/// A mounted lanefs.
+pub struct Fs {
+    engine: Arc<Engine>,
+    recovery: RecoveryReport,
+    background: Option<JoinHandle<()>>,
+}
+
+fn ino32(ino: Ino) -> Result<u32> {
+    u32::try_from(ino)
+        .ok()
+        .filter(|&i| i != 0)
+        .ok_or_else(|| Error::errno(libc::ENOENT, format!("inode {ino}")))
+}
+
+impl Fs {
+    /// Formats `dev` (see [`crate::mkfs`]).
+    pub fn format(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
+        crate::mkfs::format_device(dev, opts).map(|_| ())
+    }
+
+    /// Mounts `dev`, recovering from a crash if needed.
+    pub fn open(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
+        let interval = opts.checkpoint_interval;
+        let (engine, recovery) = crate::recovery::mount(dev, opts)?;
+        let bg = engine.clone();
+        let background = std::thread::Builder::new()
+            .name("lanefs-checkpoint".into())
+            .spawn(move || background_checkpoints(bg, interval))
+            .map_err(Error::Io)?;
+        Ok(Fs { engine, recovery, background: Some(background) })
+    }
+
+    /// What mount-time recovery did.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    fn attr(&self, m: &MNode) -> Attr {
+        let meta = m.meta.lock().clone();
+        let blocks = self.engine.allocated_blocks(m);
+        Attr {
+            ino: m.ino as Ino,
+            kind: FileKind::of(meta.mode),
+            mode: meta.mode,
+            nlink: meta.nlink,
+            uid: meta.uid,
+            gid: meta.gid,
+            size: m.size.load(Ordering::Acquire),
+            blocks: blocks * 8,
+            atime: meta.atime,
+            mtime: m.mtime(),
+            ctime: m.ctime(),
+            crtime: meta.crtime,
+            rdev: meta.rdev,
+            blksize: 4096,
+        }
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let m = self.engine.lookup(ino32(parent)?, name)?;
+        Ok(self.attr(&m))
+    }
+
+    /// Looks up an absolute path such as `/a/b/c`.
+    pub fn resolve(&self, path: &str) -> Result<Attr> {
+        let mut cur = ROOT;
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            cur = self.lookup(cur, part.as_bytes())?.ino;
+        }
+        self.getattr(cur)
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let _g = self.engine.pass.shared();
+        let m = self.engine.mnode(ino32(ino)?)?;
+        Ok(self.attr(&m))
+    }
+
+    pub fn setattr(&self, ino: Ino, a: &SetAttr) -> Result<Attr> {
+        let m = self.engine.setattr(ino32(ino)?, a.mode, a.uid, a.gid, a.size, a.atime, a.mtime, a.ctime)?;
+        Ok(self.attr(&m))
+    }
+
+    /// Creates a regular file (`mode`: permission bits).
+    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.mknod(parent, name, 0o100000 | (mode & 0o7777), 0, uid, gid)
+    }
+
+    /// Creates a file of any type (`mode` includes the type bits).
+    pub fn mknod(&self, parent: Ino, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+        let mode = if mode & S_IFMT == 0 { mode | 0o100000 } else { mode };
+        if mode & S_IFMT == 0o040000 || mode & S_IFMT == 0o120000 {
+            return Err(Error::errno(libc::EINVAL, "use mkdir or symlink"));
+        }
+        let m =
+            self.engine.create_node(ino32(parent)?, name, NewInode { mode, uid, gid, rdev, symlink: &[] })?;
+        Ok(self.attr(&m))
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let mode = 0o040000 | (mode & 0o7777);
+        let m = self.engine.create_node(
+            ino32(parent)?,
+            name,
+            NewInode { mode, uid, gid, rdev: 0, symlink: &[] },
+        )?;
+        Ok(self.attr(&m))
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        let m = self.engine.create_node(
+            ino32(parent)?,
+            name,
+            NewInode { mode: 0o120777, uid, gid, rdev: 0, symlink: target },
+        )?;
+        Ok(self.attr(&m))
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let _g = self.engine.pass.shared();
+        let m = self.engine.mnode(ino32(ino)?)?;
+        if m.file_type != 0o120000 {
+            return Err(Error::errno(libc::EINVAL, "not a symlink"));
+        }
+        let target = m.meta.lock().symlink.clone();
+        Ok(target)
+    }
+
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        let m = self.engine.link(ino32(ino)?, ino32(newparent)?, newname)?;
+        Ok(self.attr(&m))
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.engine.unlink(ino32(parent)?, name)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.engine.rmdir(ino32(parent)?, name)
+    }
+
+    /// rename(2); `flags` may hold [`RENAME_NOREPLACE`] or [`RENAME_EXCHANGE`].
+    pub fn rename(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<()> {
+        self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags)
+    }
+
+    /// Opens an inode: keeps it alive after its last name is removed until [`Fs::release`].
+    pub fn open_ino(&self, ino: Ino) -> Result<Attr> {
+        let m = self.engine.open_file(ino32(ino)?)?;
+        Ok(self.attr(&m))
+    }
+
+    pub fn release(&self, ino: Ino) -> Result<()> {
+        self.engine.release(ino32(ino)?)
+    }
+
+    pub fn read_at(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.engine.read_at(ino32(ino)?, off, buf)
+    }
+
+    pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.engine.write_at(ino32(ino)?, off, data)
+    }
+
+    pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+        self.engine.truncate(ino32(ino)?, size)
+    }
+
+    /// fallocate(2): mode 0, [`FALLOC_FL_KEEP_SIZE`], or punch hole (with keep size).
+    pub fn fallocate(&self, ino: Ino, mode: i32, off: u64, len: u64) -> Result<()> {
+        self.engine.fallocate(ino32(ino)?, mode, off, len)
+    }
+
+    /// Up to `max` entries after `cookie` (0 starts; "." and ".." come first).
+    pub fn readdir(&self, ino: Ino, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let _g = self.engine.pass.shared();
+        let d = self.engine.dir_mnode(ino32(ino)?)?;
+        let mut out = Vec::new();
+        if cookie < 1 && out.len() < max {
+            out.push(DirEntry { name: b".".to_vec(), ino, kind: FileKind::Dir, cookie: 1 });
+        }
+        if cookie < 2 && out.len() < max {
+            let p = d.parent.load(Ordering::Acquire) as Ino;
+            out.push(DirEntry { name: b"..".to_vec(), ino: p, kind: FileKind::Dir, cookie: 2 });
+        }
+        let left = max - out.len();
+        if left > 0 {
+            for (name, e) in d.dir().expect("dir").map.list_after(cookie.max(2), left) {
+                out.push(DirEntry {
+                    name,
+                    ino: e.ino as Ino,
+                    kind: kind_of_dtype(e.file_type),
+                    cookie: e.cookie,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Space as statfs(2) reports it. Free space counts free and prefree segments (prefree
+    /// ones are reusable after the next checkpoint) beyond the cleaner's reserve, plus the
+    /// unwritten tails of the active segments.
+    pub fn statfs(&self) -> StatFs {
+        let g = &self.engine.g;
+        let (free, _, _, prefree) = self.engine.table.state_counts();
+        let tails: u64 = self.engine.lanes.cursors().iter().flatten().map(|c| 512 - c.next_off as u64).sum();
+        let usable = g.main_blocks().saturating_sub(g.reserved_segments as u64 * 512);
+        let free_blocks = ((free + prefree) as u64).saturating_sub(g.reserved_segments as u64) * 512 + tails;
+        let free_blocks = free_blocks.min(usable);
+        let used_nodes = self.engine.nat.valid_nodes();
+        StatFs {
+            bsize: 4096,
+            blocks: usable,
+            bfree: free_blocks,
+            bavail: free_blocks,
+            files: g.max_nid as u64,
+            ffree: (g.max_nid as u64).saturating_sub(used_nodes),
+            namelen: 255,
+        }
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        self.engine.getxattr(ino32(ino)?, name)
+    }
+
+    /// `flags`: 0, [`XATTR_CREATE`] or [`XATTR_REPLACE`].
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        self.engine.setxattr(ino32(ino)?, name, value, flags)
+    }
+
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        self.engine.listxattr(ino32(ino)?)
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        self.engine.removexattr(ino32(ino)?, name)
+    }
+
+    /// fsync(2) (`datasync`: fdatasync) of a file or directory.
+    pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
+        self.engine.fsync(ino32(ino)?, datasync)
+    }
+
+    /// sync(2): everything becomes durable (a checkpoint).
+    pub fn sync(&self) -> Result<()> {
+        self.engine.checkpoint(false)
+    }
+
+    /// Makes everything durable and stops the background thread.
+    pub fn unmount(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        let Some(h) = self.background.take() else { return Ok(()) };
+        {
+            let (m, cv) = &self.engine.cp_kick;
+            *m.lock() = true;
+            self.engine.stop.store(true, Ordering::Release);
+            cv.notify_all();
+        }
+        let _ = h.join();
+        self.engine.checkpoint(true)
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!("lanefs: final checkpoint failed: {e}");
+        }
+    }
+}
+
+fn kind_of_dtype(t: u8) -> FileKind {
+    match t {
+        4 => FileKind::Dir,
+        10 => FileKind::Symlink,
+        1 => FileKind::Fifo,
+        12 => FileKind::Socket,
+        2 => FileKind::CharDevice,
+        6 => FileKind::BlockDevice,
+        _ => FileKind::File,
+    }
+}
+
+/// Checkpoints on a timer and whenever a bound is passed.
+fn background_checkpoints(e: Arc<Engine>, interval: Option<std::time::Duration>) {
+    loop {
+        {
+            let (m, cv) = &e.cp_kick;
+            let mut kicked = m.lock();
+            if !*kicked {
+                match interval {
+                    Some(d) => {
+                        cv.wait_for(&mut kicked, d);
+                    }
+                    None => cv.wait(&mut kicked),
+                }
+            }
+            *kicked = false;
+        }
+        if e.stop.load(Ordering::Acquire) || e.failed.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(err) = e.checkpoint(false) {
+            tracing::error!("lanefs: checkpoint failed, file system stopped: {err}");
+            return;
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! mnodes: the in-memory inodes of MEMFS.
+//!
+//! An mnode holds everything the file system knows about one inode: attributes, file pages or
+//! directory entries, and (behind its own lock) where its data lives on disk. Namespace and data
+//! operations change only the mnode; fsync, writeback and checkpoints bring the disk up to date
+//! from it. Fields that every write touches (size, mtime, ctime) are atomics so that parallel
+//! writers of one file share no lock beyond the range lock and their pages' shards.
+
+use super::dir::DirMap;
+use super::pages::{CacheStats, PageMap};
+use super::range_lock::RangeLock;
+use crate::format::node::{Timespec, S_IFMT};
+use crate::node::{BlockMap, InodeTree};
+use crate::oplog::dirlog::DirLog;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub const S_IFDIR: u32 = 0o040000;
+pub const S_IFREG: u32 = 0o100000;
+pub const S_IFLNK: u32 = 0o120000;
+
+/// Attributes that change rarely, behind one short lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub atime: Timespec,
+    pub crtime: Timespec,
+    pub rdev: u64,
+    pub flags: u32,
+    pub generation: u32,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Xattrs changed since they were last journaled.
+    pub xattrs_dirty: bool,
+    /// A symlink's target.
+    pub symlink: Vec<u8>,
+}
+
+/// Where an mnode's data lives on disk. Only fsync, writeback, truncate and the checkpoint
+/// touch it, each holding the lock for a short, I/O-free critical section.
+#[derive(Default)]
+pub struct DiskState {
+    /// The node tree of the last checkpoint (empty if the inode was never checkpointed).
+    pub tree: Option<InodeTree>,
+    /// The data mapping that tree records.
+    pub tree_map: BlockMap,
+    /// The current mapping: `tree_map` plus blocks written by fsync or writeback since.
+    pub cur_map: BlockMap,
+    /// Blocks written by writeback, in `cur_map` but not yet in any journal record:
+    /// logical index -> (address, crc32c).
+    pub unjournaled: BTreeMap<u64, (u32, u32)>,
+    /// Smallest truncation point (in blocks) not yet journaled.
+    pub truncated_from: Option<u64>,
+    /// Blocks that left `cur_map` and are in no checkpoint tree: invalid once the next gated
+    /// moment (fsync, writeback or checkpoint) processes them.
+    pub garbage: Vec<u32>,
+    /// Node id of the xattr node in the checkpoint (0: none).
+    pub xattr_nid: u32,
+    /// A directory's on-disk dentry layout (loaded with the directory).
+    pub dentries: Option<crate::diskdir::DiskDir>,
+}
+
+impl DiskState {
+    /// Points logical block `idx` at `addr` (0: hole). The replaced block is garbage unless the
+    /// checkpoint tree still holds it (then the next checkpoint drops it).
+    pub fn remap(&mut self, idx: u64, addr: u32) {
+        let old = if addr == 0 { self.cur_map.remove(&idx) } else { self.cur_map.insert(idx, addr) };
+        if let Some(old) = old {
+            self.forget_block(idx, old);
+        }
+    }
+
+    /// Drops every mapping at or after `from`.
+    pub fn truncate(&mut self, from: u64) {
+        let gone = self.cur_map.split_off(&from);
+        for (idx, addr) in gone {
+            self.forget_block(idx, addr);
+        }
+        self.unjournaled.retain(|&i, _| i < from);
+        self.truncated_from = Some(self.truncated_from.map_or(from, |t| t.min(from)));
+    }
+
+    fn forget_block(&mut self, idx: u64, addr: u32) {
+        let in_tree = self.tree_map.get(&idx) == Some(&addr);
+        if !in_tree && addr != crate::format::node::NEW_ADDR {
+            self.garbage.push(addr);
+        }
+    }
+}
+
+/// Directory state.
+pub struct DirState {
+    pub map: DirMap,
+    pub log: DirLog,
+    /// Serialises journal flushes of this directory so that a later fsync finds the earlier
+    /// one's writes complete.
+    pub flush_lock: Mutex<()>,
+    /// Set by rmdir: no new entry may be added.
+    pub dead: AtomicBool,
+}
+
+/// What an mnode holds besides attributes.
+pub enum Content {
+    File { pages: PageMap, range: RangeLock },
+    Dir(DirState),
+    Other,
+}
+
+/// An in-memory inode.
+pub struct MNode {
+    pub ino: u32,
+    /// `S_IFMT` bits; fixed for the inode's life.
+    pub file_type: u32,
+    pub meta: Mutex<Meta>,
+    pub size: AtomicU64,
+    /// Nanoseconds since the epoch.
+    pub mtime: AtomicI64,
+    pub ctime: AtomicI64,
+    pub content: Content,
+    pub disk: Mutex<DiskState>,
+    /// Open handles.
+    pub open: AtomicU32,
+    /// For directories: the parent directory (the root is its own parent).
+    pub parent: AtomicU32,
+    /// While the inode's creation is in no checkpoint and no journal record: the directory
+    /// whose log holds its Create record (0 once durable).
+    pub create_dir: AtomicU32,
+    /// Its name changed (link, rename) since the change was last journaled: an fsync of the file
+    /// also makes the name durable.
+    pub name_dirty: AtomicBool,
+    /// In the dirty set (changed since the last checkpoint snapshot).
+    pub in_dirty_set: AtomicBool,
+    /// Sequence number of the checkpoint whose snapshot took changes of this inode that no
+    /// journal record holds: an fsync must wait until that checkpoint is durable.
+    pub captured_by: AtomicU64,
+    /// Its attributes changed since they were last journaled.
+    pub attr_dirty: AtomicBool,
+}
+
+pub fn ts_to_ns(t: Timespec) -> i64 {
+    t.sec.saturating_mul(1_000_000_000).saturating_add(t.nsec as i64)
+}
+
+pub fn ns_to_ts(ns: i64) -> Timespec {
+    Timespec { sec: ns.div_euclid(1_000_000_000), nsec: ns.rem_euclid(1_000_000_000) as u32 }
+}
+
+impl MNode {
+    /// A new mnode of `meta.mode`'s type.
+    pub fn new(
+        ino: u32,
+        meta: Meta,
+        size: u64,
+        mtime: Timespec,
+        ctime: Timespec,
+        stats: &Arc<CacheStats>,
+    ) -> MNode {
+        let file_type = meta.mode & S_IFMT;
+        let content = match file_type {
+            S_IFREG => Content::File { pages: PageMap::new(stats.clone()), range: RangeLock::new() },
+            S_IFDIR => Content::Dir(DirState {
+                map: DirMap::new(),
+                log: DirLog::new(),
+                flush_lock: Mutex::new(()),
+                dead: AtomicBool::new(false),
+            }),
+            _ => Content::Other,
+        };
+        MNode {
+            ino,
+            file_type,
+            meta: Mutex::new(meta),
+            size: AtomicU64::new(size),
+            mtime: AtomicI64::new(ts_to_ns(mtime)),
+            ctime: AtomicI64::new(ts_to_ns(ctime)),
+            content,
+            disk: Mutex::new(DiskState::default()),
+            open: AtomicU32::new(0),
+            parent: AtomicU32::new(0),
+            create_dir: AtomicU32::new(0),
+            name_dirty: AtomicBool::new(false),
+            in_dirty_set: AtomicBool::new(false),
+            captured_by: AtomicU64::new(0),
+            attr_dirty: AtomicBool::new(false),
+        }
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.file_type == S_IFDIR
+    }
+
+    pub fn dir(&self) -> Option<&DirState> {
+        match &self.content {
+            Content::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    pub fn pages(&self) -> Option<(&PageMap, &RangeLock)> {
+        match &self.content {
+            Content::File { pages, range } => Some((pages, range)),
+            _ => None,
+        }
+    }
+
+    pub fn mtime(&self) -> Timespec {
+        ns_to_ts(self.mtime.load(Ordering::Relaxed))
+    }
+
+    pub fn ctime(&self) -> Timespec {
+        ns_to_ts(self.ctime.load(Ordering::Relaxed))
+    }
+
+    /// Sets mtime and ctime to `now` (a data or entry change).
+    pub fn touch(&self, now: Timespec) {
+        let ns = ts_to_ns(now);
+        self.mtime.store(ns, Ordering::Relaxed);
+        self.ctime.store(ns, Ordering::Relaxed);
+        self.attr_dirty.store(true, Ordering::Relaxed);
+    }
+
+    /// Sets ctime to `now` (an attribute change).
+    pub fn touch_ctime(&self, now: Timespec) {
+        self.ctime.store(ts_to_ns(now), Ordering::Relaxed);
+        self.attr_dirty.store(true, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,855 @@
+//! MEMFS operations: the namespace and file data, changed in memory only.
+//!
+//! Every operation enters through the pass-through semaphore (shared), so a checkpoint's
+//! snapshot sees no operation half done. A directory change locks only the shard of the names
+//! it touches, takes its timestamp and appends its log record inside that critical section (its
+//! linearization point), and registers with `inflight` so that a merge stamped later waits for
+//! it. File data is written under the range lock of the bytes written, never a file lock.
+
+use super::mnode::{ts_to_ns, Content, MNode, Meta, S_IFDIR, S_IFLNK, S_IFREG};
+use super::pages::PAGE_SIZE;
+use crate::device::BLOCK_SIZE;
+use crate::engine::{now, Engine};
+use crate::error::{Error, Result};
+use crate::format::dentry::validate_name;
+use crate::format::node::{Timespec, NEW_ADDR, S_IFMT};
+use crate::format::tree::MAX_FILE_BLOCKS;
+use crate::fsck::dtype_of;
+use crate::journal::{InodeAttr, Record};
+use crate::oplog::dirlog::LoggedOp;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Largest file size in bytes.
+pub const MAX_FILE_SIZE: u64 = MAX_FILE_BLOCKS * BLOCK_SIZE as u64;
+/// Largest xattr name and value (as Linux).
+pub const XATTR_NAME_MAX: usize = 255;
+pub const XATTR_SIZE_MAX: usize = 65536;
+pub const XATTR_CREATE: i32 = 1;
+pub const XATTR_REPLACE: i32 = 2;
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+pub const FALLOC_FL_KEEP_SIZE: i32 = 1;
+pub const FALLOC_FL_PUNCH_HOLE: i32 = 2;
+
+fn enoent(what: impl Into<String>) -> Error {
+    Error::errno(libc::ENOENT, what)
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > crate::format::node::MAX_NAME_LEN {
+        return Err(Error::errno(libc::ENAMETOOLONG, String::from_utf8_lossy(name)));
+    }
+    validate_name(name).map_err(|why| Error::errno(libc::EINVAL, why))
+}
+
+/// What a new inode is.
+pub struct NewInode<'a> {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub symlink: &'a [u8],
+}
+
+impl MNode {
+    /// The attributes a journal record carries (all but nlink).
+    pub fn attr_record(&self, meta: &Meta) -> InodeAttr {
+        InodeAttr {
+            mode: meta.mode,
+            uid: meta.uid,
+            gid: meta.gid,
+            size: self.size.load(Ordering::Acquire),
+            atime: meta.atime,
+            mtime: self.mtime(),
+            ctime: self.ctime(),
+            crtime: meta.crtime,
+            rdev: meta.rdev,
+            flags: meta.flags,
+            generation: meta.generation,
+        }
+    }
+}
+
+impl Engine {
+    /// A directory's mnode, or ENOTDIR / ENOENT.
+    pub(crate) fn dir_mnode(&self, ino: u32) -> Result<Arc<MNode>> {
+        let m = self.mnode(ino)?;
+        if !m.is_dir() {
+            return Err(Error::errno(libc::ENOTDIR, format!("inode {ino}")));
+        }
+        Ok(m)
+    }
+
+    pub fn lookup(&self, parent: u32, name: &[u8]) -> Result<Arc<MNode>> {
+        let _g = self.pass.shared();
+        let d = self.dir_mnode(parent)?;
+        if name == b"." {
+            return Ok(d);
+        }
+        if name == b".." {
+            return self.mnode(d.parent.load(Ordering::Acquire));
+        }
+        check_name(name)?;
+        let e =
+            d.dir().expect("dir").map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?;
+        self.mnode(e.ino)
+    }
+
+    /// Creates a file, directory, symlink or special file named `name` in `parent`.
+    pub fn create_node(&self, parent: u32, name: &[u8], new: NewInode) -> Result<Arc<MNode>> {
+        self.check_writable()?;
+        check_name(name)?;
+        let ftype = new.mode & S_IFMT;
+        if !matches!(ftype, 0o010000 | 0o020000 | 0o040000 | 0o060000 | 0o100000 | 0o120000 | 0o140000) {
+            return Err(Error::errno(libc::EINVAL, format!("mode {:o} has no file type", new.mode)));
+        }
+        if ftype == S_IFLNK && (new.symlink.is_empty() || new.symlink.len() > crate::journal::MAX_SYMLINK_LEN)
+        {
+            return Err(Error::errno(libc::ENAMETOOLONG, "symlink target"));
+        }
+        let _g = self.pass.shared();
+        let d = self.dir_mnode(parent)?;
+        let dir = d.dir().expect("dir");
+        if dir.map.lookup(name).is_some() {
+            return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name)));
+        }
+        let (_, cpu) = self.lane();
+        let ino = self.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
+        let t = now();
+        let meta = Meta {
+            mode: new.mode,
+            uid: new.uid,
+            gid: new.gid,
+            nlink: if ftype == S_IFDIR { 2 } else { 1 },
+            atime: t,
+            crtime: t,
+            rdev: new.rdev,
+            flags: 0,
+            generation: 0,
+            xattrs: Vec::new(),
+            xattrs_dirty: false,
+            symlink: new.symlink.to_vec(),
+        };
+        let size = if ftype == S_IFLNK { new.symlink.len() as u64 } else { 0 };
+        let m = MNode::new(ino, meta, size, t, t, &self.cache);
+        m.parent.store(parent, Ordering::Relaxed);
+        if ftype == S_IFDIR {
+            m.disk.lock().dentries = Some(Default::default());
+        }
+        m.create_dir.store(parent, Ordering::Relaxed);
+        let attr = m.attr_record(&m.meta.lock());
+        let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
+        let dtype = dtype_of(new.mode);
+        let r = dir.map.update(name, |old| {
+            if old.is_some() {
+                return (
+                    old.map(|e| (e.ino, e.file_type)),
+                    Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name))),
+                );
+            }
+            if dir.dead.load(Ordering::Acquire) {
+                return (None, Err(enoent("directory was removed")));
+            }
+            let op = self.inflight.begin();
+            let stamp = self.clock.stamp_of(op.timestamp());
+            let rec = Record::Create {
+                stamp,
+                dir: parent,
+                name: name.to_vec(),
+                ino,
+                attr,
+                symlink: new.symlink.to_vec(),
+            };
+            dir.log.push(LoggedOp::new(rec));
+            drop(op);
+            (Some((ino, dtype)), Ok(()))
+        });
+        if let Err(e) = r {
+            self.cells.remove(ino as u64);
+            let _ = self.nat.free_nid(ino);
+            return Err(e);
+        }
+        if ftype == S_IFDIR {
+            d.meta.lock().nlink += 1;
+        }
+        d.touch(t);
+        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.mark_dirty(&d);
+        self.mark_dirty(&m);
+        Ok(m)
+    }
+
+    pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<Arc<MNode>> {
+        self.check_writable()?;
+        check_name(name)?;
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        if m.is_dir() {
+            return Err(Error::errno(libc::EPERM, "hard link to a directory"));
+        }
+        let d = self.dir_mnode(parent)?;
+        let dir = d.dir().expect("dir");
+        {
+            let meta = m.meta.lock();
+            if meta.nlink == 0 {
+                return Err(enoent("inode was removed"));
+            }
+            if meta.nlink >= u32::MAX - 1 {
+                return Err(Error::errno(libc::EMLINK, "too many links"));
+            }
+        }
+        let dtype = dtype_of(m.file_type);
+        dir.map.update(name, |old| {
+            if old.is_some() {
+                return (
+                    old.map(|e| (e.ino, e.file_type)),
+                    Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name))),
+                );
+            }
+            if dir.dead.load(Ordering::Acquire) {
+                return (None, Err(enoent("directory was removed")));
+            }
+            let op = self.inflight.begin();
+            let stamp = self.clock.stamp_of(op.timestamp());
+            dir.log.push(LoggedOp::new(Record::Link {
+                stamp,
+                dir: parent,
+                name: name.to_vec(),
+                ino,
+                file_type: dtype,
+            }));
+            m.meta.lock().nlink += 1;
+            drop(op);
+            (Some((ino, dtype)), Ok(()))
+        })?;
+        let t = now();
+        m.touch_ctime(t);
+        d.touch(t);
+        m.name_dirty.store(true, Ordering::Release);
+        self.note_name_dir(&m, parent);
+        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.mark_dirty(&d);
+        self.mark_dirty(&m);
+        Ok(m)
+    }
+
+    /// Remembers the directory of `m`'s latest name change: an fsync of a file whose name
+    /// changed makes the name durable by flushing that directory (and what it depends on).
+    /// For a directory this is its parent, which ".." and the loop check use.
+    fn note_name_dir(&self, m: &MNode, dir: u32) {
+        m.parent.store(dir, Ordering::Release);
+    }
+
+    /// Removes a non-directory name.
+    pub fn unlink(&self, parent: u32, name: &[u8]) -> Result<()> {
+        self.remove_name(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: u32, name: &[u8]) -> Result<()> {
+        self.remove_name(parent, name, true)
+    }
+
+    fn remove_name(&self, parent: u32, name: &[u8], want_dir: bool) -> Result<()> {
+        self.check_writable()?;
+        if want_dir && name == b"." {
+            return Err(Error::errno(libc::EINVAL, "rmdir of ."));
+        }
+        if want_dir && name == b".." {
+            return Err(Error::errno(libc::ENOTEMPTY, "rmdir of .."));
+        }
+        check_name(name)?;
+        let _g = self.pass.shared();
+        let d = self.dir_mnode(parent)?;
+        let dir = d.dir().expect("dir");
+        let e = dir.map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?;
+        let child = self.mnode(e.ino)?;
+        if child.is_dir() != want_dir {
+            return Err(if want_dir {
+                Error::errno(libc::ENOTDIR, String::from_utf8_lossy(name))
+            } else {
+                Error::errno(libc::EISDIR, String::from_utf8_lossy(name))
+            });
+        }
+        if want_dir {
+            let cd = child.dir().expect("dir");
+            // Mark dead first so no create slips in after the emptiness check; undo if not empty.
+            cd.dead.store(true, Ordering::Release);
+            if !cd.map.is_empty() {
+                cd.dead.store(false, Ordering::Release);
+                return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(name)));
+            }
+        }
+        let ino = e.ino;
+        let r = dir.map.update(name, |cur| match cur {
+            Some(c) if c.ino == ino => {
+                let op = self.inflight.begin();
+                let stamp = self.clock.stamp_of(op.timestamp());
+                dir.log.push(LoggedOp::new(Record::Unlink { stamp, dir: parent, name: name.to_vec(), ino }));
+                drop(op);
+                (None, Ok(()))
+            }
+            other => (
+                other.map(|c| (c.ino, c.file_type)),
+                Err(Error::errno(libc::ENOENT, "name changed meanwhile")),
+            ),
+        });
+        if let Err(e) = r {
+            if want_dir {
+                child.dir().expect("dir").dead.store(false, Ordering::Release);
+            }
+            return Err(e);
+        }
+        let t = now();
+        self.drop_link(&child, want_dir, t);
+        if want_dir {
+            d.meta.lock().nlink -= 1;
+        }
+        d.touch(t);
+        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.mark_dirty(&d);
+        Ok(())
+    }
+
+    /// One name of `child` is gone.
+    fn drop_link(&self, child: &MNode, is_dir: bool, t: Timespec) {
+        let nlink = {
+            let mut meta = child.meta.lock();
+            meta.nlink = if is_dir { 0 } else { meta.nlink.saturating_sub(1) };
+            meta.nlink
+        };
+        child.touch_ctime(t);
+        if nlink == 0 && child.open.load(Ordering::Acquire) > 0 {
+            self.orphans.lock().insert(child.ino);
+        }
+        self.mark_dirty(child);
+    }
+
+    /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE.
+    pub fn rename(&self, sp: u32, sname: &[u8], dp: u32, dname: &[u8], flags: u32) -> Result<()> {
+        self.check_writable()?;
+        check_name(sname)?;
+        check_name(dname)?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+            return Err(Error::errno(libc::EINVAL, "rename flags"));
+        }
+        let _g = self.pass.shared();
+        let sd = self.dir_mnode(sp)?;
+        let dd = self.dir_mnode(dp)?;
+        let se =
+            sd.dir().expect("dir").map.lookup(sname).ok_or_else(|| enoent(String::from_utf8_lossy(sname)))?;
+        let src = self.mnode(se.ino)?;
+        // Moving a directory to another directory can create a loop: one at a time, globally
+        // (the only global lock ScaleFS and Max allow on this path).
+        let _rl = (src.is_dir() && sp != dp || flags & RENAME_EXCHANGE != 0).then(|| self.rename_lock.lock());
+        let de = dd.dir().expect("dir").map.lookup(dname);
+        if flags & RENAME_NOREPLACE != 0 && de.is_some() {
+            return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(dname)));
+        }
+        if flags & RENAME_EXCHANGE != 0 && de.is_none() {
+            return Err(enoent(String::from_utf8_lossy(dname)));
+        }
+        if src.is_dir() && sp != dp && self.is_ancestor(src.ino, dp)? {
+            return Err(Error::errno(libc::EINVAL, "cannot move a directory into itself"));
+        }
+        if de.is_some_and(|de| de.ino == src.ino) {
+            // The same inode under both names (or one name twice): POSIX says do nothing.
+            return Ok(());
+        }
+        let dst = de.map(|e| self.mnode(e.ino)).transpose()?;
+        if let (Some(dst), true) = (&dst, flags & RENAME_EXCHANGE == 0) {
+            match (src.is_dir(), dst.is_dir()) {
+                (true, false) => return Err(Error::errno(libc::ENOTDIR, String::from_utf8_lossy(dname))),
+                (false, true) => return Err(Error::errno(libc::EISDIR, String::from_utf8_lossy(dname))),
+                (true, true) => {
+                    let dm = dst.dir().expect("dir");
+                    dm.dead.store(true, Ordering::Release);
+                    if !dm.map.is_empty() {
+                        dm.dead.store(false, Ordering::Release);
+                        return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(dname)));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if flags & RENAME_EXCHANGE != 0 {
+            if let Some(dst) = &dst {
+                if dst.is_dir() && sp != dp && self.is_ancestor(dst.ino, sp)? {
+                    return Err(Error::errno(libc::EINVAL, "cannot move a directory into itself"));
+                }
+            }
+        }
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        let replaced = dst.as_ref().map(|d| d.ino).unwrap_or(0);
+        // Lock both names' shards in a global order and change them together.
+        let sdir = sd.dir().expect("dir");
+        let ddir = dd.dir().expect("dir");
+        let result =
+            crate::mem::dir::update_two((sp, &sdir.map, sname), (dp, &ddir.map, dname), |s_cur, d_cur| {
+                if s_cur.map(|e| e.ino) != Some(src.ino) || d_cur.map(|e| e.ino).unwrap_or(0) != replaced {
+                    return Err(Error::errno(libc::EAGAIN, "names changed meanwhile; retry"));
+                }
+                if ddir.dead.load(Ordering::Acquire) && replaced == 0 {
+                    return Err(enoent("directory was removed"));
+                }
+                let op = self.inflight.begin();
+                let stamp = self.clock.stamp_of(op.timestamp());
+                let rec = Record::Rename {
+                    stamp,
+                    src_dir: sp,
+                    src_name: sname.to_vec(),
+                    dst_dir: dp,
+                    dst_name: dname.to_vec(),
+                    ino: src.ino,
+                    replaced,
+                    exchange,
+                };
+                let logged = LoggedOp::new(rec);
+                sdir.log.push(logged.clone());
+                if sp != dp {
+                    ddir.log.push(logged);
+                }
+                drop(op);
+                let s_new = if exchange { d_cur.map(|e| (e.ino, e.file_type)) } else { None };
+                let d_new = Some((src.ino, s_cur.expect("checked").file_type));
+                Ok((s_new, d_new))
+            });
+        if let Err(e) = result {
+            if let Some(dst) = &dst {
+                if let Some(dm) = dst.dir() {
+                    dm.dead.store(false, Ordering::Release);
+                }
+            }
+            return Err(e);
+        }
+        let t = now();
+        if src.is_dir() && sp != dp {
+            src.parent.store(dp, Ordering::Release);
+            if !exchange || !dst.as_ref().is_some_and(|d| d.is_dir()) {
+                sd.meta.lock().nlink -= 1;
+                dd.meta.lock().nlink += 1;
+            }
+        }
+        if exchange {
+            let dst = dst.as_ref().expect("exchange has a target");
+            if dst.is_dir() && sp != dp {
+                dst.parent.store(sp, Ordering::Release);
+                if !src.is_dir() {
+                    dd.meta.lock().nlink -= 1;
+                    sd.meta.lock().nlink += 1;
+                }
+            }
+            dst.touch_ctime(t);
+            dst.name_dirty.store(true, Ordering::Release);
+            self.note_name_dir(dst, sp);
+            self.mark_dirty(dst);
+        } else if let Some(dst) = &dst {
+            if dst.is_dir() {
+                dd.meta.lock().nlink -= 1;
+            }
+            self.drop_link(dst, dst.is_dir(), t);
+        }
+        src.touch_ctime(t);
+        src.name_dirty.store(true, Ordering::Release);
+        self.note_name_dir(&src, dp);
+        sd.touch(t);
+        dd.touch(t);
+        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.mark_dirty(&src);
+        self.mark_dirty(&sd);
+        self.mark_dirty(&dd);
+        Ok(())
+    }
+
+    /// Whether directory `anc` is `dir` or one of its ancestors.
+    fn is_ancestor(&self, anc: u32, mut dir: u32) -> Result<bool> {
+        // Bounded by the number of directories: a walk longer than that is a loop (corruption).
+        for _ in 0..=self.g.max_nid {
+            if dir == anc {
+                return Ok(true);
+            }
+            if dir == crate::format::ROOT_INO {
+                return Ok(false);
+            }
+            dir = self.dir_mnode(dir)?.parent.load(Ordering::Acquire);
+        }
+        Err(Error::corrupt(crate::error::Structure::Dentry, None, "directory parents form a loop"))
+    }
+
+    pub fn open_file(&self, ino: u32) -> Result<Arc<MNode>> {
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        m.open.fetch_add(1, Ordering::AcqRel);
+        Ok(m)
+    }
+
+    pub fn release(&self, ino: u32) -> Result<()> {
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        let prev = m.open.fetch_sub(1, Ordering::AcqRel);
+        if prev == 0 {
+            m.open.store(0, Ordering::Release);
+            return Err(Error::errno(libc::EBADF, "release without open"));
+        }
+        if prev == 1 && m.meta.lock().nlink == 0 {
+            self.orphans.lock().remove(&m.ino);
+            self.mark_dirty(&m);
+        }
+        Ok(())
+    }
+
+    /// Reads up to `buf.len()` bytes at `off`; returns how many (0 at or past the end).
+    pub fn read_at(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        let (pages, range) = m.pages().ok_or_else(|| {
+            Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
+        })?;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let end = off.saturating_add(buf.len() as u64);
+        let _r = range.lock_shared(off, end);
+        let size = m.size.load(Ordering::Acquire);
+        if off >= size {
+            return Ok(0);
+        }
+        let end = end.min(size);
+        let first = off / PAGE_SIZE as u64;
+        let last = (end - 1) / PAGE_SIZE as u64;
+        // Pages not cached: find their blocks, then read them all in one batch.
+        let mut missing: Vec<(u64, u32)> = Vec::new();
+        let mut cached: Vec<Option<crate::mem::pages::PageBuf>> =
+            Vec::with_capacity((last - first + 1) as usize);
+        {
+            let disk = m.disk.lock();
+            for idx in first..=last {
+                let p = pages.get(idx);
+                if p.is_none() {
+                    if let Some(&a) = disk.cur_map.get(&idx) {
+                        if a != NEW_ADDR {
+                            missing.push((idx, a));
+                        }
+                    }
+                }
+                cached.push(p);
+            }
+        }
+        let fetched = crate::checkpoint::read_blocks(
+            &*self.dev,
+            &missing.iter().map(|x| x.1 as u64).collect::<Vec<_>>(),
+        )?;
+        let keep = (self.cache.cached_pages.load(Ordering::Relaxed).max(0) as u64) * (PAGE_SIZE as u64)
+            < self.opts.cache_bytes;
+        for (k, (idx, _)) in missing.iter().enumerate() {
+            let data: [u8; PAGE_SIZE] = fetched[k * PAGE_SIZE..(k + 1) * PAGE_SIZE].try_into().expect("page");
+            let slot = (idx - first) as usize;
+            cached[slot] = Some(if keep { pages.insert_clean(*idx, data) } else { Arc::new(data) });
+        }
+        let mut done = 0usize;
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / PAGE_SIZE as u64;
+            let po = (pos % PAGE_SIZE as u64) as usize;
+            let n = (PAGE_SIZE - po).min((end - pos) as usize);
+            match &cached[(idx - first) as usize] {
+                Some(p) => buf[done..done + n].copy_from_slice(&p[po..po + n]),
+                None => buf[done..done + n].fill(0),
+            }
+            done += n;
+            pos += n as u64;
+        }
+        Ok(done)
+    }
+
+    /// Writes `data` at `off`; returns the bytes written.
+    pub fn write_at(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
+        self.check_writable()?;
+        let m = {
+            let _g = self.pass.shared();
+            let m = self.mnode(ino)?;
+            self.write_locked(&m, off, data)?;
+            m
+        };
+        // Outside the semaphore: writeback takes the gate, which a checkpoint holding the gate
+        // and waiting for the semaphore to drain must not find us holding.
+        self.after_write(&m)?;
+        Ok(data.len())
+    }
+
+    fn write_locked(&self, m: &MNode, off: u64, data: &[u8]) -> Result<()> {
+        let (pages, range) = m.pages().ok_or_else(|| {
+            Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
+        })?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = off
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::errno(libc::EFBIG, "write past the largest file size"))?;
+        let _r = range.lock_exclusive(off, end);
+        let mut done = 0usize;
+        let mut pos = off;
+        while pos < end {
+            let idx = pos / PAGE_SIZE as u64;
+            let po = (pos % PAGE_SIZE as u64) as usize;
+            let n = (PAGE_SIZE - po).min((end - pos) as usize);
+            pages.write(idx, po, &data[done..done + n], || self.load_page(m, idx))?;
+            done += n;
+            pos += n as u64;
+        }
+        m.size.fetch_max(end, Ordering::AcqRel);
+        m.touch(now());
+        self.user_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.mark_dirty(m);
+        Ok(())
+    }
+
+    /// Current contents of page `idx` from the device (zeros for a hole or past the end).
+    fn load_page(&self, m: &MNode, idx: u64) -> Result<[u8; PAGE_SIZE]> {
+        let addr = m.disk.lock().cur_map.get(&idx).copied();
+        let mut b = [0u8; PAGE_SIZE];
+        if let Some(a) = addr.filter(|&a| a != NEW_ADDR) {
+            self.dev.read_block(a as u64, &mut b)?;
+        }
+        Ok(b)
+    }
+
+    /// Sets the size, dropping or zeroing what lies past it.
+    pub fn truncate(&self, ino: u32, size: u64) -> Result<()> {
+        self.check_writable()?;
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        self.truncate_locked(&m, size)
+    }
+
+    fn truncate_locked(&self, m: &MNode, size: u64) -> Result<()> {
+        let (pages, range) = m.pages().ok_or_else(|| {
+            Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
+        })?;
+        if size > MAX_FILE_SIZE {
+            return Err(Error::errno(libc::EFBIG, "size past the largest file"));
+        }
+        let old = m.size.load(Ordering::Acquire);
+        let _r = range.lock_exclusive(old.min(size), u64::MAX);
+        let old = m.size.load(Ordering::Acquire);
+        if size < old {
+            let keep_pages = size.div_ceil(PAGE_SIZE as u64);
+            pages.truncate(keep_pages);
+            let tail = (size % PAGE_SIZE as u64) as usize;
+            if tail != 0 {
+                let idx = size / PAGE_SIZE as u64;
+                if pages.get(idx).is_none() {
+                    // Bring the partial page in so that its tail reads as zeros from now on.
+                    let base = self.load_page(m, idx)?;
+                    pages.insert_clean(idx, base);
+                }
+                pages.zero_tail(idx, tail);
+            }
+            m.disk.lock().truncate(keep_pages);
+        }
+        m.size.store(size, Ordering::Release);
+        m.touch(now());
+        self.mark_dirty(m);
+        Ok(())
+    }
+
+    /// fallocate(2): mode 0 (allocate, size may grow), KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE.
+    pub fn fallocate(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        if len == 0 {
+            return Err(Error::errno(libc::EINVAL, "fallocate of zero bytes"));
+        }
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::errno(libc::EFBIG, "fallocate past the largest file"))?;
+        let punch = mode & FALLOC_FL_PUNCH_HOLE != 0;
+        if mode & !(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE) != 0
+            || (punch && mode & FALLOC_FL_KEEP_SIZE == 0)
+        {
+            return Err(Error::errno(libc::EOPNOTSUPP, format!("fallocate mode {mode:#x}")));
+        }
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        let (pages, range) = m.pages().ok_or_else(|| {
+            Error::errno(if m.is_dir() { libc::EISDIR } else { libc::ENODEV }, "not a regular file")
+        })?;
+        let _r = range.lock_exclusive(off, end);
+        let first_full = off.div_ceil(PAGE_SIZE as u64);
+        let end_full = end / PAGE_SIZE as u64;
+        if punch {
+            let size = m.size.load(Ordering::Acquire);
+            let end = end.min(size);
+            // Partial pages at the edges: zero the bytes.
+            let mut pos = off;
+            while pos < end {
+                let idx = pos / PAGE_SIZE as u64;
+                let po = (pos % PAGE_SIZE as u64) as usize;
+                let n = (PAGE_SIZE - po).min((end - pos) as usize);
+                if po != 0 || n != PAGE_SIZE {
+                    let zeros = vec![0u8; n];
+                    pages.write(idx, po, &zeros, || self.load_page(&m, idx))?;
+                }
+                pos += n as u64;
+            }
+            // Whole pages: drop them and their blocks.
+            let mut disk = m.disk.lock();
+            for idx in first_full..end_full {
+                pages.truncate_one(idx);
+                if disk.cur_map.contains_key(&idx) {
+                    disk.remap(idx, 0);
+                    disk.unjournaled.insert(idx, (0, 0));
+                }
+            }
+        } else {
+            let first = off / PAGE_SIZE as u64;
+            let last = (end - 1) / PAGE_SIZE as u64;
+            let mut disk = m.disk.lock();
+            for idx in first..=last {
+                if !disk.cur_map.contains_key(&idx) && pages.get(idx).is_none() {
+                    disk.cur_map.insert(idx, NEW_ADDR);
+                    disk.unjournaled.insert(idx, (NEW_ADDR, 0));
+                }
+            }
+            drop(disk);
+            if mode & FALLOC_FL_KEEP_SIZE == 0 {
+                m.size.fetch_max(end, Ordering::AcqRel);
+            }
+        }
+        m.touch(now());
+        self.mark_dirty(&m);
+        Ok(())
+    }
+
+    /// Changes attributes; `size` truncates or extends.
+    #[allow(clippy::too_many_arguments)]
+    pub fn setattr(
+        &self,
+        ino: u32,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<Timespec>,
+        mtime: Option<Timespec>,
+        ctime: Option<Timespec>,
+    ) -> Result<Arc<MNode>> {
+        self.check_writable()?;
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        if let Some(s) = size {
+            if m.is_dir() {
+                return Err(Error::errno(libc::EISDIR, "truncate of a directory"));
+            }
+            self.truncate_locked(&m, s)?;
+        }
+        {
+            let mut meta = m.meta.lock();
+            if let Some(md) = mode {
+                meta.mode = (meta.mode & S_IFMT) | (md & 0o7777);
+            }
+            if let Some(u) = uid {
+                meta.uid = u;
+            }
+            if let Some(g) = gid {
+                meta.gid = g;
+            }
+            if let Some(a) = atime {
+                meta.atime = a;
+            }
+        }
+        if let Some(t) = mtime {
+            m.mtime.store(ts_to_ns(t), Ordering::Relaxed);
+        }
+        m.touch_ctime(ctime.unwrap_or_else(now));
+        self.mark_dirty(&m);
+        Ok(m)
+    }
+
+    pub fn getxattr(&self, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        let meta = m.meta.lock();
+        meta.xattrs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| Error::errno(libc::ENODATA, String::from_utf8_lossy(name)))
+    }
+
+    pub fn listxattr(&self, ino: u32) -> Result<Vec<Vec<u8>>> {
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        let names = m.meta.lock().xattrs.iter().map(|(n, _)| n.clone()).collect();
+        Ok(names)
+    }
+
+    pub fn setxattr(&self, ino: u32, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        self.check_writable()?;
+        if name.is_empty() || name.len() > XATTR_NAME_MAX {
+            return Err(Error::errno(libc::ERANGE, "xattr name length"));
+        }
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Error::errno(libc::E2BIG, "xattr value too large"));
+        }
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        let mut meta = m.meta.lock();
+        let pos = meta.xattrs.iter().position(|(n, _)| n == name);
+        match (pos, flags) {
+            (Some(_), XATTR_CREATE) => return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name))),
+            (None, XATTR_REPLACE) => return Err(Error::errno(libc::ENODATA, String::from_utf8_lossy(name))),
+            _ => {}
+        }
+        let mut next = meta.xattrs.clone();
+        match pos {
+            Some(i) => next[i].1 = value.to_vec(),
+            None => next.push((name.to_vec(), value.to_vec())),
+        }
+        // All of an inode's xattrs live in one node, as ext4 keeps them in one block.
+        if crate::format::node::xattr_encoded_len(&next) > crate::format::node::BODY_LEN {
+            return Err(Error::errno(libc::ENOSPC, "no room for more extended attributes on this inode"));
+        }
+        meta.xattrs = next;
+        meta.xattrs_dirty = true;
+        drop(meta);
+        m.touch_ctime(now());
+        self.mark_dirty(&m);
+        Ok(())
+    }
+
+    pub fn removexattr(&self, ino: u32, name: &[u8]) -> Result<()> {
+        self.check_writable()?;
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        let mut meta = m.meta.lock();
+        let pos = meta
+            .xattrs
+            .iter()
+            .position(|(n, _)| n == name)
+            .ok_or_else(|| Error::errno(libc::ENODATA, String::from_utf8_lossy(name)))?;
+        meta.xattrs.remove(pos);
+        meta.xattrs_dirty = true;
+        drop(meta);
+        m.touch_ctime(now());
+        self.mark_dirty(&m);
+        Ok(())
+    }
+
+    /// Number of allocated 4 KiB blocks of a file (for st_blocks).
+    pub(crate) fn allocated_blocks(&self, m: &MNode) -> u64 {
+        match &m.content {
+            Content::File { pages, .. } => {
+                let disk = m.disk.lock();
+                let mapped = disk.cur_map.len() as u64;
+                mapped + pages.dirty_unmapped(|i| disk.cur_map.contains_key(&i))
+            }
+            Content::Dir(_) => m.size.load(Ordering::Relaxed).div_ceil(BLOCK_SIZE as u64),
+            Content::Other => u64::from(m.file_type == S_IFLNK),
+        }
+    }
+}
+
+const _: () = assert!(S_IFREG == 0o100000);

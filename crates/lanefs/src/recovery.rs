@@ -1,0 +1,410 @@
+//! Mount and recovery.
+//!
+//! Mount reads the newest valid checkpoint (superblock, pack, NAT, SIT, active segments), then
+//! follows every lane's journal chain from the head the checkpoint recorded. A transaction is
+//! kept only if every data block it references has the checksum it recorded (so a crash before
+//! the device flush, which may have persisted the journal block but not the data, can never
+//! expose stale data); the first one that fails ends its lane. The blocks the kept chains use are
+//! protected from reuse, every lane moves to fresh segments, the records of all lanes are merged
+//! by timestamp and those after the checkpoint's stamp are replayed into MEMFS, and a new
+//! checkpoint makes the result the base of the next mount. Reads of the chains' data are batched
+//! per transaction.
+
+use crate::checkpoint::{read_blocks, read_checkpoint, read_sit, read_summary, read_superblock};
+use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::engine::{CpState, Engine, FsOptions, GroupCommit, StampClock, JOURNAL_LOG};
+use crate::error::Result;
+use crate::format::layout::LogType;
+use crate::format::node::{Timespec, NEW_ADDR};
+use crate::format::ssa::{SummaryEntry, SummaryKind};
+use crate::journal::{merge_by_stamp, read_chain, ChainRead, ChainWriter, Record};
+use crate::mem::mnode::{ts_to_ns, MNode, Meta, S_IFDIR};
+use crate::mem::pages::CacheStats;
+use crate::mem::Cells;
+use crate::nat::NatTable;
+use crate::oplog::dirlog::LoggedOp;
+use crate::oplog::InFlight;
+use crate::seg::{LaneSet, SegmentTable};
+use crate::sync::{PassSem, PerCpu};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What recovery did, for `inspect`-style reporting and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub transactions: usize,
+    pub records_replayed: usize,
+    /// Transactions dropped because their data did not reach the disk.
+    pub torn_transactions: usize,
+    pub orphans_removed: usize,
+}
+
+/// The chain nonce: fixed per format, different across formats.
+pub(crate) fn nonce_of(uuid: &[u8; 16]) -> u64 {
+    u64::from_le_bytes(uuid[..8].try_into().expect("8 bytes"))
+}
+
+/// Mounts the file system on `dev`, recovering from a crash if needed.
+pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>, RecoveryReport)> {
+    let sb = read_superblock(&*dev)?.sb;
+    let g = sb.geometry;
+    let cpr = read_checkpoint(&*dev, &g)?;
+    let cp = cpr.cp;
+    let nat = NatTable::load(&*dev, &g, &cp)?;
+    let sit = read_sit(&*dev, &g, &cp)?;
+    let active: Vec<(u32, u32, LogType)> = cp
+        .lanes
+        .iter()
+        .enumerate()
+        .flat_map(|(l, lane)| lane.logs.iter().zip(LogType::ALL).map(move |(c, t)| (c.segno, l as u32, t)))
+        .collect();
+    let table = Arc::new(SegmentTable::new(g, sit, &active)?);
+    let mut summaries = Vec::with_capacity(cp.lanes.len());
+    for lane in &cp.lanes {
+        let mut s = Vec::with_capacity(lane.logs.len());
+        for c in &lane.logs {
+            s.push(read_summary(&*dev, &g, c.segno)?);
+        }
+        summaries.push(s);
+    }
+    let cursors: Vec<_> = cp.lanes.iter().map(|l| l.logs).collect();
+    let lanes = LaneSet::new(table.clone(), &cursors, summaries)?;
+    let nonce = nonce_of(&sb.uuid);
+    let mut report = RecoveryReport::default();
+
+    // The journals.
+    let mut reads: Vec<ChainRead> = Vec::with_capacity(cp.lanes.len());
+    for (l, lane) in cp.lanes.iter().enumerate() {
+        let r = if lane.journal_head == 0 {
+            ChainRead::empty(lane.journal_head, lane.journal_seq)
+        } else {
+            read_chain(&*dev, &g, l as u16, nonce, lane.journal_head, lane.journal_seq, g.main_blocks())?
+        };
+        reads.push(r);
+    }
+    for r in &mut reads {
+        let kept = verified_prefix(&*dev, r)?;
+        report.torn_transactions += r.transactions.len() - kept;
+        r.truncate(kept);
+        report.transactions += kept;
+    }
+    // Images formatted without journal heads get them recorded by the checkpoint below.
+    let touched = reads.iter().any(|r| !r.blocks.is_empty())
+        || !cp.orphans.is_empty()
+        || cp.lanes.iter().any(|l| l.journal_head == 0);
+    let max_stamp = reads
+        .iter()
+        .flat_map(|r| r.transactions.iter().flat_map(|t| t.records.iter().map(|x| x.stamp().ticks)))
+        .max()
+        .unwrap_or(0);
+    if touched {
+        // Protect what the chains use until the post-recovery checkpoint is durable.
+        for r in &reads {
+            for t in &r.transactions {
+                for (addr, _) in t.data_refs() {
+                    table.claim_valid(addr as u64, cp.elapsed_secs)?;
+                }
+            }
+        }
+        for r in &reads {
+            for &b in &r.blocks {
+                if let Some((segno, _)) = g.seg_of(b) {
+                    table.claim_for_journal(segno)?;
+                }
+            }
+        }
+        lanes.retire_all(cp.elapsed_secs)?;
+        // Their owners, for the segment summaries (never written for blocks after the checkpoint).
+        let mut patches: std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>> = Default::default();
+        for r in &reads {
+            for t in &r.transactions {
+                for rec in &t.records {
+                    if let Record::Map { ino, first, entries, .. } = rec {
+                        for (i, &(addr, _)) in entries.iter().enumerate() {
+                            if let Some((segno, off)) = g.seg_of(addr as u64) {
+                                let e = SummaryEntry {
+                                    kind: SummaryKind::Data,
+                                    nid: *ino,
+                                    ofs: (first + i as u64) as u32,
+                                };
+                                patches.entry(segno).or_default().push((off, e));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        lanes.patch_summaries(&patches, |segno| {
+            read_summary(&*dev, &g, segno).unwrap_or_else(|_| crate::format::SegmentSummary::empty(segno))
+        });
+    }
+    let mut chains = Vec::with_capacity(reads.len());
+    for (l, r) in reads.iter().enumerate() {
+        let w = if touched || cp.lanes[l].journal_head == 0 {
+            let owner = SummaryEntry { kind: SummaryKind::Journal, nid: l as u32, ofs: 0 };
+            let head = lanes.reserve(l as u32, JOURNAL_LOG, owner, cp.elapsed_secs)? as u32;
+            ChainWriter::new(l as u16, nonce, head, r.end_seq.max(cp.lanes[l].journal_seq))
+        } else {
+            ChainWriter::resume(l as u16, nonce, r.end())
+        };
+        chains.push(Mutex::new(w));
+    }
+    let records: Vec<Record> = merge_by_stamp(reads.into_iter().map(|r| r.transactions).collect())
+        .into_iter()
+        .filter(|r| r.stamp().ticks > cp.stamp)
+        .collect();
+    report.records_replayed = records.len();
+    let orphans = cp.orphans.clone();
+    let pack = cpr.pack;
+    let engine = Arc::new(Engine {
+        dev,
+        g,
+        nat,
+        table,
+        lanes,
+        cells: Cells::new(),
+        pass: PassSem::new(),
+        inflight: InFlight::new(),
+        gate: RwLock::new(()),
+        cp_serial: Mutex::new(()),
+        chains,
+        group: GroupCommit::default(),
+        dirty: PerCpu::new(|_| Mutex::new(Vec::new())),
+        orphans: Mutex::new(Default::default()),
+        clock: StampClock::new(cp.stamp.max(max_stamp)),
+        cp: Mutex::new(CpState { cp, pack, started: 0, durable: 0 }),
+        cp_done: Condvar::new(),
+        cache: Arc::new(CacheStats::default()),
+        opts,
+        rename_lock: Mutex::new(()),
+        journal_blocks: AtomicU64::new(0),
+        logged_ops: AtomicU64::new(0),
+        user_bytes: AtomicU64::new(0),
+        failed: AtomicBool::new(false),
+        cp_kick: (Mutex::new(false), Condvar::new()),
+        stop: AtomicBool::new(false),
+    });
+    if touched {
+        for r in &records {
+            engine.replay(r)?;
+        }
+        for o in orphans {
+            if let Ok(m) = engine.mnode(o) {
+                if m.meta.lock().nlink == 0 {
+                    engine.mark_dirty(&m);
+                    report.orphans_removed += 1;
+                }
+            }
+        }
+        engine.checkpoint(false)?;
+    }
+    Ok((engine, report))
+}
+
+/// How many leading transactions of `r` have every referenced data block intact.
+fn verified_prefix(dev: &dyn BlockDevice, r: &ChainRead) -> Result<usize> {
+    for (k, t) in r.transactions.iter().enumerate() {
+        let refs = t.data_refs();
+        let data = read_blocks(dev, &refs.iter().map(|x| x.0 as u64).collect::<Vec<_>>())?;
+        let ok = refs.iter().zip(data.chunks(BLOCK_SIZE)).all(|((_, crc), b)| crc32c::crc32c(b) == *crc);
+        if !ok {
+            return Ok(k);
+        }
+    }
+    Ok(r.transactions.len())
+}
+
+impl Engine {
+    /// Applies one journal record to MEMFS (recovery; single-threaded, before mount returns).
+    /// Records that refer to what does not exist are skipped: the only way to get them is an
+    /// operation absorbed or superseded before its dependent was journaled.
+    fn replay(&self, r: &Record) -> Result<()> {
+        let stamp = r.stamp();
+        let t = |ns: Timespec| ns;
+        match r {
+            Record::Create { dir, name, ino, attr, symlink, .. } => {
+                let Ok(d) = self.dir_mnode(*dir) else { return Ok(()) };
+                let dm = d.dir().expect("dir");
+                if dm.map.lookup(name).is_some() || self.cells.get(*ino as u64).is_some() {
+                    return Ok(());
+                }
+                if self.nat.reserve(*ino).is_err() {
+                    return Ok(());
+                }
+                let is_dir = attr.mode & crate::format::node::S_IFMT == S_IFDIR;
+                let meta = Meta {
+                    mode: attr.mode,
+                    uid: attr.uid,
+                    gid: attr.gid,
+                    nlink: if is_dir { 2 } else { 1 },
+                    atime: attr.atime,
+                    crtime: attr.crtime,
+                    rdev: attr.rdev,
+                    flags: attr.flags,
+                    generation: attr.generation,
+                    xattrs: Vec::new(),
+                    xattrs_dirty: false,
+                    symlink: symlink.clone(),
+                };
+                let m = MNode::new(*ino, meta, attr.size, t(attr.mtime), t(attr.ctime), &self.cache);
+                m.parent.store(*dir, Ordering::Relaxed);
+                if is_dir {
+                    m.disk.lock().dentries = Some(Default::default());
+                    d.meta.lock().nlink += 1;
+                }
+                let (m, _) = self.cells.insert_if_absent(*ino as u64, || m);
+                let _ = dm.map.insert(name, *ino, crate::fsck::dtype_of(attr.mode));
+                self.replayed(&d, r);
+                self.mark_dirty(&m);
+            }
+            Record::Link { dir, name, ino, file_type, .. } => {
+                let (Ok(d), Ok(m)) = (self.dir_mnode(*dir), self.mnode(*ino)) else { return Ok(()) };
+                if d.dir().expect("dir").map.insert(name, *ino, *file_type).is_ok() {
+                    m.meta.lock().nlink += 1;
+                    self.replayed(&d, r);
+                    self.mark_dirty(&m);
+                }
+            }
+            Record::Unlink { dir, name, ino, .. } => {
+                let Ok(d) = self.dir_mnode(*dir) else { return Ok(()) };
+                let dm = d.dir().expect("dir");
+                if dm.map.lookup(name).map(|e| e.ino) != Some(*ino) {
+                    return Ok(());
+                }
+                dm.map.remove(name);
+                if let Ok(m) = self.mnode(*ino) {
+                    self.unlinked(&d, &m);
+                }
+                self.replayed(&d, r);
+            }
+            Record::Rename { src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange, .. } => {
+                let (Ok(sd), Ok(dd)) = (self.dir_mnode(*src_dir), self.dir_mnode(*dst_dir)) else {
+                    return Ok(());
+                };
+                let (sm, dm) = (sd.dir().expect("dir"), dd.dir().expect("dir"));
+                let Some(se) = sm.map.lookup(src_name).filter(|e| e.ino == *ino) else { return Ok(()) };
+                let de = dm.map.lookup(dst_name);
+                let Ok(src) = self.mnode(*ino) else { return Ok(()) };
+                if *exchange {
+                    let Some(de) = de.filter(|e| e.ino == *replaced) else { return Ok(()) };
+                    sm.map.update(src_name, |_| (Some((de.ino, de.file_type)), ()));
+                    dm.map.update(dst_name, |_| (Some((se.ino, se.file_type)), ()));
+                    if let Ok(other) = self.mnode(*replaced) {
+                        if other.is_dir() && src_dir != dst_dir {
+                            other.parent.store(*src_dir, Ordering::Relaxed);
+                            dd.meta.lock().nlink -= 1;
+                            sd.meta.lock().nlink += 1;
+                        }
+                        self.mark_dirty(&other);
+                    }
+                } else {
+                    if let Some(de) = de {
+                        if let Ok(old) = self.mnode(de.ino) {
+                            self.unlinked(&dd, &old);
+                        }
+                    }
+                    sm.map.remove(src_name);
+                    dm.map.update(dst_name, |_| (Some((se.ino, se.file_type)), ()));
+                }
+                if src.is_dir() && src_dir != dst_dir {
+                    src.parent.store(*dst_dir, Ordering::Relaxed);
+                    sd.meta.lock().nlink -= 1;
+                    dd.meta.lock().nlink += 1;
+                }
+                self.replayed(&sd, r);
+                if src_dir != dst_dir {
+                    self.replayed(&dd, r);
+                }
+                self.mark_dirty(&src);
+            }
+            Record::SetAttr { ino, attr, .. } => {
+                let Ok(m) = self.mnode(*ino) else { return Ok(()) };
+                {
+                    let mut meta = m.meta.lock();
+                    meta.mode = (meta.mode & crate::format::node::S_IFMT) | (attr.mode & 0o7777);
+                    meta.uid = attr.uid;
+                    meta.gid = attr.gid;
+                    meta.atime = attr.atime;
+                    meta.crtime = attr.crtime;
+                    meta.rdev = attr.rdev;
+                    meta.flags = attr.flags;
+                    meta.generation = attr.generation;
+                }
+                if !m.is_dir() {
+                    m.size.store(attr.size, Ordering::Release);
+                }
+                m.mtime.store(ts_to_ns(attr.mtime), Ordering::Relaxed);
+                m.ctime.store(ts_to_ns(attr.ctime), Ordering::Relaxed);
+                self.mark_dirty(&m);
+            }
+            Record::Map { ino, first, entries, .. } => {
+                let Ok(m) = self.mnode(*ino) else { return Ok(()) };
+                let mut disk = m.disk.lock();
+                for (i, &(addr, _)) in entries.iter().enumerate() {
+                    let idx = first + i as u64;
+                    if addr == 0 {
+                        disk.remap(idx, 0);
+                    } else if addr == NEW_ADDR {
+                        disk.cur_map.insert(idx, NEW_ADDR);
+                    } else {
+                        disk.remap(idx, addr);
+                    }
+                }
+                drop(disk);
+                self.mark_dirty(&m);
+            }
+            Record::Truncate { ino, from_block, .. } => {
+                let Ok(m) = self.mnode(*ino) else { return Ok(()) };
+                m.disk.lock().truncate(*from_block);
+                self.mark_dirty(&m);
+            }
+            Record::Xattrs { ino, attrs, .. } => {
+                let Ok(m) = self.mnode(*ino) else { return Ok(()) };
+                let mut meta = m.meta.lock();
+                meta.xattrs = attrs.clone();
+                meta.xattrs_dirty = true;
+                drop(meta);
+                self.mark_dirty(&m);
+            }
+            Record::Free { .. } => {}
+        }
+        let _ = stamp;
+        Ok(())
+    }
+
+    /// A name of `m` in `d` went away during replay.
+    fn unlinked(&self, d: &MNode, m: &MNode) {
+        let mut meta = m.meta.lock();
+        if m.is_dir() {
+            meta.nlink = 0;
+            d.meta.lock().nlink -= 1;
+        } else {
+            meta.nlink = meta.nlink.saturating_sub(1);
+        }
+        drop(meta);
+        self.mark_dirty(m);
+    }
+
+    /// Logs a replayed operation in `d` (journaled already) so the checkpoint rewrites its names.
+    fn replayed(&self, d: &MNode, r: &Record) {
+        let op = LoggedOp::new(r.clone());
+        op.journaled.store(true, Ordering::Relaxed);
+        d.dir().expect("dir").log.push(op);
+        self.mark_dirty(d);
+    }
+}
+
+impl ChainRead {
+    /// An empty read positioned at (head, seq).
+    pub(crate) fn empty(head: u32, seq: u64) -> ChainRead {
+        ChainRead {
+            transactions: Vec::new(),
+            starts: Vec::new(),
+            blocks: Vec::new(),
+            end_addr: head,
+            end_seq: seq,
+            end_link: 0,
+        }
+    }
+}
