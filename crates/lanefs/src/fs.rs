@@ -133,12 +133,12 @@ pub struct StatFs {
 
 /// A mounted lanefs.
 pub struct Fs {
-    engine: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
     recovery: RecoveryReport,
     background: Option<JoinHandle<()>>,
 }
 
-fn ino32(ino: Ino) -> Result<u32> {
+pub(crate) fn ino32(ino: Ino) -> Result<u32> {
     u32::try_from(ino)
         .ok()
         .filter(|&i| i != 0)
@@ -168,7 +168,7 @@ impl Fs {
         &self.recovery
     }
 
-    fn attr(&self, m: &MNode) -> Attr {
+    pub(crate) fn attr(&self, m: &MNode) -> Attr {
         let meta = m.meta.lock().clone();
         let blocks = self.engine.allocated_blocks(m);
         Attr {
