@@ -23,7 +23,7 @@ use crate::mem::Cells;
 use crate::nat::NatTable;
 use crate::oplog::{InFlight, Timestamp};
 use crate::seg::{LaneSet, SegmentTable};
-use crate::sync::{current_cpu, PassSem, PerCpu};
+use crate::sync::{current_cpu, PassSem, PerCpu, PerCpuCounter};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -154,9 +154,9 @@ pub struct Engine {
     pub(crate) cache: Arc<CacheStats>,
     pub(crate) opts: FsOptions,
     pub(crate) rename_lock: Mutex<()>,
-    pub(crate) journal_blocks: AtomicU64,
-    pub(crate) logged_ops: AtomicU64,
-    pub(crate) user_bytes: AtomicU64,
+    pub(crate) journal_blocks: PerCpuCounter,
+    pub(crate) logged_ops: PerCpuCounter,
+    pub(crate) user_bytes: PerCpuCounter,
     /// Set after a failed checkpoint: the in-memory state no longer matches what can be made
     /// durable, so every further change is refused (like ext4's errors=remount-ro).
     pub(crate) failed: AtomicBool,
@@ -166,9 +166,12 @@ pub struct Engine {
     pub(crate) stop: AtomicBool,
 }
 
-/// Seconds and nanoseconds now.
+/// Seconds and nanoseconds now, from the coarse clock (as the kernel stamps files): writes in
+/// the same tick store the same time, so a timestamp update is usually a read, not a write to
+/// a line every writer of the file shares.
 pub(crate) fn now() -> Timespec {
-    crate::mkfs::now()
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
+    Timespec { sec: t.tv_sec, nsec: t.tv_nsec as u32 }
 }
 
 impl Engine {
@@ -186,8 +189,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Adds `m` to the dirty set (idempotent and cheap when it is there already).
+    /// Adds `m` to the dirty set (idempotent and cheap when it is there already: a read of a
+    /// flag, no write to a line other cores share).
     pub(crate) fn mark_dirty(&self, m: &MNode) {
+        if m.in_dirty_set.load(Ordering::Acquire) {
+            return;
+        }
         if !m.in_dirty_set.swap(true, Ordering::AcqRel) {
             self.dirty.current().lock().push(m.ino);
         }
@@ -313,9 +320,22 @@ impl Engine {
         cv.notify_one();
     }
 
-    /// Whether the journals or logs passed their bounds.
-    pub(crate) fn over_bounds(&self) -> bool {
-        self.journal_blocks.load(Ordering::Relaxed) > self.opts.journal_blocks_limit
-            || self.logged_ops.load(Ordering::Relaxed) > self.opts.logged_ops_limit
+    /// Counts one logged namespace operation; asks for a checkpoint when this CPU's share of
+    /// the bound is used up (no shared counter on the path).
+    pub(crate) fn count_op(&self) {
+        let share = (self.opts.logged_ops_limit / self.logged_ops.slots() as u64).max(1);
+        if self.logged_ops.add(1) == share {
+            self.kick_checkpoint();
+        }
+    }
+
+    /// Counts journal blocks written; asks for a checkpoint when this CPU's share of the bound
+    /// is used up.
+    pub(crate) fn count_journal(&self, blocks: u64) {
+        let share = (self.opts.journal_blocks_limit / self.journal_blocks.slots() as u64).max(1);
+        let now = self.journal_blocks.add(blocks);
+        if now >= share && now - blocks < share {
+            self.kick_checkpoint();
+        }
     }
 }

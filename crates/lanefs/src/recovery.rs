@@ -25,9 +25,9 @@ use crate::nat::NatTable;
 use crate::oplog::dirlog::LoggedOp;
 use crate::oplog::InFlight;
 use crate::seg::{LaneSet, SegmentTable};
-use crate::sync::{PassSem, PerCpu};
+use crate::sync::{PassSem, PerCpu, PerCpuCounter};
 use parking_lot::{Condvar, Mutex, RwLock};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What recovery did, for `inspect`-style reporting and tests.
@@ -178,9 +178,9 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         cache: Arc::new(CacheStats::default()),
         opts,
         rename_lock: Mutex::new(()),
-        journal_blocks: AtomicU64::new(0),
-        logged_ops: AtomicU64::new(0),
-        user_bytes: AtomicU64::new(0),
+        journal_blocks: PerCpuCounter::new(),
+        logged_ops: PerCpuCounter::new(),
+        user_bytes: PerCpuCounter::new(),
         failed: AtomicBool::new(false),
         cp_kick: (Mutex::new(false), Condvar::new()),
         stop: AtomicBool::new(false),

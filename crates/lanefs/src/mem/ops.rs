@@ -174,7 +174,7 @@ impl Engine {
             d.meta.lock().nlink += 1;
         }
         d.touch(t);
-        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.count_op();
         self.mark_dirty(&d);
         self.mark_dirty(&m);
         Ok(m)
@@ -228,7 +228,7 @@ impl Engine {
         d.touch(t);
         m.name_dirty.store(true, Ordering::Release);
         self.note_name_dir(&m, parent);
-        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.count_op();
         self.mark_dirty(&d);
         self.mark_dirty(&m);
         Ok(m)
@@ -306,7 +306,7 @@ impl Engine {
             d.meta.lock().nlink -= 1;
         }
         d.touch(t);
-        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.count_op();
         self.mark_dirty(&d);
         Ok(())
     }
@@ -454,7 +454,7 @@ impl Engine {
         self.note_name_dir(&src, dp);
         sd.touch(t);
         dd.touch(t);
-        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.count_op();
         self.mark_dirty(&src);
         self.mark_dirty(&sd);
         self.mark_dirty(&dd);
@@ -500,8 +500,16 @@ impl Engine {
 
     /// Reads up to `buf.len()` bytes at `off`; returns how many (0 at or past the end).
     pub fn read_at(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let m = {
+            let _g = self.pass.shared();
+            self.mnode(ino)?
+        };
+        self.read_mnode(&m, off, buf)
+    }
+
+    /// Reads from an mnode the caller holds (an open handle: no inode-table lookup).
+    pub fn read_mnode(&self, m: &MNode, off: u64, buf: &mut [u8]) -> Result<usize> {
         let _g = self.pass.shared();
-        let m = self.mnode(ino)?;
         let (pages, range) = m.pages().ok_or_else(|| {
             Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
         })?;
@@ -564,16 +572,23 @@ impl Engine {
 
     /// Writes `data` at `off`; returns the bytes written.
     pub fn write_at(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
-        self.check_writable()?;
         let m = {
             let _g = self.pass.shared();
-            let m = self.mnode(ino)?;
-            self.write_locked(&m, off, data)?;
-            m
+            self.mnode(ino)?
         };
+        self.write_mnode(&m, off, data)
+    }
+
+    /// Writes to an mnode the caller holds (an open handle: no inode-table lookup).
+    pub fn write_mnode(&self, m: &MNode, off: u64, data: &[u8]) -> Result<usize> {
+        self.check_writable()?;
+        {
+            let _g = self.pass.shared();
+            self.write_locked(m, off, data)?;
+        }
         // Outside the semaphore: writeback takes the gate, which a checkpoint holding the gate
         // and waiting for the semaphore to drain must not find us holding.
-        self.after_write(&m)?;
+        self.after_write(m)?;
         Ok(data.len())
     }
 
@@ -599,9 +614,11 @@ impl Engine {
             done += n;
             pos += n as u64;
         }
-        m.size.fetch_max(end, Ordering::AcqRel);
+        if end > m.size.load(Ordering::Acquire) {
+            m.size.fetch_max(end, Ordering::AcqRel);
+        }
         m.touch(now());
-        self.user_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.user_bytes.add(data.len() as u64);
         self.mark_dirty(m);
         Ok(())
     }
