@@ -157,9 +157,13 @@ pub struct Engine {
     pub(crate) journal_blocks: PerCpuCounter,
     pub(crate) logged_ops: PerCpuCounter,
     pub(crate) user_bytes: PerCpuCounter,
+    /// Inodes that joined the dirty set since the last checkpoint snapshot.
+    pub(crate) dirty_inodes: PerCpuCounter,
     /// Set after a failed checkpoint: the in-memory state no longer matches what can be made
     /// durable, so every further change is refused (like ext4's errors=remount-ro).
     pub(crate) failed: AtomicBool,
+    /// Why it failed, for the error every later change gets.
+    pub(crate) failure: Mutex<String>,
     /// Wakes the background checkpoint thread.
     pub(crate) cp_kick: (Mutex<bool>, Condvar),
     /// Tells the background thread to end.
@@ -184,7 +188,11 @@ impl Engine {
     /// Refuses changes after a failed checkpoint.
     pub(crate) fn check_writable(&self) -> Result<()> {
         if self.failed.load(Ordering::Acquire) {
-            return Err(Error::errno(libc::EIO, "file system stopped after a failed checkpoint"));
+            let why = self.failure.lock().clone();
+            return Err(Error::errno(
+                libc::EIO,
+                format!("file system stopped after a failed checkpoint ({why})"),
+            ));
         }
         Ok(())
     }
@@ -196,6 +204,7 @@ impl Engine {
             return;
         }
         if !m.in_dirty_set.swap(true, Ordering::AcqRel) {
+            self.dirty_inodes.add(1);
             self.dirty.current().lock().push(m.ino);
         }
     }
@@ -318,6 +327,72 @@ impl Engine {
         let (m, cv) = &self.cp_kick;
         *m.lock() = true;
         cv.notify_one();
+    }
+
+    /// Blocks that can be allocated now without touching the cleaner's reserve. (Prefree
+    /// segments do not count: the checkpoint that frees them must fit without them.)
+    fn available_blocks(&self) -> u64 {
+        self.table.free_segments().saturating_sub(self.g.reserved_segments as u64) * 512
+    }
+
+    /// Blocks the next checkpoint will need for what is dirty now: a block per dirty page,
+    /// and (generously) two per dirty inode for its node and directory blocks.
+    fn committed_blocks(&self) -> u64 {
+        let pages = self.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64;
+        pages + 2 * self.dirty_inodes.sum()
+    }
+
+    /// Admits an operation that will dirty up to `blocks` more blocks, or refuses it with
+    /// ENOSPC when even a checkpoint (which turns prefree segments free) cannot make room. Call
+    /// it outside the pass-through semaphore: it may wait for a checkpoint.
+    pub(crate) fn admit(&self, blocks: u64) -> Result<()> {
+        // Fast path: room for everything dirty now plus a wide margin.
+        if self.available_blocks() > self.committed_blocks() + blocks + self.g.main_blocks() / 16 {
+            return Ok(());
+        }
+        // Bounded: at most two checkpoints are waited for, and only while they can free space.
+        for _ in 0..2 {
+            if self.committed_blocks() + blocks < self.available_blocks() {
+                return Ok(());
+            }
+            if self.table.pending_segments() == 0 && self.dirty_inodes.sum() == 0 {
+                break;
+            }
+            self.wait_for_checkpoint()?;
+        }
+        if self.committed_blocks() + blocks < self.available_blocks() {
+            return Ok(());
+        }
+        Err(Error::errno(libc::ENOSPC, "file system full"))
+    }
+
+    /// Admits an operation that frees space (unlink, rmdir, rename over a file) but needs a few
+    /// metadata blocks first: it may use the reserve, so a full file system can be emptied.
+    pub(crate) fn admit_freeing(&self, blocks: u64) -> Result<()> {
+        let all = self.table.free_segments() * 512;
+        if self.committed_blocks() + blocks < all {
+            return Ok(());
+        }
+        self.wait_for_checkpoint()?;
+        if self.committed_blocks() + blocks < self.table.free_segments() * 512 {
+            return Ok(());
+        }
+        Err(Error::errno(libc::ENOSPC, "file system full, even for metadata"))
+    }
+
+    /// Asks for a checkpoint and waits until one that started after this call is durable.
+    pub(crate) fn wait_for_checkpoint(&self) -> Result<()> {
+        let target = self.cp.lock().started + 1;
+        self.kick_checkpoint();
+        let mut cp = self.cp.lock();
+        while cp.durable < target {
+            self.check_writable()?;
+            if self.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            self.cp_done.wait_for(&mut cp, std::time::Duration::from_millis(100));
+        }
+        Ok(())
     }
 
     /// Counts one logged namespace operation; asks for a checkpoint when this CPU's share of

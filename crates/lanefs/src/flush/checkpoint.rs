@@ -65,7 +65,8 @@ impl Engine {
         };
         let r = self.write_snapshot(snap, clean);
         drop(gate);
-        if r.is_err() {
+        if let Err(e) = &r {
+            *self.failure.lock() = e.to_string();
             self.failed.store(true, Ordering::Release);
             self.cp_done.notify_all();
         }
@@ -148,6 +149,7 @@ impl Engine {
         let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
         self.journal_blocks.take();
         self.logged_ops.take();
+        self.dirty_inodes.take();
         Snapshot { seq, stamp, inodes, deleted, orphans, heads }
     }
 

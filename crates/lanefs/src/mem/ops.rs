@@ -182,6 +182,7 @@ impl Engine {
 
     pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<Arc<MNode>> {
         self.check_writable()?;
+        self.admit(2)?;
         check_name(name)?;
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
@@ -252,6 +253,7 @@ impl Engine {
 
     fn remove_name(&self, parent: u32, name: &[u8], want_dir: bool) -> Result<()> {
         self.check_writable()?;
+        self.admit_freeing(2)?;
         if want_dir && name == b"." {
             return Err(Error::errno(libc::EINVAL, "rmdir of ."));
         }
@@ -328,6 +330,7 @@ impl Engine {
     /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE.
     pub fn rename(&self, sp: u32, sname: &[u8], dp: u32, dname: &[u8], flags: u32) -> Result<()> {
         self.check_writable()?;
+        self.admit_freeing(6)?;
         check_name(sname)?;
         check_name(dname)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
@@ -582,6 +585,7 @@ impl Engine {
     /// Writes to an mnode the caller holds (an open handle: no inode-table lookup).
     pub fn write_mnode(&self, m: &MNode, off: u64, data: &[u8]) -> Result<usize> {
         self.check_writable()?;
+        self.admit(data.len().div_ceil(PAGE_SIZE) as u64 + 1)?;
         {
             let _g = self.pass.shared();
             self.write_locked(m, off, data)?;
@@ -636,6 +640,7 @@ impl Engine {
     /// Sets the size, dropping or zeroing what lies past it.
     pub fn truncate(&self, ino: u32, size: u64) -> Result<()> {
         self.check_writable()?;
+        self.admit_freeing(1)?;
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
         self.truncate_locked(&m, size)
@@ -805,6 +810,7 @@ impl Engine {
 
     pub fn setxattr(&self, ino: u32, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
         self.check_writable()?;
+        self.admit(2)?;
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(Error::errno(libc::ERANGE, "xattr name length"));
         }
