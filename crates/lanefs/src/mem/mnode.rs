@@ -230,6 +230,17 @@ impl MNode {
         }
     }
 
+    /// Adjusts the link count, saturating: a journal that is valid but odd (or a bug) must
+    /// never wrap it around.
+    pub fn add_nlink(&self, delta: i32) {
+        let mut meta = self.meta.lock();
+        meta.nlink = if delta < 0 {
+            meta.nlink.saturating_sub(delta.unsigned_abs())
+        } else {
+            meta.nlink.saturating_add(delta as u32)
+        };
+    }
+
     /// Sets ctime to `now` (an attribute change).
     pub fn touch_ctime(&self, now: Timespec) {
         self.ctime.store(ts_to_ns(now), Ordering::Relaxed);

@@ -171,7 +171,7 @@ impl Engine {
             return Err(e);
         }
         if ftype == S_IFDIR {
-            d.meta.lock().nlink += 1;
+            d.add_nlink(1);
         }
         d.touch(t);
         self.count_op();
@@ -220,7 +220,7 @@ impl Engine {
                 ino,
                 file_type: dtype,
             }));
-            m.meta.lock().nlink += 1;
+            m.add_nlink(1);
             drop(op);
             (Some((ino, dtype)), Ok(()))
         })?;
@@ -305,7 +305,7 @@ impl Engine {
         let t = now();
         self.drop_link(&child, want_dir, t);
         if want_dir {
-            d.meta.lock().nlink -= 1;
+            d.add_nlink(-1);
         }
         d.touch(t);
         self.count_op();
@@ -429,8 +429,8 @@ impl Engine {
         if src.is_dir() && sp != dp {
             src.parent.store(dp, Ordering::Release);
             if !exchange || !dst.as_ref().is_some_and(|d| d.is_dir()) {
-                sd.meta.lock().nlink -= 1;
-                dd.meta.lock().nlink += 1;
+                sd.add_nlink(-1);
+                dd.add_nlink(1);
             }
         }
         if exchange {
@@ -438,8 +438,8 @@ impl Engine {
             if dst.is_dir() && sp != dp {
                 dst.parent.store(sp, Ordering::Release);
                 if !src.is_dir() {
-                    dd.meta.lock().nlink -= 1;
-                    sd.meta.lock().nlink += 1;
+                    dd.add_nlink(-1);
+                    sd.add_nlink(1);
                 }
             }
             dst.touch_ctime(t);
@@ -448,7 +448,7 @@ impl Engine {
             self.mark_dirty(dst);
         } else if let Some(dst) = &dst {
             if dst.is_dir() {
-                dd.meta.lock().nlink -= 1;
+                dd.add_nlink(-1);
             }
             self.drop_link(dst, dst.is_dir(), t);
         }
