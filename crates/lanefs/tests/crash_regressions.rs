@@ -1,6 +1,5 @@
 //! Bugs the crash harness (`lanefs crashtest`) found, each as the shortest workload that shows
-//! it, checked at every crash state the harness builds for it. A test marked `#[ignore]` fails
-//! until the lanefs fix lands; run them with `cargo test --test crash_regressions -- --ignored`.
+//! it, checked at every crash state the harness builds for it. Each failed before its fix.
 //!
 //! Scripts run on the ACE base image (directories /A, /B, /A/C; files /foo, /A/foo, /A/bar,
 //! /B/bar with an xattr) or on an empty one; `lanefs crashtest --script "..."` runs the same
@@ -19,7 +18,6 @@ fn assert_clean(v: Vec<String>) {
 /// fsync made durable is gone after the checkpoint (the journal record is older than the
 /// checkpoint stamp and is not replayed).
 #[test]
-#[ignore = "lanefs bug: fsync clears xattrs_dirty, so the next checkpoint drops fsynced xattrs; see crashtest report"]
 fn xattr_made_durable_by_fsync_survives_the_next_checkpoint() {
     assert_clean(check_script(Setup::Ace, "setxattr /A/foo user.x 16 1; fsync /A/foo; sync", true));
 }
@@ -28,7 +26,6 @@ fn xattr_made_durable_by_fsync_survives_the_next_checkpoint() {
 /// the link lives in the root directory's log and is not journaled, so after a crash the file
 /// has no name and recovery deletes it — a file nobody deleted is lost.
 #[test]
-#[ignore = "lanefs bug: fsync of a directory journals an unlink without the link that keeps the inode alive; see crashtest report"]
 fn unlink_after_link_elsewhere_never_loses_the_file() {
     assert_clean(check_script(Setup::Ace, "link /B/bar /l2; unlink /B/bar; fsync /B", true));
 }
@@ -38,7 +35,6 @@ fn unlink_after_link_elsewhere_never_loses_the_file() {
 /// later fsync of /A/f5 then flushes no directory, and /A/f5 is missing after a crash
 /// (contract 1: a renamed file's name is durable after its fsync).
 #[test]
-#[ignore = "lanefs bug: name_dirty cleared by an fsync that journaled only the link, not the later rename; see crashtest report"]
 fn renamed_file_name_durable_after_fsync_despite_earlier_link() {
     assert_clean(check_script(
         Setup::Ace,
@@ -53,7 +49,6 @@ fn renamed_file_name_durable_after_fsync_despite_earlier_link() {
 /// flushes no directory, and the file's new name is lost in a crash. Interleaving-dependent:
 /// the test runs the workload until it fails, at most 40 times.
 #[test]
-#[ignore = "lanefs bug: a concurrent fsync clears name_dirty set by a later rename; see crashtest report"]
 fn rename_then_fsync_racing_with_fsync_of_the_directory() {
     let mut t0 = String::from("create /B/r; write /B/r 0 3000 1; fsync /B/r");
     for _ in 0..30 {
@@ -80,7 +75,6 @@ fn rename_then_fsync_racing_with_fsync_of_the_directory() {
 /// still has a link count of 1 with no name: fsck reports "inode 8 is not reachable from the
 /// root and is not an orphan" (contract 4).
 #[test]
-#[ignore = "lanefs bug: rmdir journaled without the unlinks that emptied the directory; see crashtest report"]
 fn rmdir_is_journaled_with_the_unlinks_that_emptied_the_directory() {
     assert_clean(check_script(
         Setup::Ace,
@@ -93,7 +87,6 @@ fn rmdir_is_journaled_with_the_unlinks_that_emptied_the_directory() {
 /// that was never written; the next fsync succeeds, but its transaction follows the hole and
 /// recovery, which ends the chain at the first invalid block, never reaches it.
 #[test]
-#[ignore = "lanefs bug: a failed journal write leaves a hole in the lane chain; later fsyncs return Ok but are lost; see crashtest report"]
 fn fsync_after_a_failed_journal_write_is_durable() {
     assert_clean(check_script(
         Setup::Empty,
