@@ -85,6 +85,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// FxMark and filebench workloads against a directory (or lanefs), side by side with the
+    /// kernel file systems (--compare); JSON lines, a markdown table and a PNG plot.
+    Bench(lanefs_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
         Cmd::Devbench { path, io, batch, iterations, size, json } => {
             exit(devbench(&path, io.into(), batch, iterations, size, json), "devbench")
         }
+        Cmd::Bench(args) => exit(bench(&args), "bench"),
     }
 }
 
@@ -349,6 +353,11 @@ fn devbench(
         );
     }
     Ok(())
+}
+
+/// `lanefs bench`: the harness lives in the lanefs-bench crate.
+fn bench(args: &lanefs_bench::BenchArgs) -> Result<(), String> {
+    lanefs_bench::run(args)
 }
 
 mod progress {
