@@ -162,8 +162,10 @@ fn scaling_pair(threads: &[usize]) -> Option<(usize, usize)> {
     (threads.contains(&1) && hi > 1).then_some((1, hi))
 }
 
-/// One row per (workload, target): ops/s per thread count, the NT/1T scaling ratio, and p50,
-/// p99 (and fsync p99 where there is one) per thread count, joined by " / ".
+/// One row per (workload, target): ops/s per thread count, the NT/1T scaling ratio, the spread
+/// of ops/s over rounds ((max - min) / mean, when there were several rounds: how far to trust
+/// a difference), and p50, p99 (and fsync p99 where there is one) per thread count, joined by
+/// " / ".
 pub fn compare_table(cells: &[Cell], targets: &[&str], workloads: &[Workload], threads: &[usize]) -> String {
     let tl: Vec<String> = threads.iter().map(|t| format!("{t}T")).collect();
     let joined = tl.join("/");
@@ -172,6 +174,10 @@ pub fn compare_table(cells: &[Cell], targets: &[&str], workloads: &[Workload], t
     let scale = scaling_pair(threads);
     if let Some((lo, hi)) = scale {
         head.push(format!("{hi}T/{lo}T"));
+    }
+    let rounds = cells.iter().any(|c| c.rounds > 1);
+    if rounds {
+        head.push(format!("spread {joined}"));
     }
     head.push(format!("p50 µs {joined}"));
     head.push(format!("p99 µs {joined}"));
@@ -199,6 +205,20 @@ pub fn compare_table(cells: &[Cell], targets: &[&str], workloads: &[Workload], t
                     }
                     _ => "-".into(),
                 });
+            }
+            if rounds {
+                cols.push(
+                    row.iter()
+                        .map(|c| match c {
+                            Some(c) if c.ops_per_sec > 0.0 => format!(
+                                "{:.0}%",
+                                100.0 * (c.max_ops_per_sec - c.min_ops_per_sec) / c.ops_per_sec
+                            ),
+                            _ => "-".into(),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                );
             }
             let lat = |q: f64, f: &dyn Fn(&Cell) -> Option<&Histogram>| {
                 row.iter()
@@ -300,8 +320,8 @@ mod tests {
 
         let t = compare_table(&cells, &["ext4", "lanefs"], &[Workload::Dwsl], &[1, 2]);
         assert!(t.contains("2T/1T"), "{t}");
-        assert!(t.contains("| DWSL | ext4 | 200 | 150 | 0.75 |"), "{t}");
-        assert!(t.contains("| DWSL | lanefs | 200 | 400 | 2.00 |"), "{t}");
+        assert!(t.contains("| DWSL | ext4 | 200 | 150 | 0.75 | 100% / 0% |"), "{t}");
+        assert!(t.contains("| DWSL | lanefs | 200 | 400 | 2.00 | 0% / 0% |"), "{t}");
         assert!(t.contains("fsync p99"), "{t}");
 
         let r = ratio_table(&cells, &["lanefs"], &["ext4"], &[Workload::Dwsl], &[1, 2]);
