@@ -119,6 +119,9 @@ enum Cmd {
         #[arg(long, num_args = 1..)]
         avoid: Vec<String>,
     },
+    /// FxMark and filebench workloads against a directory (or lanefs), side by side with the
+    /// kernel file systems (--compare); JSON lines, a markdown table and a PNG plot.
+    Bench(lanefs_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -143,6 +146,7 @@ fn main() -> ExitCode {
             &setup,
             &avoid,
         ),
+        Cmd::Bench(args) => exit(bench(&args), "bench"),
     }
 }
 
@@ -501,6 +505,11 @@ fn crashtest(
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// `lanefs bench`: the harness lives in the lanefs-bench crate.
+fn bench(args: &lanefs_bench::BenchArgs) -> Result<(), String> {
+    lanefs_bench::run(args)
 }
 
 mod progress {
