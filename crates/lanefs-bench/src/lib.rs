@@ -20,6 +20,7 @@
 pub mod cli;
 pub mod compare;
 pub mod hist;
+pub mod lib_target;
 pub mod plot;
 pub mod progress;
 pub mod report;

@@ -161,9 +161,10 @@ impl std::fmt::Display for TargetSpec {
 pub fn open_target(spec: &TargetSpec) -> Result<Box<dyn Target>, String> {
     match spec {
         TargetSpec::Dir(p) => Ok(Box::new(DirTarget::new(p)?)),
-        // The engine API (lanefs::Fs) and the FUSE adapter are being built; these arms become
-        // `LibTarget::open` and `MountTarget::mount` when they land.
-        TargetSpec::Lib(_) => Err(format!("{spec}: lib: targets are not available yet (no lanefs::Fs API)")),
+        TargetSpec::Lib(p) => {
+            Ok(Box::new(crate::lib_target::LibTarget::open(&crate::lib_target::image_path(p))?))
+        }
+        // The FUSE adapter is being built; this arm becomes a mounting target when it lands.
         TargetSpec::Mount(_) => {
             Err(format!("{spec}: mount: targets are not available yet (no lanefs FUSE mount)"))
         }
