@@ -83,6 +83,25 @@ fn rmdir_is_journaled_with_the_unlinks_that_emptied_the_directory() {
     ));
 }
 
+/// A checkpoint snapshots an inode's size and pages in its exclusive phase, but
+/// `write_inode_snap` reads mtime and ctime (and a directory's parent) from the live mnode when
+/// it writes the inode, after operations resumed. A write in between lands its mtime, without
+/// its size and data, in the checkpoint: after a crash /A/x has the fsynced contents with the
+/// mtime of the later, never-durable write (found by the random family with a small journal
+/// limit, where background checkpoints overlap the workload). Here the journal limit 0 kicks a
+/// background checkpoint at the first fsync; 16 MB of dirty /foo (a lower inode number, written
+/// first) keeps it busy while the next write to /A/x lands. Timing-dependent: the workload runs
+/// until it fails, at most 10 times.
+#[test]
+#[ignore = "lanefs bug: checkpoint writes live mtime/ctime/parent with snapshotted size and data; see crashtest report"]
+fn checkpoint_writes_attributes_from_its_snapshot() {
+    let script = "journal-limit 0; write /foo 0 16000000 1; create /A/x; write /A/x 0 1000 2; fsync /A/x; \
+                  sleep 2; write /A/x 1000 1000 3; fsync /A/x";
+    for _ in 0..10 {
+        assert_clean(check_script(Setup::Ace, script, true));
+    }
+}
+
 /// A journal write that fails (EIO, nothing lands) leaves the lane's chain writer past a block
 /// that was never written; the next fsync succeeds, but its transaction follows the hole and
 /// recovery, which ends the chain at the first invalid block, never reaches it.
@@ -91,6 +110,21 @@ fn fsync_after_a_failed_journal_write_is_durable() {
     assert_clean(check_script(
         Setup::Empty,
         "fault fail-write 1; create /f1; fsync /f1; create /f2; fsync /f2",
+        true,
+    ));
+}
+
+/// Punch a hole over blocks an fsync mapped, fallocate the range again, fsync: the journal's
+/// Map record maps the pages to NEW_ADDR (allocated, unwritten). Replay handles NEW_ADDR with
+/// `cur_map.insert` instead of `remap`, so the data blocks the first fsync's record mapped are
+/// never invalidated: after recovery's checkpoint the SIT counts 2 blocks no tree owns (fsck:
+/// "SIT says 6 valid blocks, the tree owns 4", checkpoint block counter off by 2).
+#[test]
+#[ignore = "lanefs bug: replay of a NEW_ADDR mapping leaks the block mapped before it (SIT count); see crashtest report"]
+fn replayed_fallocate_over_a_punched_hole_leaks_no_blocks() {
+    assert_clean(check_script(
+        Setup::Empty,
+        "create /f; write /f 0 24576 3; fsync /f; falloc /f punch 8192 8192; falloc /f alloc 8192 8192; fsync /f",
         true,
     ));
 }
