@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn lanefs_targets_fail_cleanly() {
-        let a = parse(&["--target", "lib:x.img", "--workload", "DWOL", "--seconds", "0.1"]).unwrap();
+        let a = parse(&["--target", "mount:x.img", "--workload", "DWOL", "--seconds", "0.1"]).unwrap();
         let e = run(&a).unwrap_err();
         assert!(e.contains("not available yet") && !e.contains('\n'), "{e}");
     }

@@ -346,11 +346,28 @@ mod tests {
     }
 
     #[test]
-    fn lanefs_targets_say_not_yet() {
-        for s in ["lib:x.img", "mount:x.img"] {
-            let e = open_target(&s.parse().unwrap()).err().unwrap();
-            assert!(e.contains("not available yet") && !e.contains('\n'), "{e}");
-        }
+    fn mount_target_says_not_yet_and_lib_target_works() {
+        let e = open_target(&"mount:x.img".parse().unwrap()).err().unwrap();
+        assert!(e.contains("not available yet") && !e.contains('\n'), "{e}");
+        // lib: creates and formats a missing image, then serves the Target calls.
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path().join("lib.img");
+        let t = open_target(&format!("lib:{}", img.display()).parse().unwrap()).unwrap();
+        t.mkdir(Path::new("a")).unwrap();
+        let f = t.open(Path::new("a/f"), OpenOptions::create()).unwrap();
+        f.write_all_at(b"hello", 4096).unwrap();
+        f.fsync().unwrap();
+        assert_eq!(t.stat(Path::new("a/f")).unwrap().size, 4101);
+        assert!(t.stat(Path::new("a")).unwrap().is_dir);
+        assert_eq!(t.readdir(Path::new("a")).unwrap(), vec![std::ffi::OsString::from("f")]);
+        t.rename(Path::new("a/f"), Path::new("g")).unwrap();
+        let mut buf = [0u8; 5];
+        t.open(Path::new("g"), OpenOptions::read()).unwrap().read_at(&mut buf, 4096).unwrap();
+        assert_eq!(&buf, b"hello");
+        assert!(t.open(Path::new("g"), OpenOptions::create_new()).is_err());
+        t.unlink(Path::new("g")).unwrap();
+        t.rmdir(Path::new("a")).unwrap();
+        assert!(t.readdir(Path::new("")).unwrap().is_empty());
     }
 
     #[test]

@@ -100,20 +100,27 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     if touched {
         // Protect what the chains use until the post-recovery checkpoint is durable: the
         // segments of journal blocks and of data that replay may install stay out of the free
-        // map (prefree); replay marks a block valid when it installs it.
+        // map (prefree); replay marks a block valid when it installs it. Logs whose active
+        // segment holds such blocks move on to fresh segments.
+        let mut touched_segs = std::collections::BTreeSet::new();
         for r in &reads {
-            for &b in &r.blocks {
+            let data =
+                r.transactions.iter().flat_map(|t| newer_data_refs(t, cp.stamp)).map(|(a, _)| a as u64);
+            for b in r.blocks.iter().copied().chain(data) {
                 if let Some((segno, _)) = g.seg_of(b) {
                     table.claim_for_journal(segno)?;
-                }
-            }
-            for (addr, _) in r.transactions.iter().flat_map(|t| newer_data_refs(t, cp.stamp)) {
-                if let Some((segno, _)) = g.seg_of(addr as u64) {
-                    table.claim_for_journal(segno)?;
+                    touched_segs.insert(segno);
                 }
             }
         }
-        lanes.retire_all(cp.elapsed_secs)?;
+        // The journal heads this mount starts were reserved in the checkpoint's journal log:
+        // that segment always moves, so no old chain block is overwritten in place.
+        for lane in &cp.lanes {
+            if let Some((segno, _)) = g.seg_of(lane.journal_head as u64) {
+                touched_segs.insert(segno);
+            }
+        }
+        lanes.retire_touched(cp.elapsed_secs, |segno| touched_segs.contains(&segno))?;
         // Their owners, for the segment summaries (never written for blocks after the checkpoint).
         let mut patches: std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>> = Default::default();
         for r in &reads {
@@ -363,7 +370,8 @@ impl Engine {
                     if addr == 0 {
                         disk.remap(idx, 0);
                     } else if addr == NEW_ADDR {
-                        disk.cur_map.insert(idx, NEW_ADDR);
+                        // Through remap, so the block it replaces is let go like any other.
+                        disk.remap(idx, NEW_ADDR);
                     } else {
                         if disk.cur_map.get(&idx) == Some(&addr) {
                             continue;

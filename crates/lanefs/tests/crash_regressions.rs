@@ -93,7 +93,6 @@ fn rmdir_is_journaled_with_the_unlinks_that_emptied_the_directory() {
 /// first) keeps it busy while the next write to /A/x lands. Timing-dependent: the workload runs
 /// until it fails, at most 10 times.
 #[test]
-#[ignore = "lanefs bug: checkpoint writes live mtime/ctime/parent with snapshotted size and data; see crashtest report"]
 fn checkpoint_writes_attributes_from_its_snapshot() {
     let script = "journal-limit 0; write /foo 0 16000000 1; create /A/x; write /A/x 0 1000 2; fsync /A/x; \
                   sleep 2; write /A/x 1000 1000 3; fsync /A/x";
@@ -120,7 +119,6 @@ fn fsync_after_a_failed_journal_write_is_durable() {
 /// never invalidated: after recovery's checkpoint the SIT counts 2 blocks no tree owns (fsck:
 /// "SIT says 6 valid blocks, the tree owns 4", checkpoint block counter off by 2).
 #[test]
-#[ignore = "lanefs bug: replay of a NEW_ADDR mapping leaks the block mapped before it (SIT count); see crashtest report"]
 fn replayed_fallocate_over_a_punched_hole_leaks_no_blocks() {
     assert_clean(check_script(
         Setup::Empty,

@@ -37,6 +37,9 @@ struct InodeSnap {
     m: Arc<MNode>,
     meta: Meta,
     size: u64,
+    mtime: crate::format::node::Timespec,
+    ctime: crate::format::node::Timespec,
+    parent: u32,
     pages: Vec<(u64, PageBuf)>,
     map: BlockMap,
     /// For directories: names whose entry changed, with the entry at the snapshot.
@@ -146,7 +149,8 @@ impl Engine {
                     .collect();
             }
             let size = m.size.load(Ordering::Acquire);
-            inodes.push(InodeSnap { m, meta, size, pages, map, names, xattrs_changed });
+            let (mtime, ctime, parent) = (m.mtime(), m.ctime(), m.parent.load(Ordering::Acquire));
+            inodes.push(InodeSnap { m, meta, size, mtime, ctime, parent, pages, map, names, xattrs_changed });
         }
         let orphans = self.orphans.lock().iter().copied().collect();
         let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
@@ -307,14 +311,14 @@ impl Engine {
             size,
             blocks: 0,
             atime: s.meta.atime,
-            mtime: m.mtime(),
-            ctime: m.ctime(),
+            mtime: s.mtime,
+            ctime: s.ctime,
             crtime: s.meta.crtime,
             rdev: s.meta.rdev,
             generation: s.meta.generation,
             flags: s.meta.flags,
             xattr_nid: 0,
-            parent: m.parent.load(Ordering::Acquire),
+            parent: s.parent,
             name: Vec::new(),
             nids: [0; INODE_NIDS],
             addrs: vec![0; INODE_ADDRS],

@@ -236,6 +236,7 @@ impl Engine {
             writes.push((addr, buf.to_vec()));
         }
         let mut records: Vec<Record> = dir_ops.ops.iter().map(|o| o.record.clone()).collect();
+        let mut undo = Undo::default();
         {
             let mut disk = m.disk.lock();
             let pm = m.pages().map(|(p, _)| p);
@@ -258,27 +259,29 @@ impl Engine {
                 self.table.invalidate(a as u64)?;
             }
             let mut own_map = std::mem::take(&mut disk.unjournaled);
+            undo.unjournaled = own_map.clone();
             own_map.extend(map.iter().map(|(&i, &v)| (i, v)));
             if let Some(from) = disk.truncated_from.take() {
+                undo.truncated_from = Some(from);
                 records.push(Record::Truncate { stamp, ino: m.ino, from_block: from });
             }
-            let meta = m.meta.lock();
-            if !dir_ops.creates_m || m.attr_dirty.load(Ordering::Acquire) || !own_map.is_empty() {
+            let mut meta = m.meta.lock();
+            undo.attr_dirty = m.attr_dirty.swap(false, Ordering::AcqRel);
+            if !dir_ops.creates_m || undo.attr_dirty || !own_map.is_empty() {
                 records.push(Record::SetAttr { stamp, ino: m.ino, attr: m.attr_record(&meta) });
             }
-            m.attr_dirty.store(false, Ordering::Release);
-            if meta.xattrs_dirty {
+            undo.xattrs_dirty = std::mem::take(&mut meta.xattrs_dirty);
+            if undo.xattrs_dirty {
                 records.push(Record::Xattrs { stamp, ino: m.ino, attrs: meta.xattrs.clone() });
             }
             drop(meta);
             records.extend(Record::map_runs(m.ino, stamp, &own_map));
         }
-        m.meta.lock().xattrs_dirty = false;
         if records.is_empty() {
             return Ok(());
         }
         let txn = Transaction::new(records);
-        {
+        let r = (|| {
             let mut chain = self.chains[lane as usize].lock();
             // A failed write must not leave a hole in the chain that hides later transactions:
             // on error the writer goes back to where it was (the next append overwrites).
@@ -295,8 +298,29 @@ impl Engine {
                 *chain = before;
                 return Err(e);
             }
+            Ok(())
+        })();
+        if r.is_err() {
+            // Give back what this transaction took, so a later fsync journals it again. (The
+            // pages are put back dirty by the caller; their new blocks were never good.)
+            let mut disk = m.disk.lock();
+            for (idx, v) in undo.unjournaled {
+                if !map.contains_key(&idx) {
+                    disk.unjournaled.entry(idx).or_insert(v);
+                }
+            }
+            if let Some(from) = undo.truncated_from {
+                disk.truncated_from = Some(disk.truncated_from.map_or(from, |t| t.min(from)));
+            }
+            drop(disk);
+            if undo.attr_dirty {
+                m.attr_dirty.store(true, Ordering::Release);
+            }
+            if undo.xattrs_dirty {
+                m.meta.lock().xattrs_dirty = true;
+            }
         }
-        Ok(())
+        r
     }
 
     /// Writes (address, bytes) pairs in bounded batches.
@@ -313,6 +337,15 @@ impl Engine {
     pub(crate) fn elapsed_secs(&self) -> u64 {
         self.cp.lock().cp.elapsed_secs
     }
+}
+
+/// What a transaction took from its inode, given back if it fails.
+#[derive(Default)]
+struct Undo {
+    unjournaled: BTreeMap<u64, (u32, u32)>,
+    truncated_from: Option<u64>,
+    attr_dirty: bool,
+    xattrs_dirty: bool,
 }
 
 fn mentions(r: &Record, ino: u32) -> bool {

@@ -127,13 +127,17 @@ impl LaneSet {
         cache.pop().ok_or(Error::NoSpace)
     }
 
-    /// Moves every log of every lane to a fresh segment and closes the old ones (recovery: the
-    /// tails of the old active segments may hold journal and data blocks written after the
-    /// checkpoint, which must survive until the next checkpoint is durable).
-    pub fn retire_all(&self, mtime: u64) -> Result<()> {
+    /// Moves every log whose active segment satisfies `touched` to a fresh segment and closes
+    /// the old one (recovery: the tail of such a segment holds journal or data blocks written
+    /// after the checkpoint, which must survive until the next checkpoint is durable). Logs
+    /// whose segments hold nothing of the kind continue where they were.
+    pub fn retire_touched(&self, mtime: u64, touched: impl Fn(u32) -> bool) -> Result<()> {
         for l in &self.lanes {
             for (t, log) in LogType::ALL.iter().enumerate() {
                 let mut a = l.logs[t].lock();
+                if !touched(a.segno) {
+                    continue;
+                }
                 let segno = self.next_free(l)?;
                 self.table.activate(segno, l.id, *log, mtime);
                 let old = std::mem::replace(
