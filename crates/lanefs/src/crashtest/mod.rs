@@ -99,8 +99,8 @@ impl Family {
             (Family::Random, true) => 3_000,
             (Family::MtLanes, true) | (Family::MtRename, true) => 1_200,
             (Family::Faults, true) => 1_500,
-            (Family::Seq2, false) => 400_000,
-            (Family::Random, false) => 250_000,
+            (Family::Seq2, false) => 450_000,
+            (Family::Random, false) => 300_000,
             (Family::MtLanes, false) | (Family::MtRename, false) => 100_000,
             (Family::Faults, false) => 100_000,
         };
