@@ -127,6 +127,69 @@ fn replayed_fallocate_over_a_punched_hole_leaks_no_blocks() {
     ));
 }
 
+/// `Fs::shutdown` sets the kick flag under the `cp_kick` mutex but stores `stop` after
+/// releasing it, then notifies. A background thread that takes the kick in between (typically
+/// one that had not started yet) sees `stop` still false, runs a checkpoint, and goes back to
+/// waiting after the notification was sent: unmount then waits forever in `join`. The harness
+/// met it as a hang (twice in about 400,000 crash states; gdb showed the unmounting thread in
+/// `Fs::shutdown` at `h.join()` and the checkpoint thread in `cv.wait`). The window is a few
+/// instructions wide, so this stress test (mounts and unmounts from four threads for 20 s, with
+/// a watchdog) rarely fails even with the bug; it is here to check the fix does not hang.
+#[test]
+#[ignore = "lanefs bug: unmount can hang: Fs::shutdown stores stop outside the cp_kick lock; see crashtest report"]
+fn unmount_never_hangs() {
+    use lanefs::crashtest::overlay::Overlay;
+    use lanefs::device::{BlockDevice, MemDevice};
+    use lanefs::{Fs, FsOptions, MkfsOptions};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let size = lanefs::format::Geometry::min_size_bytes(1);
+    let dev = MemDevice::new(size);
+    Fs::format(&dev, &MkfsOptions { lanes: 1, ..Default::default() }).unwrap();
+    let base = Arc::new(dev.snapshot());
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (base, done) = (base.clone(), done.clone());
+            std::thread::spawn(move || {
+                while Instant::now() < deadline {
+                    let dev = Arc::new(Overlay::new(base.clone()));
+                    let opts = FsOptions { checkpoint_interval: None, ..Default::default() };
+                    Fs::open(dev as Arc<dyn BlockDevice>, opts).unwrap().unmount().unwrap();
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let mut last = (0, Instant::now());
+    while workers.iter().any(|w| !w.is_finished()) {
+        std::thread::sleep(Duration::from_millis(200));
+        let n = done.load(Ordering::Relaxed);
+        if n != last.0 {
+            last = (n, Instant::now());
+        }
+        assert!(
+            last.1.elapsed() < Duration::from_secs(10),
+            "no mount/unmount finished for 10 s: unmount hangs"
+        );
+    }
+}
+
+/// Move /A/C out to /B/d5, then move /A into it, then fsync /: the root's log holds the second
+/// rename, and the closure follows it to /B/d5 (inode 4) — but not to /B/d5's own pending
+/// rename out of /A (logged in /A and /B, and a directory's renames are not tracked by
+/// name_dirty or create_dir). Recovery replays "move /A into inode 4" while inode 4 is still
+/// /A/C on disk: /A and /A/C form a loop cut off from the root, and everything in /A is lost
+/// (fsck: inodes 2, 4, 6, 7 not reachable and not orphans; contract 2 and 4).
+#[test]
+#[ignore = "lanefs bug: fsync journals a rename into a directory whose own rename is not journaled (loop, subtree lost); see crashtest report"]
+fn rename_into_a_renamed_directory_keeps_the_tree_connected() {
+    assert_clean(check_script(Setup::Ace, "rename /A/C /B/d5; rename /A /B/d5/d4; fsync /", true));
+}
+
 // What already works, kept as regression tests of the harness families.
 
 #[test]

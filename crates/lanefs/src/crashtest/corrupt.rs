@@ -27,7 +27,7 @@ use crate::fs::{Fs, FsOptions};
 use crate::fsck::{self, FsckOptions};
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// How long one damaged image may take (mount, walk, unmount, fsck).
@@ -404,5 +404,182 @@ pub fn run_case(dev: Overlay) -> CaseResult {
             CaseResult::Done(v)
         }
         Err(_) => CaseResult::Hang,
+    }
+}
+
+/// The clean reference image, built once (for the fuzz entry points).
+fn fuzz_reference() -> Option<&'static Reference> {
+    static REF: OnceLock<Option<Reference>> = OnceLock::new();
+    REF.get_or_init(|| {
+        references(&Bases::default()).ok().and_then(|v| v.into_iter().find(|r| r.name == "clean"))
+    })
+    .as_ref()
+}
+
+/// Byte offset of the payload checksum in a checkpoint pack's first and last blocks
+/// (magic, crc, version, flags, pack blocks, payload length, payload crc).
+const CP_PAYLOAD_CRC_AT: usize = 28;
+const CP_PAYLOAD_LEN_AT: usize = 24;
+
+/// Recomputes a checkpoint pack's payload checksum (so that decoding goes past it).
+fn fix_checkpoint_payload(pack: &mut [u8]) {
+    let n = pack.len() / BLOCK_SIZE;
+    if n < 3 {
+        return;
+    }
+    let len = u32::from_le_bytes(pack[CP_PAYLOAD_LEN_AT..CP_PAYLOAD_LEN_AT + 4].try_into().expect("4 bytes"))
+        as usize;
+    let payload: Vec<u8> = pack[BLOCK_SIZE..(n - 1) * BLOCK_SIZE]
+        .chunks(BLOCK_SIZE)
+        .flat_map(|b| b[crate::format::codec::HEADER_LEN..].iter().copied())
+        .take(len)
+        .collect();
+    let crc = crc32c::crc32c(&payload).to_le_bytes();
+    for idx in [0, n - 1] {
+        pack[idx * BLOCK_SIZE + CP_PAYLOAD_CRC_AT..idx * BLOCK_SIZE + CP_PAYLOAD_CRC_AT + 4]
+            .copy_from_slice(&crc);
+    }
+}
+
+/// One structure-aware mutation: `data[0]` picks the kind of block, `data[1]` the block of that
+/// kind in the reference image, the rest is XORed over it (a checkpoint: over its whole pack;
+/// SSA: over both blocks of a summary); then every checksum is recomputed so that decoding
+/// reaches the fields. Returns the kind, the first block's address and the mutated bytes.
+fn fuzz_mutation(r: &Reference, g: &crate::format::Geometry, data: &[u8]) -> Option<(Target, u64, Vec<u8>)> {
+    let (&k, rest) = data.split_first()?;
+    let (&sel, pattern) = rest.split_first()?;
+    let kind = Target::ALL[k as usize % Target::ALL.len()];
+    let of_kind: Vec<u64> = r.blocks.iter().filter(|(t, _)| *t == kind).map(|(_, a)| *a).collect();
+    if of_kind.is_empty() {
+        return None;
+    }
+    let mut addr = of_kind[sel as usize % of_kind.len()];
+    let blocks = match kind {
+        Target::Checkpoint => {
+            // The pack that holds the block.
+            let pack = (addr - g.cp_blkaddr) / g.cp_pack_blocks as u64;
+            addr = g.cp_pack_addr(pack.min(1) as u32);
+            g.cp_pack_blocks as u64
+        }
+        Target::Ssa => {
+            addr -= (addr - g.ssa_blkaddr) % crate::format::ssa::SSA_BLOCKS_PER_SEG as u64;
+            crate::format::ssa::SSA_BLOCKS_PER_SEG as u64
+        }
+        _ => 1,
+    };
+    let start = addr as usize * BLOCK_SIZE;
+    let mut bytes = r.image.get(start..start + blocks as usize * BLOCK_SIZE)?.to_vec();
+    let seals: Vec<Option<usize>> = bytes.chunks(BLOCK_SIZE).map(seal_at).collect();
+    let n = bytes.len();
+    for (i, x) in pattern.iter().enumerate().take(1 << 16) {
+        bytes[i % n] ^= x;
+    }
+    if kind == Target::Checkpoint {
+        fix_checkpoint_payload(&mut bytes);
+    }
+    for (chunk, s) in bytes.chunks_mut(BLOCK_SIZE).zip(seals) {
+        if let Some(at) = s {
+            reseal(chunk, at);
+        }
+    }
+    Some((kind, addr, bytes))
+}
+
+/// Fuzz entry point for the decoders (`fuzz/fuzz_targets/decode.rs`): a reference block of the
+/// kind `data` picks, mutated and resealed, through its decoder. Must never panic.
+pub fn fuzz_decoders(data: &[u8]) {
+    let Some(r) = fuzz_reference() else { return };
+    let Ok(g) = crate::format::Geometry::compute(r.total_blocks, super::workload::LANES) else { return };
+    let Some((kind, addr, b)) = fuzz_mutation(r, &g, data) else { return };
+    use crate::format::*;
+    let at = Some(addr);
+    let header_a = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    match kind {
+        Target::Superblock => {
+            let _ = Superblock::decode(&b, at);
+        }
+        Target::Checkpoint => {
+            let _ = Checkpoint::decode(&b, &g, addr);
+        }
+        Target::Nat => {
+            let _ = NatBlock::decode(&b, ((addr - g.nat_blkaddr) % g.nat_blocks as u64) as u32, &g, at);
+        }
+        Target::Sit => {
+            let _ = SitBlock::decode(&b, ((addr - g.sit_blkaddr) % g.sit_blocks as u64) as u32, at);
+        }
+        Target::Ssa => {
+            let segno = ((addr - g.ssa_blkaddr) / ssa::SSA_BLOCKS_PER_SEG as u64) as u32;
+            let _ = SegmentSummary::decode(&b, segno, g.max_nid, at);
+        }
+        Target::Node => {
+            let _ = Node::decode(&b, &g, at);
+        }
+        Target::Dentry => {
+            let _ = DentryBlock::decode(&b, header_a, g.max_nid, at);
+        }
+        Target::Journal => {
+            if let Ok(j) = JournalBlock::decode(&b, &g, at) {
+                let _ = crate::journal::Transaction::decode(j.payload.get(4..).unwrap_or(&[]));
+            }
+            let _ = crate::journal::Transaction::decode(&data[2.min(data.len())..]);
+        }
+    }
+}
+
+/// Fuzz entry point for mount (`fuzz/fuzz_targets/mount.rs`): the reference image with one
+/// block mutated as in [`fuzz_decoders`], mounted, read whole, unmounted and checked by fsck.
+/// Returns the violations (a panic, an empty error); a fuzz target asserts there are none.
+pub fn fuzz_mount(data: &[u8]) -> Vec<String> {
+    let Some(r) = fuzz_reference() else { return vec![] };
+    let Ok(g) = crate::format::Geometry::compute(r.total_blocks, super::workload::LANES) else {
+        return vec![];
+    };
+    let Some((_, addr, b)) = fuzz_mutation(r, &g, data) else { return vec![] };
+    let dev = Overlay::new(r.image.clone());
+    for (k, chunk) in b.chunks(BLOCK_SIZE).enumerate() {
+        dev.put(addr + k as u64, chunk);
+    }
+    exercise(Arc::new(dev)).violations
+}
+
+/// Runs `n` pseudo-random decoder cases from `seed`; returns the panics.
+pub fn decoder_cases(seed: u64, n: usize) -> Vec<String> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    for i in 0..n {
+        let len = 2 + rng.index(64);
+        let mut data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        // Mostly sparse patterns: a few bytes changed at chosen offsets.
+        if rng.chance(3, 4) {
+            let mut sparse = vec![0u8; 3 + rng.index(BLOCK_SIZE)];
+            sparse[0] = data[0];
+            sparse[1] = data[1];
+            for _ in 0..1 + rng.index(4) {
+                let at = 2 + rng.index(sparse.len() - 2);
+                sparse[at] = rng.next_u64() as u8 | 1;
+            }
+            data = sparse;
+        }
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| fuzz_decoders(&data))) {
+            out.push(format!(
+                "decoder case {i} (seed {seed}, input {} bytes): panic: {}",
+                data.len(),
+                panic_text(&*p)
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fuzz_entry_points_run() {
+        assert!(decoder_cases(7, 300).is_empty());
+        for k in 0..8u8 {
+            assert!(fuzz_mount(&[k, 1, 0, 0, 0, 0, 0, 0, 0xFF]).is_empty());
+        }
     }
 }

@@ -28,7 +28,8 @@
 //! not necessarily the same interleaving.)
 //!
 //! A crash state that does not finish within [`workload::STATE_TIMEOUT`] is a hang: the harness
-//! prints it and the summary and ends the process, since the stuck thread cannot be stopped.
+//! reports it with the threads' stacks (by gdb, when installed), leaves the stuck thread
+//! behind and goes on with a new one.
 //!
 //! Not covered here: a real-process crash test (SIGKILL of a FUSE daemon) needs the FUSE mount.
 
@@ -45,8 +46,8 @@ pub mod workload;
 use parking_lot::Mutex;
 use rng::{derive, Rng};
 use states::{Density, Prepared};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use workload::{record, Bases, Fault, Workload};
 
@@ -99,8 +100,8 @@ impl Family {
             (Family::Random, true) => 3_000,
             (Family::MtLanes, true) | (Family::MtRename, true) => 1_200,
             (Family::Faults, true) => 1_500,
-            (Family::Seq2, false) => 400_000,
-            (Family::Random, false) => 250_000,
+            (Family::Seq2, false) => 450_000,
+            (Family::Random, false) => 300_000,
             (Family::MtLanes, false) | (Family::MtRename, false) => 100_000,
             (Family::Faults, false) => 100_000,
         };
@@ -339,13 +340,13 @@ fn workload_report(p: &Prepared, findings: &[String], bad: &[(usize, Vec<String>
 /// Runs the families of `cfg`. Returns the summary; the caller prints its last line.
 pub fn run(cfg: &Config, sink: Sink) -> Summary {
     let start = Instant::now();
-    let bases = Bases::default();
+    let bases = Arc::new(Bases::default());
     let mut sum = Summary::default();
     for &f in &cfg.families {
         let fs = if f == Family::Corrupt {
             run_corrupt(cfg, &bases, sink, None)
         } else {
-            run_family(cfg, f, &bases, sink, &sum)
+            run_family(cfg, f, &bases, sink)
         };
         sum.states += fs.states;
         sum.violations += fs.violations;
@@ -355,103 +356,164 @@ pub fn run(cfg: &Config, sink: Sink) -> Summary {
     sum
 }
 
-fn run_family(cfg: &Config, f: Family, bases: &Bases, sink: Sink, so_far: &Summary) -> FamilySummary {
+/// What the workers of a family share.
+struct FamilyShared {
+    cfg: Config,
+    family: Family,
+    bases: Arc<Bases>,
+    budget: Budget,
+    density: Density,
+    next: AtomicU64,
+    workloads: AtomicU64,
+    states_done: AtomicU64,
+    exhausted: AtomicBool,
+}
+
+/// What a worker tells the watchdog.
+enum Msg {
+    /// A report and the number of violations in it.
+    Violation(u64, String),
+    /// The worker with this id ended.
+    Done(usize),
+}
+
+/// What a worker is doing, and since when (None: between workloads or done).
+type Slot = Arc<Mutex<Option<(Instant, String)>>>;
+
+/// Most hangs a family survives: each leaves a thread behind.
+const MAX_HANGS: usize = 4;
+
+/// Takes workloads until the budget is spent, and checks all their states.
+fn family_worker(
+    sh: &FamilyShared,
+    slot: &Mutex<Option<(Instant, String)>>,
+    tx: &std::sync::mpsc::Sender<Msg>,
+) {
+    let f = sh.family;
+    // Bounded by the budget: each round takes a new workload index.
+    while !sh.exhausted.load(Ordering::Relaxed) && sh.states_done.load(Ordering::Relaxed) < sh.budget.states {
+        let i = sh.next.fetch_add(1, Ordering::Relaxed);
+        let key = family_key(f, sh.cfg.seed, i);
+        *slot.lock() = Some((Instant::now(), format!("{} (generating and recording)", workload_id(f, key))));
+        let w = match make_workload(f, key, &sh.bases, &sh.cfg.avoid) {
+            Ok(Some(w)) => w,
+            Ok(None) => {
+                sh.exhausted.store(true, Ordering::Relaxed);
+                break;
+            }
+            Err(e) => {
+                let _ = tx.send(Msg::Violation(
+                    1,
+                    format!("VIOLATION {}: could not run: {e}", workload_id(f, key)),
+                ));
+                continue;
+            }
+        };
+        let rec = match record(&w, &sh.bases) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx.send(Msg::Violation(1, format!("VIOLATION {}: could not run: {e}", w.id)));
+                continue;
+            }
+        };
+        sh.workloads.fetch_add(1, Ordering::Relaxed);
+        let findings = rec.findings.clone();
+        let p = Prepared::new(rec, derive(key, 0x57A7E), sh.density);
+        let (_, bad) = check_recording(&p, None, slot, &sh.states_done);
+        if !bad.is_empty() || !findings.is_empty() {
+            let n = (bad.len() + findings.len()) as u64;
+            let _ = tx.send(Msg::Violation(n, workload_report(&p, &findings, &bad)));
+        }
+    }
+    *slot.lock() = None;
+}
+
+/// Runs one family on detached worker threads watched for hangs: a worker stuck in one state
+/// longer than [`workload::STATE_TIMEOUT`] is reported (with thread stacks), left behind, and
+/// replaced, up to [`MAX_HANGS`] times.
+fn run_family(cfg: &Config, f: Family, bases: &Arc<Bases>, sink: Sink) -> FamilySummary {
     let start = Instant::now();
     let budget = f.budget(cfg.quick);
     sink(Event::Family { family: f, target: budget.states.min(1 << 40) });
-    let next = AtomicU64::new(0);
-    let workloads = AtomicU64::new(0);
-    let states_done = AtomicU64::new(0);
-    let violations = AtomicU64::new(0);
-    let running = AtomicUsize::new(cfg.threads.max(1));
-    let exhausted = AtomicBool::new(false);
-    let slots: Vec<Mutex<Option<(Instant, String)>>> =
-        (0..cfg.threads.max(1)).map(|_| Mutex::new(None)).collect();
-    let d = density(cfg.quick);
-    std::thread::scope(|s| {
-        for slot in &slots {
-            let (next, workloads, states_done, violations, running, exhausted) =
-                (&next, &workloads, &states_done, &violations, &running, &exhausted);
-            let budget = &budget;
-            s.spawn(move || {
-                // Bounded by the budget: each round takes a new workload index.
-                loop {
-                    if exhausted.load(Ordering::Relaxed)
-                        || states_done.load(Ordering::Relaxed) >= budget.states
-                    {
-                        break;
-                    }
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let key = family_key(f, cfg.seed, i);
-                    *slot.lock() =
-                        Some((Instant::now(), format!("{} (generating and recording)", workload_id(f, key))));
-                    let w = match make_workload(f, key, bases, &cfg.avoid) {
-                        Ok(Some(w)) => w,
-                        Ok(None) => {
-                            exhausted.store(true, Ordering::Relaxed);
-                            break;
-                        }
-                        Err(e) => {
-                            violations.fetch_add(1, Ordering::Relaxed);
-                            sink(Event::Violation(&format!(
-                                "VIOLATION {}: could not run: {e}",
-                                workload_id(f, key)
-                            )));
-                            continue;
-                        }
-                    };
-                    let rec = match record(&w, bases) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            violations.fetch_add(1, Ordering::Relaxed);
-                            sink(Event::Violation(&format!("VIOLATION {}: could not run: {e}", w.id)));
-                            continue;
-                        }
-                    };
-                    workloads.fetch_add(1, Ordering::Relaxed);
-                    let findings = rec.findings.clone();
-                    let p = Prepared::new(rec, derive(key, 0x57A7E), d);
-                    let (_, bad) = check_recording(&p, None, slot, states_done);
-                    if !bad.is_empty() || !findings.is_empty() {
-                        violations.fetch_add((bad.len() + findings.len()) as u64, Ordering::Relaxed);
-                        sink(Event::Violation(&workload_report(&p, &findings, &bad)));
-                    }
-                }
-                *slot.lock() = None;
-                running.fetch_sub(1, Ordering::Release);
-            });
-        }
-        // Watchdog and progress, until every worker is done.
-        while running.load(Ordering::Acquire) > 0 {
-            std::thread::sleep(Duration::from_millis(200));
-            sink(Event::Progress {
-                states: states_done.load(Ordering::Relaxed),
-                violations: violations.load(Ordering::Relaxed),
-            });
-            for slot in &slots {
-                let stuck = slot
-                    .lock()
-                    .as_ref()
-                    .and_then(|(t, what)| (t.elapsed() > workload::STATE_TIMEOUT).then(|| what.clone()));
-                if let Some(what) = stuck {
-                    let v = violations.load(Ordering::Relaxed) + 1;
-                    sink(Event::Violation(&format!(
-                        "VIOLATION hang: {what} did not finish within {} s{}",
-                        workload::STATE_TIMEOUT.as_secs(),
-                        thread_stacks()
-                    )));
-                    let total = so_far.states + states_done.load(Ordering::Relaxed);
-                    println!("crashtest: {total} states, {} violations", so_far.violations + v);
-                    std::process::exit(1);
-                }
+    let sh = Arc::new(FamilyShared {
+        cfg: cfg.clone(),
+        family: f,
+        bases: bases.clone(),
+        budget,
+        density: density(cfg.quick),
+        next: AtomicU64::new(0),
+        workloads: AtomicU64::new(0),
+        states_done: AtomicU64::new(0),
+        exhausted: AtomicBool::new(false),
+    });
+    let (tx, rx) = std::sync::mpsc::channel::<Msg>();
+    let mut violations = 0u64;
+    let mut live: Vec<(usize, Slot)> = Vec::new();
+    let mut next_id = 0usize;
+    let spawn = |id: usize| -> std::io::Result<Slot> {
+        let slot: Slot = Arc::new(Mutex::new(None));
+        let (sh, slot2, tx) = (sh.clone(), slot.clone(), tx.clone());
+        std::thread::Builder::new().name(format!("crashtest-{}", f.name())).spawn(move || {
+            family_worker(&sh, &slot2, &tx);
+            let _ = tx.send(Msg::Done(id));
+        })?;
+        Ok(slot)
+    };
+    for _ in 0..cfg.threads.max(1) {
+        match spawn(next_id) {
+            Ok(slot) => live.push((next_id, slot)),
+            Err(e) => {
+                violations += 1;
+                sink(Event::Violation(&format!("VIOLATION {}: could not start a worker: {e}", f.name())));
             }
         }
-    });
+        next_id += 1;
+    }
+    let mut hangs = 0usize;
+    // Bounded: every worker ends (budget) or is left behind (at most MAX_HANGS replacements).
+    while !live.is_empty() {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(Msg::Violation(n, text)) => {
+                violations += n;
+                sink(Event::Violation(&text));
+            }
+            Ok(Msg::Done(id)) => live.retain(|(i, _)| *i != id),
+            Err(_) => {}
+        }
+        sink(Event::Progress { states: sh.states_done.load(Ordering::Relaxed), violations });
+        let stuck: Vec<(usize, String)> = live
+            .iter()
+            .filter_map(|(id, slot)| {
+                slot.lock().as_ref().and_then(|(t, what)| {
+                    (t.elapsed() > workload::STATE_TIMEOUT).then(|| (*id, what.clone()))
+                })
+            })
+            .collect();
+        for (id, what) in stuck {
+            violations += 1;
+            hangs += 1;
+            sink(Event::Violation(&format!(
+                "VIOLATION hang: {what} did not finish within {} s (its thread is left behind){}",
+                workload::STATE_TIMEOUT.as_secs(),
+                thread_stacks()
+            )));
+            live.retain(|(i, _)| *i != id);
+            if hangs <= MAX_HANGS {
+                if let Ok(slot) = spawn(next_id) {
+                    live.push((next_id, slot));
+                }
+                next_id += 1;
+            } else {
+                sink(Event::Note(&format!("{}: too many hangs, family stopped", f.name())));
+                sh.exhausted.store(true, Ordering::Relaxed);
+            }
+        }
+    }
     FamilySummary {
         family: f,
-        workloads: workloads.into_inner(),
-        states: states_done.into_inner(),
-        violations: violations.into_inner(),
+        workloads: sh.workloads.load(Ordering::Relaxed),
+        states: sh.states_done.load(Ordering::Relaxed),
+        violations,
         elapsed: start.elapsed(),
     }
 }
@@ -561,6 +623,17 @@ fn run_corrupt(cfg: &Config, bases: &Bases, sink: Sink, only: Option<(&str, usiz
         }
     }
     if only.is_none() {
+        // Structure-aware decoder cases (the entry point of the cargo-fuzz target).
+        let n = if cfg.quick { 20_000 } else { 1_000_000 };
+        let found = corrupt::decoder_cases(derive(cfg.seed, 0xDEC0), n);
+        out.violations += found.len() as u64;
+        for v in &found {
+            sink(Event::Violation(&format!("VIOLATION corrupt-decoder: {v}")));
+        }
+        sink(Event::Note(&format!(
+            "corrupt: {n} mutated blocks (checksums fixed) through their decoders: {} panics",
+            found.len()
+        )));
         let kinds: Vec<String> = corrupt::Target::ALL
             .iter()
             .map(|t| {
