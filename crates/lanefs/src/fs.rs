@@ -395,8 +395,11 @@ impl Fs {
     fn shutdown(&mut self) -> Result<()> {
         let Some(h) = self.background.take() else { return Ok(()) };
         {
+            // Under the lock the thread checks before it waits, so the wake-up cannot fall
+            // between its check and its wait.
             let (m, cv) = &self.engine.cp_kick;
-            *m.lock() = true;
+            let mut kicked = m.lock();
+            *kicked = true;
             self.engine.stop.store(true, Ordering::Release);
             cv.notify_all();
         }
@@ -467,7 +470,7 @@ fn background_checkpoints(e: Arc<Engine>, interval: Option<std::time::Duration>)
         {
             let (m, cv) = &e.cp_kick;
             let mut kicked = m.lock();
-            if !*kicked {
+            if !*kicked && !e.stop.load(Ordering::Acquire) {
                 match interval {
                     Some(d) => {
                         cv.wait_for(&mut kicked, d);

@@ -136,7 +136,6 @@ fn replayed_fallocate_over_a_punched_hole_leaks_no_blocks() {
 /// instructions wide, so this stress test (mounts and unmounts from four threads for 20 s, with
 /// a watchdog) rarely fails even with the bug; it is here to check the fix does not hang.
 #[test]
-#[ignore = "lanefs bug: unmount can hang: Fs::shutdown stores stop outside the cp_kick lock; see crashtest report"]
 fn unmount_never_hangs() {
     use lanefs::crashtest::overlay::Overlay;
     use lanefs::device::{BlockDevice, MemDevice};
@@ -185,7 +184,6 @@ fn unmount_never_hangs() {
 /// /A/C on disk: /A and /A/C form a loop cut off from the root, and everything in /A is lost
 /// (fsck: inodes 2, 4, 6, 7 not reachable and not orphans; contract 2 and 4).
 #[test]
-#[ignore = "lanefs bug: fsync journals a rename into a directory whose own rename is not journaled (loop, subtree lost); see crashtest report"]
 fn rename_into_a_renamed_directory_keeps_the_tree_connected() {
     assert_clean(check_script(Setup::Ace, "rename /A/C /B/d5; rename /A /B/d5/d4; fsync /", true));
 }
