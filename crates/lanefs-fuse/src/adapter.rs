@@ -165,12 +165,16 @@ impl LaneFuse {
     }
 
     fn open_flags(flags: i32) -> FopenFlags {
+        // Writes reach the engine as they are made, so close has nothing to flush: no FLUSH
+        // round trip on every close (the kernel still sends it when its writeback cache holds
+        // dirty pages).
+        let f = FopenFlags::FOPEN_NOFLUSH;
         if flags & libc::O_DIRECT != 0 {
             // Direct I/O skips the kernel's inode lock on writes, so writers of disjoint ranges
             // of one file reach the range lock together.
-            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+            f | FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
         } else {
-            FopenFlags::empty()
+            f
         }
     }
 
@@ -206,7 +210,8 @@ impl Filesystem for LaneFuse {
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_MAX_PAGES
-            | InitFlags::FUSE_ASYNC_DIO;
+            | InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         if self.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -432,7 +437,9 @@ impl Filesystem for LaneFuse {
                 Err(e) => return reply.error(errno(e)),
             };
             for e in &batch {
-                if reply.add(INodeNo(e.ino), e.cookie, kind(e.kind), OsStr::from_bytes(&e.name)) {
+                // ".." of the root is the root itself.
+                let target = if e.ino == 0 { ino.0 } else { e.ino };
+                if reply.add(INodeNo(target), e.cookie, kind(e.kind), OsStr::from_bytes(&e.name)) {
                     return reply.ok();
                 }
                 cookie = e.cookie;
