@@ -187,6 +187,9 @@ impl LaneFuse {
         len: u64,
     ) -> lanefs::Result<u64> {
         let len = len.min(MAX_COPY);
+        let efbig = || lanefs::Error::errno(libc::EFBIG, "copy range past the largest offset");
+        off_in.checked_add(len).ok_or_else(efbig)?;
+        off_out.checked_add(len).ok_or_else(efbig)?;
         let mut buf = vec![0u8; (self.max_write as u64).min(len.max(1)) as usize];
         let mut done = 0u64;
         while done < len {
