@@ -23,7 +23,7 @@ use crate::mem::Cells;
 use crate::nat::NatTable;
 use crate::oplog::{InFlight, Timestamp};
 use crate::seg::{LaneSet, SegmentTable};
-use crate::sync::{current_cpu, PassSem, PerCpu};
+use crate::sync::{current_cpu, PassSem, PerCpu, PerCpuCounter};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -154,21 +154,28 @@ pub struct Engine {
     pub(crate) cache: Arc<CacheStats>,
     pub(crate) opts: FsOptions,
     pub(crate) rename_lock: Mutex<()>,
-    pub(crate) journal_blocks: AtomicU64,
-    pub(crate) logged_ops: AtomicU64,
-    pub(crate) user_bytes: AtomicU64,
+    pub(crate) journal_blocks: PerCpuCounter,
+    pub(crate) logged_ops: PerCpuCounter,
+    pub(crate) user_bytes: PerCpuCounter,
+    /// Inodes that joined the dirty set since the last checkpoint snapshot.
+    pub(crate) dirty_inodes: PerCpuCounter,
     /// Set after a failed checkpoint: the in-memory state no longer matches what can be made
     /// durable, so every further change is refused (like ext4's errors=remount-ro).
     pub(crate) failed: AtomicBool,
+    /// Why it failed, for the error every later change gets.
+    pub(crate) failure: Mutex<String>,
     /// Wakes the background checkpoint thread.
     pub(crate) cp_kick: (Mutex<bool>, Condvar),
     /// Tells the background thread to end.
     pub(crate) stop: AtomicBool,
 }
 
-/// Seconds and nanoseconds now.
+/// Seconds and nanoseconds now, from the coarse clock (as the kernel stamps files): writes in
+/// the same tick store the same time, so a timestamp update is usually a read, not a write to
+/// a line every writer of the file shares.
 pub(crate) fn now() -> Timespec {
-    crate::mkfs::now()
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
+    Timespec { sec: t.tv_sec, nsec: t.tv_nsec as u32 }
 }
 
 impl Engine {
@@ -181,14 +188,23 @@ impl Engine {
     /// Refuses changes after a failed checkpoint.
     pub(crate) fn check_writable(&self) -> Result<()> {
         if self.failed.load(Ordering::Acquire) {
-            return Err(Error::errno(libc::EIO, "file system stopped after a failed checkpoint"));
+            let why = self.failure.lock().clone();
+            return Err(Error::errno(
+                libc::EIO,
+                format!("file system stopped after a failed checkpoint ({why})"),
+            ));
         }
         Ok(())
     }
 
-    /// Adds `m` to the dirty set (idempotent and cheap when it is there already).
+    /// Adds `m` to the dirty set (idempotent and cheap when it is there already: a read of a
+    /// flag, no write to a line other cores share).
     pub(crate) fn mark_dirty(&self, m: &MNode) {
+        if m.in_dirty_set.load(Ordering::Acquire) {
+            return;
+        }
         if !m.in_dirty_set.swap(true, Ordering::AcqRel) {
+            self.dirty_inodes.add(1);
             self.dirty.current().lock().push(m.ino);
         }
     }
@@ -313,9 +329,88 @@ impl Engine {
         cv.notify_one();
     }
 
-    /// Whether the journals or logs passed their bounds.
-    pub(crate) fn over_bounds(&self) -> bool {
-        self.journal_blocks.load(Ordering::Relaxed) > self.opts.journal_blocks_limit
-            || self.logged_ops.load(Ordering::Relaxed) > self.opts.logged_ops_limit
+    /// Blocks that can be allocated now without touching the cleaner's reserve. (Prefree
+    /// segments do not count: the checkpoint that frees them must fit without them.)
+    fn available_blocks(&self) -> u64 {
+        self.table.free_segments().saturating_sub(self.g.reserved_segments as u64) * 512
+    }
+
+    /// Blocks the next checkpoint will need for what is dirty now: a block per dirty page,
+    /// and (generously) two per dirty inode for its node and directory blocks.
+    fn committed_blocks(&self) -> u64 {
+        let pages = self.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64;
+        pages + 2 * self.dirty_inodes.sum()
+    }
+
+    /// Admits an operation that will dirty up to `blocks` more blocks, or refuses it with
+    /// ENOSPC when even a checkpoint (which turns prefree segments free) cannot make room. Call
+    /// it outside the pass-through semaphore: it may wait for a checkpoint.
+    pub(crate) fn admit(&self, blocks: u64) -> Result<()> {
+        // Fast path: room for everything dirty now plus a wide margin.
+        if self.available_blocks() > self.committed_blocks() + blocks + self.g.main_blocks() / 16 {
+            return Ok(());
+        }
+        // Bounded: at most two checkpoints are waited for, and only while they can free space.
+        for _ in 0..2 {
+            if self.committed_blocks() + blocks < self.available_blocks() {
+                return Ok(());
+            }
+            if self.table.pending_segments() == 0 && self.dirty_inodes.sum() == 0 {
+                break;
+            }
+            self.wait_for_checkpoint()?;
+        }
+        if self.committed_blocks() + blocks < self.available_blocks() {
+            return Ok(());
+        }
+        Err(Error::errno(libc::ENOSPC, "file system full"))
+    }
+
+    /// Admits an operation that frees space (unlink, rmdir, rename over a file) but needs a few
+    /// metadata blocks first: it may use the reserve, so a full file system can be emptied.
+    pub(crate) fn admit_freeing(&self, blocks: u64) -> Result<()> {
+        let all = self.table.free_segments() * 512;
+        if self.committed_blocks() + blocks < all {
+            return Ok(());
+        }
+        self.wait_for_checkpoint()?;
+        if self.committed_blocks() + blocks < self.table.free_segments() * 512 {
+            return Ok(());
+        }
+        Err(Error::errno(libc::ENOSPC, "file system full, even for metadata"))
+    }
+
+    /// Asks for a checkpoint and waits until one that started after this call is durable.
+    pub(crate) fn wait_for_checkpoint(&self) -> Result<()> {
+        let target = self.cp.lock().started + 1;
+        self.kick_checkpoint();
+        let mut cp = self.cp.lock();
+        while cp.durable < target {
+            self.check_writable()?;
+            if self.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            self.cp_done.wait_for(&mut cp, std::time::Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// Counts one logged namespace operation; asks for a checkpoint when this CPU's share of
+    /// the bound is used up (no shared counter on the path).
+    pub(crate) fn count_op(&self) {
+        let share = (self.opts.logged_ops_limit / self.logged_ops.slots() as u64).max(1);
+        if self.logged_ops.add(1) == share {
+            self.kick_checkpoint();
+        }
+    }
+
+    /// Counts journal blocks written; asks for a checkpoint when this CPU's share of the bound
+    /// is used up.
+    pub(crate) fn count_journal(&self, blocks: u64) {
+        let share = (self.opts.journal_blocks_limit / self.journal_blocks.slots() as u64).max(1);
+        let now = self.journal_blocks.add(blocks);
+        if now >= share && now - blocks < share {
+            self.kick_checkpoint();
+        }
     }
 }

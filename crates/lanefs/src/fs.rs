@@ -287,6 +287,14 @@ impl Fs {
         self.engine.release(ino32(ino)?)
     }
 
+    /// Opens a file for I/O through a [`Handle`], which skips the inode table on every call
+    /// (the way a FUSE file handle or an application holding a descriptor works). The inode
+    /// stays alive until the handle is dropped, even if its last name is removed.
+    pub fn open_file(&self, ino: Ino) -> Result<Handle> {
+        let m = self.engine.open_file(ino32(ino)?)?;
+        Ok(Handle { engine: self.engine.clone(), m })
+    }
+
     pub fn read_at(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
         self.engine.read_at(ino32(ino)?, off, buf)
     }
@@ -401,6 +409,42 @@ impl Drop for Fs {
     fn drop(&mut self) {
         if let Err(e) = self.shutdown() {
             tracing::error!("lanefs: final checkpoint failed: {e}");
+        }
+    }
+}
+
+/// An open file. Dropping it releases the open count.
+pub struct Handle {
+    engine: Arc<Engine>,
+    m: Arc<MNode>,
+}
+
+impl Handle {
+    pub fn ino(&self) -> Ino {
+        self.m.ino as Ino
+    }
+
+    pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.engine.read_mnode(&self.m, off, buf)
+    }
+
+    pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize> {
+        self.engine.write_mnode(&self.m, off, data)
+    }
+
+    pub fn fsync(&self, datasync: bool) -> Result<()> {
+        self.engine.fsync_mnode(&self.m, datasync)
+    }
+
+    pub fn size(&self) -> u64 {
+        self.m.size.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if let Err(e) = self.engine.release(self.m.ino) {
+            tracing::error!("lanefs: releasing inode {}: {e}", self.m.ino);
         }
     }
 }

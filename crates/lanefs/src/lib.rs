@@ -27,4 +27,4 @@ pub mod seg;
 pub mod sync;
 
 pub use error::{Error, Result};
-pub use fs::{Attr, DirEntry, FileKind, Fs, FsOptions, Ino, MkfsOptions, SetAttr, StatFs, ROOT};
+pub use fs::{Attr, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, MkfsOptions, SetAttr, StatFs, ROOT};

@@ -25,9 +25,9 @@ use crate::nat::NatTable;
 use crate::oplog::dirlog::LoggedOp;
 use crate::oplog::InFlight;
 use crate::seg::{LaneSet, SegmentTable};
-use crate::sync::{PassSem, PerCpu};
+use crate::sync::{PassSem, PerCpu, PerCpuCounter};
 use parking_lot::{Condvar, Mutex, RwLock};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What recovery did, for `inspect`-style reporting and tests.
@@ -178,10 +178,12 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         cache: Arc::new(CacheStats::default()),
         opts,
         rename_lock: Mutex::new(()),
-        journal_blocks: AtomicU64::new(0),
-        logged_ops: AtomicU64::new(0),
-        user_bytes: AtomicU64::new(0),
+        journal_blocks: PerCpuCounter::new(),
+        logged_ops: PerCpuCounter::new(),
+        user_bytes: PerCpuCounter::new(),
+        dirty_inodes: PerCpuCounter::new(),
         failed: AtomicBool::new(false),
+        failure: Mutex::new(String::new()),
         cp_kick: (Mutex::new(false), Condvar::new()),
         stop: AtomicBool::new(false),
     });
@@ -251,7 +253,7 @@ impl Engine {
                 m.parent.store(*dir, Ordering::Relaxed);
                 if is_dir {
                     m.disk.lock().dentries = Some(Default::default());
-                    d.meta.lock().nlink += 1;
+                    d.add_nlink(1);
                 }
                 let (m, _) = self.cells.insert_if_absent(*ino as u64, || m);
                 let _ = dm.map.insert(name, *ino, crate::fsck::dtype_of(attr.mode));
@@ -261,7 +263,7 @@ impl Engine {
             Record::Link { dir, name, ino, file_type, .. } => {
                 let (Ok(d), Ok(m)) = (self.dir_mnode(*dir), self.mnode(*ino)) else { return Ok(()) };
                 if d.dir().expect("dir").map.insert(name, *ino, *file_type).is_ok() {
-                    m.meta.lock().nlink += 1;
+                    m.add_nlink(1);
                     self.replayed(&d, r);
                     self.mark_dirty(&m);
                 }
@@ -293,8 +295,8 @@ impl Engine {
                     if let Ok(other) = self.mnode(*replaced) {
                         if other.is_dir() && src_dir != dst_dir {
                             other.parent.store(*src_dir, Ordering::Relaxed);
-                            dd.meta.lock().nlink -= 1;
-                            sd.meta.lock().nlink += 1;
+                            dd.add_nlink(-1);
+                            sd.add_nlink(1);
                         }
                         self.mark_dirty(&other);
                     }
@@ -309,8 +311,8 @@ impl Engine {
                 }
                 if src.is_dir() && src_dir != dst_dir {
                     src.parent.store(*dst_dir, Ordering::Relaxed);
-                    sd.meta.lock().nlink -= 1;
-                    dd.meta.lock().nlink += 1;
+                    sd.add_nlink(-1);
+                    dd.add_nlink(1);
                 }
                 self.replayed(&sd, r);
                 if src_dir != dst_dir {
@@ -378,7 +380,7 @@ impl Engine {
         let mut meta = m.meta.lock();
         if m.is_dir() {
             meta.nlink = 0;
-            d.meta.lock().nlink -= 1;
+            d.add_nlink(-1);
         } else {
             meta.nlink = meta.nlink.saturating_sub(1);
         }

@@ -585,3 +585,53 @@ fn parallel_creates_unlinks_and_cross_directory_renames() {
     assert_eq!(fs.readdir(b, 2, 1 << 20).unwrap().len(), threads * 100);
     fs.unmount().unwrap();
 }
+
+#[test]
+fn a_full_file_system_says_enospc_stays_consistent_and_recovers_space() {
+    let dev = fresh(96 << 20, 1);
+    let fs = mount(&dev, FsOptions { checkpoint_interval: None, ..Default::default() });
+    let mut written = Vec::new();
+    let chunk = vec![0xA5u8; 256 * 1024];
+    let mut full = None;
+    'fill: for i in 0..10_000 {
+        let name = format!("f{i}");
+        let a = match fs.create(ROOT, name.as_bytes(), 0o644, 0, 0) {
+            Ok(a) => a,
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        };
+        for k in 0..4u64 {
+            if let Err(e) = fs.write_at(a.ino, k * chunk.len() as u64, &chunk) {
+                full = Some(e);
+                break 'fill;
+            }
+        }
+        written.push((name, a.ino));
+    }
+    let e = full.expect("a 96 MiB image fills up");
+    assert_eq!(e.to_errno(), libc::ENOSPC, "{e}");
+    assert!(written.len() > 20, "only {} MiB fit", written.len());
+    // Full, yet every durable operation still works and the checkpoint lands.
+    fs.sync().unwrap();
+    fs.unmount().unwrap();
+    fsck_clean(&dev);
+    let fs = mount(&dev, FsOptions { checkpoint_interval: None, ..Default::default() });
+    for (name, _) in written.iter().take(written.len() / 2) {
+        fs.unlink(ROOT, name.as_bytes()).unwrap();
+    }
+    fs.sync().unwrap();
+    // The space of the deleted files is usable again.
+    let a = fs.create(ROOT, b"after", 0o644, 0, 0).unwrap();
+    for k in 0..8u64 {
+        fs.write_at(a.ino, k * chunk.len() as u64, &chunk).unwrap();
+    }
+    let mut buf = vec![0u8; chunk.len()];
+    for (name, ino) in written.iter().skip(written.len() / 2) {
+        fs.read_at(*ino, 0, &mut buf).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(buf == chunk, "{name} content");
+    }
+    fs.unmount().unwrap();
+    fsck_clean(&dev);
+}

@@ -65,7 +65,8 @@ impl Engine {
         };
         let r = self.write_snapshot(snap, clean);
         drop(gate);
-        if r.is_err() {
+        if let Err(e) = &r {
+            *self.failure.lock() = e.to_string();
             self.failed.store(true, Ordering::Release);
             self.cp_done.notify_all();
         }
@@ -146,8 +147,9 @@ impl Engine {
         }
         let orphans = self.orphans.lock().iter().copied().collect();
         let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
-        self.journal_blocks.store(0, Ordering::Relaxed);
-        self.logged_ops.store(0, Ordering::Relaxed);
+        self.journal_blocks.take();
+        self.logged_ops.take();
+        self.dirty_inodes.take();
         Snapshot { seq, stamp, inodes, deleted, orphans, heads }
     }
 
@@ -186,8 +188,7 @@ impl Engine {
         cp.valid_nodes = self.nat.valid_nodes();
         cp.valid_inodes = self.nat.valid_inodes();
         cp.next_nid = self.nat.next_nid_hint();
-        cp.user_bytes_written =
-            cp.user_bytes_written.saturating_add(self.user_bytes.swap(0, Ordering::Relaxed));
+        cp.user_bytes_written = cp.user_bytes_written.saturating_add(self.user_bytes.take());
         cp.lanes = cursors
             .into_iter()
             .zip(&snap.heads)

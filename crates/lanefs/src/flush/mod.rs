@@ -58,10 +58,16 @@ impl Engine {
     }
 
     /// fsync(2) and fdatasync(2).
-    pub fn fsync(&self, ino: u32, _datasync: bool) -> Result<()> {
-        self.check_writable()?;
+    pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
         let m = self.mnode(ino)?;
-        let gate = self.enter_flush(&m)?;
+        self.fsync_mnode(&m, datasync)
+    }
+
+    /// fsync of an mnode the caller holds.
+    pub fn fsync_mnode(&self, m: &Arc<MNode>, _datasync: bool) -> Result<()> {
+        self.check_writable()?;
+        let ino = m.ino;
+        let gate = self.enter_flush(m)?;
         let mut start = Vec::new();
         let cd = m.create_dir.load(Ordering::Acquire);
         if cd != 0 {
@@ -72,11 +78,8 @@ impl Engine {
         } else if m.name_dirty.load(Ordering::Acquire) {
             start.push(m.parent.load(Ordering::Acquire));
         }
-        let r = self.flush_txn(&m, &start);
+        let r = self.flush_txn(m, &start);
         drop(gate);
-        if self.over_bounds() {
-            self.kick_checkpoint();
-        }
         r
     }
 
@@ -295,7 +298,7 @@ impl Engine {
                 let owner = SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
                 self.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32).map_err(nospace)
             })?;
-            self.journal_blocks.fetch_add(blocks.len() as u64, Ordering::Relaxed);
+            self.count_journal(blocks.len() as u64);
             writes.extend(blocks);
             // Within a lane, journal blocks complete in chain order: the chain lock is held
             // until the batch is written.

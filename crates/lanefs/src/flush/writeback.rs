@@ -27,9 +27,6 @@ impl Engine {
                 pages.evict_clean(want);
             }
         }
-        if self.over_bounds() {
-            self.kick_checkpoint();
-        }
         Ok(())
     }
 

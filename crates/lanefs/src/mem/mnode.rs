@@ -215,12 +215,30 @@ impl MNode {
         ns_to_ts(self.ctime.load(Ordering::Relaxed))
     }
 
-    /// Sets mtime and ctime to `now` (a data or entry change).
+    /// Sets mtime and ctime to `now` (a data or entry change). Stores only what changed, so
+    /// parallel writers within one clock tick share the lines read-only.
     pub fn touch(&self, now: Timespec) {
         let ns = ts_to_ns(now);
-        self.mtime.store(ns, Ordering::Relaxed);
-        self.ctime.store(ns, Ordering::Relaxed);
-        self.attr_dirty.store(true, Ordering::Relaxed);
+        if self.mtime.load(Ordering::Relaxed) != ns {
+            self.mtime.store(ns, Ordering::Relaxed);
+        }
+        if self.ctime.load(Ordering::Relaxed) != ns {
+            self.ctime.store(ns, Ordering::Relaxed);
+        }
+        if !self.attr_dirty.load(Ordering::Relaxed) {
+            self.attr_dirty.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Adjusts the link count, saturating: a journal that is valid but odd (or a bug) must
+    /// never wrap it around.
+    pub fn add_nlink(&self, delta: i32) {
+        let mut meta = self.meta.lock();
+        meta.nlink = if delta < 0 {
+            meta.nlink.saturating_sub(delta.unsigned_abs())
+        } else {
+            meta.nlink.saturating_add(delta as u32)
+        };
     }
 
     /// Sets ctime to `now` (an attribute change).

@@ -171,10 +171,10 @@ impl Engine {
             return Err(e);
         }
         if ftype == S_IFDIR {
-            d.meta.lock().nlink += 1;
+            d.add_nlink(1);
         }
         d.touch(t);
-        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.count_op();
         self.mark_dirty(&d);
         self.mark_dirty(&m);
         Ok(m)
@@ -182,6 +182,7 @@ impl Engine {
 
     pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<Arc<MNode>> {
         self.check_writable()?;
+        self.admit(2)?;
         check_name(name)?;
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
@@ -219,7 +220,7 @@ impl Engine {
                 ino,
                 file_type: dtype,
             }));
-            m.meta.lock().nlink += 1;
+            m.add_nlink(1);
             drop(op);
             (Some((ino, dtype)), Ok(()))
         })?;
@@ -228,7 +229,7 @@ impl Engine {
         d.touch(t);
         m.name_dirty.store(true, Ordering::Release);
         self.note_name_dir(&m, parent);
-        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.count_op();
         self.mark_dirty(&d);
         self.mark_dirty(&m);
         Ok(m)
@@ -252,6 +253,7 @@ impl Engine {
 
     fn remove_name(&self, parent: u32, name: &[u8], want_dir: bool) -> Result<()> {
         self.check_writable()?;
+        self.admit_freeing(2)?;
         if want_dir && name == b"." {
             return Err(Error::errno(libc::EINVAL, "rmdir of ."));
         }
@@ -303,10 +305,10 @@ impl Engine {
         let t = now();
         self.drop_link(&child, want_dir, t);
         if want_dir {
-            d.meta.lock().nlink -= 1;
+            d.add_nlink(-1);
         }
         d.touch(t);
-        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.count_op();
         self.mark_dirty(&d);
         Ok(())
     }
@@ -328,6 +330,7 @@ impl Engine {
     /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE.
     pub fn rename(&self, sp: u32, sname: &[u8], dp: u32, dname: &[u8], flags: u32) -> Result<()> {
         self.check_writable()?;
+        self.admit_freeing(6)?;
         check_name(sname)?;
         check_name(dname)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
@@ -426,8 +429,8 @@ impl Engine {
         if src.is_dir() && sp != dp {
             src.parent.store(dp, Ordering::Release);
             if !exchange || !dst.as_ref().is_some_and(|d| d.is_dir()) {
-                sd.meta.lock().nlink -= 1;
-                dd.meta.lock().nlink += 1;
+                sd.add_nlink(-1);
+                dd.add_nlink(1);
             }
         }
         if exchange {
@@ -435,8 +438,8 @@ impl Engine {
             if dst.is_dir() && sp != dp {
                 dst.parent.store(sp, Ordering::Release);
                 if !src.is_dir() {
-                    dd.meta.lock().nlink -= 1;
-                    sd.meta.lock().nlink += 1;
+                    dd.add_nlink(-1);
+                    sd.add_nlink(1);
                 }
             }
             dst.touch_ctime(t);
@@ -445,7 +448,7 @@ impl Engine {
             self.mark_dirty(dst);
         } else if let Some(dst) = &dst {
             if dst.is_dir() {
-                dd.meta.lock().nlink -= 1;
+                dd.add_nlink(-1);
             }
             self.drop_link(dst, dst.is_dir(), t);
         }
@@ -454,7 +457,7 @@ impl Engine {
         self.note_name_dir(&src, dp);
         sd.touch(t);
         dd.touch(t);
-        self.logged_ops.fetch_add(1, Ordering::Relaxed);
+        self.count_op();
         self.mark_dirty(&src);
         self.mark_dirty(&sd);
         self.mark_dirty(&dd);
@@ -500,8 +503,16 @@ impl Engine {
 
     /// Reads up to `buf.len()` bytes at `off`; returns how many (0 at or past the end).
     pub fn read_at(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let m = {
+            let _g = self.pass.shared();
+            self.mnode(ino)?
+        };
+        self.read_mnode(&m, off, buf)
+    }
+
+    /// Reads from an mnode the caller holds (an open handle: no inode-table lookup).
+    pub fn read_mnode(&self, m: &MNode, off: u64, buf: &mut [u8]) -> Result<usize> {
         let _g = self.pass.shared();
-        let m = self.mnode(ino)?;
         let (pages, range) = m.pages().ok_or_else(|| {
             Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
         })?;
@@ -564,16 +575,24 @@ impl Engine {
 
     /// Writes `data` at `off`; returns the bytes written.
     pub fn write_at(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
-        self.check_writable()?;
         let m = {
             let _g = self.pass.shared();
-            let m = self.mnode(ino)?;
-            self.write_locked(&m, off, data)?;
-            m
+            self.mnode(ino)?
         };
+        self.write_mnode(&m, off, data)
+    }
+
+    /// Writes to an mnode the caller holds (an open handle: no inode-table lookup).
+    pub fn write_mnode(&self, m: &MNode, off: u64, data: &[u8]) -> Result<usize> {
+        self.check_writable()?;
+        self.admit(data.len().div_ceil(PAGE_SIZE) as u64 + 1)?;
+        {
+            let _g = self.pass.shared();
+            self.write_locked(m, off, data)?;
+        }
         // Outside the semaphore: writeback takes the gate, which a checkpoint holding the gate
         // and waiting for the semaphore to drain must not find us holding.
-        self.after_write(&m)?;
+        self.after_write(m)?;
         Ok(data.len())
     }
 
@@ -599,9 +618,11 @@ impl Engine {
             done += n;
             pos += n as u64;
         }
-        m.size.fetch_max(end, Ordering::AcqRel);
+        if end > m.size.load(Ordering::Acquire) {
+            m.size.fetch_max(end, Ordering::AcqRel);
+        }
         m.touch(now());
-        self.user_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.user_bytes.add(data.len() as u64);
         self.mark_dirty(m);
         Ok(())
     }
@@ -619,6 +640,7 @@ impl Engine {
     /// Sets the size, dropping or zeroing what lies past it.
     pub fn truncate(&self, ino: u32, size: u64) -> Result<()> {
         self.check_writable()?;
+        self.admit_freeing(1)?;
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
         self.truncate_locked(&m, size)
@@ -788,6 +810,7 @@ impl Engine {
 
     pub fn setxattr(&self, ino: u32, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
         self.check_writable()?;
+        self.admit(2)?;
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(Error::errno(libc::ERANGE, "xattr name length"));
         }

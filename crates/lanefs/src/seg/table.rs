@@ -27,6 +27,10 @@ pub struct SegmentTable {
     /// One bit per SIT block changed since the last checkpoint.
     dirty_sit: Vec<AtomicU64>,
     free: Mutex<FreeMap>,
+    /// Free segments, and prefree plus committing ones (free after the next checkpoints),
+    /// published after every change so admission checks read a word, not the map's lock.
+    free_now: AtomicU64,
+    pending: AtomicU64,
 }
 
 struct FreeMap {
@@ -76,11 +80,29 @@ impl SegmentTable {
             segs: segs.into_iter().map(Mutex::new).collect(),
             dirty_sit: (0..sit_words).map(|_| AtomicU64::new(0)).collect(),
             free: Mutex::new(FreeMap { free, prefree: Vec::new(), committing: Vec::new() }),
+            free_now: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
         })
+        .inspect(|t| t.publish(&t.free.lock()))
     }
 
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
+    }
+
+    fn publish(&self, fm: &FreeMap) {
+        self.free_now.store(fm.free.len() as u64, Ordering::Release);
+        self.pending.store((fm.prefree.len() + fm.committing.len()) as u64, Ordering::Release);
+    }
+
+    /// Segments free now (no lock).
+    pub fn free_segments(&self) -> u64 {
+        self.free_now.load(Ordering::Acquire)
+    }
+
+    /// Segments that become free once the next checkpoints are durable (no lock).
+    pub fn pending_segments(&self) -> u64 {
+        self.pending.load(Ordering::Acquire)
     }
 
     fn mark_sit_dirty(&self, segno: u32) {
@@ -143,7 +165,9 @@ impl SegmentTable {
         drop(seg);
         self.mark_sit_dirty(s);
         if emptied {
-            self.free.lock().prefree.push(s);
+            let mut fm = self.free.lock();
+            fm.prefree.push(s);
+            self.publish(&fm);
         }
         Ok(())
     }
@@ -158,6 +182,7 @@ impl SegmentTable {
                 None => break,
             }
         }
+        self.publish(&fm);
         out
     }
 
@@ -168,6 +193,7 @@ impl SegmentTable {
             debug_assert_eq!(self.state(s), SegState::Free);
             fm.free.insert(s);
         }
+        self.publish(&fm);
     }
 
     /// Makes free segment `segno` the active segment of a lane's log.
@@ -191,7 +217,9 @@ impl SegmentTable {
             .ok_or_else(|| Error::InvalidArgument(format!("block {addr} outside the main area")))?;
         let mut seg = self.seg(s).lock();
         if seg.state == SegState::Free {
-            self.free.lock().free.remove(&s);
+            let mut fm = self.free.lock();
+            fm.free.remove(&s);
+            self.publish(&fm);
             seg.state = SegState::Dirty;
         }
         debug_assert!(seg.state != SegState::Prefree, "claiming a block of prefree segment {s}");
@@ -213,6 +241,7 @@ impl SegmentTable {
             let mut fm = self.free.lock();
             fm.free.remove(&segno);
             fm.prefree.push(segno);
+            self.publish(&fm);
             seg.state = SegState::Prefree;
         }
         Ok(())
@@ -220,8 +249,12 @@ impl SegmentTable {
 
     /// Takes a specific free segment out of the free map and activates it (mkfs, recovery).
     pub fn activate_free(&self, segno: u32, lane: u32, log: LogType, mtime: u64) -> Result<()> {
-        if segno >= self.geometry.main_segments || !self.free.lock().free.remove(&segno) {
-            return Err(Error::InvalidArgument(format!("segment {segno} is not free")));
+        {
+            let mut fm = self.free.lock();
+            if segno >= self.geometry.main_segments || !fm.free.remove(&segno) {
+                return Err(Error::InvalidArgument(format!("segment {segno} is not free")));
+            }
+            self.publish(&fm);
         }
         self.activate(segno, lane, log, mtime);
         Ok(())
@@ -234,7 +267,9 @@ impl SegmentTable {
         if seg.entry.valid_blocks == 0 {
             seg.state = SegState::Prefree;
             drop(seg);
-            self.free.lock().prefree.push(segno);
+            let mut fm = self.free.lock();
+            fm.prefree.push(segno);
+            self.publish(&fm);
         } else {
             seg.state = SegState::Dirty;
         }
@@ -253,6 +288,7 @@ impl SegmentTable {
                 fm.free.insert(s);
             }
         }
+        self.publish(&fm);
     }
 
     /// Free segments (not counting lane caches or prefree).

@@ -10,4 +10,4 @@ pub mod pass_sem;
 pub mod percpu;
 
 pub use pass_sem::{ExclusiveGuard, PassSem, SharedGuard};
-pub use percpu::{current_cpu, possible_cpus, PerCpu};
+pub use percpu::{current_cpu, possible_cpus, PerCpu, PerCpuCounter};

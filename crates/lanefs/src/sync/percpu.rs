@@ -171,3 +171,65 @@ mod tests {
         assert!(*p.current() % 10 == 0);
     }
 }
+
+/// A counter split per CPU: an add writes only the caller's cache line; a read sums the slots.
+pub struct PerCpuCounter {
+    slots: PerCpu<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for PerCpuCounter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PerCpuCounter {
+    pub fn new() -> Self {
+        PerCpuCounter { slots: PerCpu::new(|_| std::sync::atomic::AtomicU64::new(0)) }
+    }
+
+    /// Adds `n` on the current CPU's slot; returns that slot's new value.
+    #[inline]
+    pub fn add(&self, n: u64) -> u64 {
+        self.slots.current().fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n
+    }
+
+    /// The total (not a snapshot: concurrent adds may or may not be counted).
+    pub fn sum(&self) -> u64 {
+        self.slots.iter().map(|s| s.load(std::sync::atomic::Ordering::Relaxed)).sum()
+    }
+
+    /// Resets every slot; returns what they held.
+    pub fn take(&self) -> u64 {
+        self.slots.iter().map(|s| s.swap(0, std::sync::atomic::Ordering::Relaxed)).sum()
+    }
+
+    /// Number of slots (a per-slot share of a bound is `bound / slots()`).
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+#[cfg(test)]
+mod counter_tests {
+    use super::*;
+
+    #[test]
+    fn counter_adds_from_many_threads() {
+        let c = std::sync::Arc::new(PerCpuCounter::new());
+        let hs: Vec<_> = (0..8)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        c.add(1);
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(c.sum(), 80_000);
+        assert_eq!(c.take(), 80_000);
+        assert_eq!(c.sum(), 0);
+    }
+}
