@@ -6,6 +6,7 @@
 //! - [`device`]: block I/O on an image file or block device (io_uring or vectored sync I/O).
 
 pub mod checkpoint;
+pub mod crashtest;
 pub mod device;
 pub mod diskdir;
 pub mod engine;

@@ -1,0 +1,195 @@
+//! Runs workload operations on a mounted lanefs and records them in the [`History`].
+//!
+//! Each operation notes the write-log length before it starts; after it returns, the thread
+//! that ran it records what changed (under the history lock). An fsync takes its promises when
+//! it starts, from what was recorded by then — so in a multi-threaded run it promises exactly
+//! the operations that had returned before it was called — and files them when it returns.
+
+use super::ops::{pattern, split, xattr_value, Op};
+use super::oracle::{read_file_state, Acked, History, Id, OpRecord};
+use crate::fs::{Attr, FileKind, Fs};
+use parking_lot::Mutex;
+
+/// What an operation runs against.
+pub struct Exec<'a> {
+    pub fs: &'a Fs,
+    /// The write-log length now.
+    pub events: &'a (dyn Fn() -> usize + Sync),
+    /// Device errors so far (calls that returned an error).
+    pub io_errors: &'a (dyn Fn() -> u64 + Sync),
+    pub hist: &'a Mutex<History>,
+    pub thread: usize,
+    /// Findings made while running (an I/O error not reported to the caller, ...).
+    pub findings: &'a Mutex<Vec<String>>,
+}
+
+fn parent_and_name(path: &str) -> Result<(&str, &[u8]), String> {
+    split(path).map(|(p, n)| (p, n.as_bytes())).ok_or_else(|| format!("{path}: no name"))
+}
+
+impl Exec<'_> {
+    fn resolve(&self, path: &str) -> Result<Attr, String> {
+        self.fs.resolve(path).map_err(|e| format!("{path}: {e}"))
+    }
+
+    fn state(&self, a: &Attr) -> Result<super::oracle::FileState, String> {
+        let a = self.fs.getattr(a.ino).map_err(|e| format!("getattr: {e}"))?;
+        read_file_state(self.fs, &a)
+    }
+
+    /// Runs `op`, records it, and returns its result.
+    pub fn run(&self, op: &Op) -> Result<(), String> {
+        let ev = (self.events)();
+        let errs = (self.io_errors)();
+        let r = self.run_inner(op, ev);
+        let ev_end = (self.events)();
+        let device_failed = (self.io_errors)() > errs;
+        if device_failed && r.is_ok() {
+            self.findings.lock().push(format!(
+                "thread {} `{op}`: the device returned an error during the call, but the call succeeded",
+                self.thread
+            ));
+        }
+        self.hist.lock().log.push(OpRecord {
+            thread: self.thread,
+            ev_start: ev,
+            ev_end,
+            text: op.to_string(),
+            result: r.clone(),
+        });
+        r
+    }
+
+    /// Re-reads a file after a data operation and records its state if it changed (also after
+    /// an error: a write may change memory and then fail in writeback).
+    fn record_file(&self, ev: usize, a: &Attr) {
+        if let Ok(st) = self.state(a) {
+            self.hist.lock().set_file(ev, Id::of(a), st);
+        }
+    }
+
+    fn run_inner(&self, op: &Op, ev: usize) -> Result<(), String> {
+        let fs = self.fs;
+        let e = |r: crate::Result<()>| r.map_err(|e| e.to_string());
+        match op {
+            Op::Create(path) | Op::Mkdir(path) => {
+                let (pp, name) = parent_and_name(path)?;
+                let parent = self.resolve(pp)?;
+                let a = match op {
+                    Op::Create(_) => fs.create(parent.ino, name, 0o644, 0, 0),
+                    _ => fs.mkdir(parent.ino, name, 0o755, 0, 0),
+                }
+                .map_err(|e| e.to_string())?;
+                let id = Id::of(&a);
+                let st = if a.kind == FileKind::Dir { None } else { self.state(&a).ok() };
+                let mut h = self.hist.lock();
+                h.new_inode(id, a.kind);
+                h.set_entry(ev, Id::of(&parent), name, Some(id));
+                if let Some(st) = st {
+                    h.set_file(ev, id, st);
+                }
+                Ok(())
+            }
+            Op::Link(from, to) => {
+                let src = self.resolve(from)?;
+                let (pp, name) = parent_and_name(to)?;
+                let parent = self.resolve(pp)?;
+                e(fs.link(src.ino, parent.ino, name).map(|_| ()))?;
+                self.hist.lock().set_entry(ev, Id::of(&parent), name, Some(Id::of(&src)));
+                Ok(())
+            }
+            Op::Unlink(path) | Op::Rmdir(path) => {
+                let (pp, name) = parent_and_name(path)?;
+                let parent = self.resolve(pp)?;
+                match op {
+                    Op::Unlink(_) => e(fs.unlink(parent.ino, name))?,
+                    _ => e(fs.rmdir(parent.ino, name))?,
+                }
+                self.hist.lock().set_entry(ev, Id::of(&parent), name, None);
+                Ok(())
+            }
+            Op::Rename(from, to) => {
+                let (sp, sname) = parent_and_name(from)?;
+                let (dp, dname) = parent_and_name(to)?;
+                let sdir = self.resolve(sp)?;
+                let ddir = self.resolve(dp)?;
+                let src = fs.lookup(sdir.ino, sname).map_err(|e| format!("{from}: {e}"))?;
+                let dst = fs.lookup(ddir.ino, dname).ok();
+                e(fs.rename(sdir.ino, sname, ddir.ino, dname, 0))?;
+                if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+                    // Two names of one inode: rename does nothing.
+                    return Ok(());
+                }
+                let (sd, dd) = (Id::of(&sdir), Id::of(&ddir));
+                let mut h = self.hist.lock();
+                let src_ver = h.set_entry(ev, sd, sname, None);
+                let dst_ver = h.set_entry(ev, dd, dname, Some(Id::of(&src)));
+                h.note_rename((sd, sname.to_vec()), src_ver, (dd, dname.to_vec()), dst_ver);
+                Ok(())
+            }
+            Op::Write { path, off, len, tag } => {
+                let a = self.resolve(path)?;
+                let r = fs.write_at(a.ino, *off, &pattern(*tag, *off, *len)).map(|_| ());
+                self.record_file(ev, &a);
+                e(r)
+            }
+            Op::Truncate { path, size } => {
+                let a = self.resolve(path)?;
+                let r = fs.truncate(a.ino, *size);
+                self.record_file(ev, &a);
+                e(r)
+            }
+            Op::Falloc { path, mode, off, len } => {
+                let a = self.resolve(path)?;
+                let r = fs.fallocate(a.ino, mode.flags(), *off, *len);
+                self.record_file(ev, &a);
+                e(r)
+            }
+            Op::SetXattr { path, name, len, tag } => {
+                let a = self.resolve(path)?;
+                let r = fs.setxattr(a.ino, name.as_bytes(), &xattr_value(*tag, *len), 0);
+                self.record_file(ev, &a);
+                e(r)
+            }
+            Op::RemoveXattr { path, name } => {
+                let a = self.resolve(path)?;
+                let r = fs.removexattr(a.ino, name.as_bytes());
+                self.record_file(ev, &a);
+                e(r)
+            }
+            Op::Chmod { path, mode } => {
+                let a = self.resolve(path)?;
+                let r = fs
+                    .setattr(a.ino, &crate::fs::SetAttr { mode: Some(*mode), ..Default::default() })
+                    .map(|_| ());
+                if a.kind != FileKind::Dir {
+                    self.record_file(ev, &a);
+                }
+                e(r)
+            }
+            Op::Fsync(path) | Op::Fdatasync(path) => {
+                let a = self.resolve(path)?;
+                let datasync = matches!(op, Op::Fdatasync(_));
+                let promises = self.hist.lock().promise_fsync(Id::of(&a), datasync);
+                e(fs.fsync(a.ino, datasync))?;
+                let ev_end = (self.events)();
+                let op = self.label(op);
+                self.hist.lock().acked.push(Acked { ev_end, op, promises });
+                Ok(())
+            }
+            Op::Sync => {
+                let promises = self.hist.lock().promise_all();
+                e(fs.sync())?;
+                let ev_end = (self.events)();
+                let op = self.label(op);
+                self.hist.lock().acked.push(Acked { ev_end, op, promises });
+                Ok(())
+            }
+        }
+    }
+
+    fn label(&self, op: &Op) -> String {
+        let n = self.hist.lock().log.len();
+        format!("{op} (thread {}, op #{n})", self.thread)
+    }
+}

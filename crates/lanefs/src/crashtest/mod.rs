@@ -1,0 +1,674 @@
+//! Crash-consistency and fault harness (`lanefs crashtest`).
+//!
+//! Workloads run on a lanefs mounted over a [`crate::device::CrashDevice`] (a
+//! [`crate::device::MemDevice`] inside), which logs every block write and flush. For every flush
+//! point, and for subsets and reorderings of the writes in flight after it, the harness rebuilds
+//! the device (a cheap [`overlay::Overlay`] over the shared base image), mounts it — recovery
+//! runs — reads the whole tree back, checks it against the [`oracle`], unmounts, and runs fsck.
+//!
+//! Families of workloads:
+//! - `seq1`, `seq2`: CrashMonkey ACE-style bounded sequences over creat, mkdir, link, unlink,
+//!   rmdir, rename, write, falloc/punch, truncate, setxattr/removexattr, each followed by fsync
+//!   or fdatasync of a file, fsync of a directory, or sync ([`gen`]).
+//! - `random`: longer random mixes, some with a small page cache (writeback) or a small journal
+//!   limit (background checkpoints during the workload).
+//! - `mt-lanes`: two threads pinned to different CPUs (so different lanes), each in its own
+//!   directory, fsyncing concurrently; `mt-rename`: cross-directory renames racing with fsyncs
+//!   of either directory. The oracle credits an fsync only with operations that returned
+//!   before it was called.
+//! - `faults`: a random mix with one device fault ([`workload::Fault`]): EIO on a write or a
+//!   flush, a short write, a torn block. The call that hit it must fail; every state of the
+//!   log, including the device as the run left it, must recover and keep every fsync
+//!   acknowledged.
+//! - `corrupt`: a deterministic corruption sweep over every kind of metadata block and over
+//!   truncated images ([`corrupt`]); no panic, hang or unbounded allocation.
+//!
+//! Everything is derived from `--seed`; each violation prints the workload id and state index
+//! that `--replay ID --state K` runs again. (Multi-threaded workloads replay the same operations,
+//! not necessarily the same interleaving.)
+//!
+//! A crash state that does not finish within [`workload::STATE_TIMEOUT`] is a hang: the harness
+//! prints it and the summary and ends the process, since the stuck thread cannot be stopped.
+//!
+//! Not covered here: a real-process crash test (SIGKILL of a FUSE daemon) needs the FUSE mount.
+
+pub mod corrupt;
+pub mod exec;
+pub mod gen;
+pub mod ops;
+pub mod oracle;
+pub mod overlay;
+pub mod rng;
+pub mod states;
+pub mod workload;
+
+use parking_lot::Mutex;
+use rng::{derive, Rng};
+use states::{Density, Prepared};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use workload::{record, Bases, Fault, Workload};
+
+/// A family of workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    Seq1,
+    Seq2,
+    Random,
+    MtLanes,
+    MtRename,
+    Faults,
+    Corrupt,
+}
+
+impl Family {
+    pub const ALL: [Family; 7] = [
+        Family::Seq1,
+        Family::Seq2,
+        Family::Random,
+        Family::MtLanes,
+        Family::MtRename,
+        Family::Faults,
+        Family::Corrupt,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Seq1 => "seq1",
+            Family::Seq2 => "seq2",
+            Family::Random => "random",
+            Family::MtLanes => "mt-lanes",
+            Family::MtRename => "mt-rename",
+            Family::Faults => "faults",
+            Family::Corrupt => "corrupt",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.name() == s)
+    }
+
+    /// How much of the family a run covers: quick mode about a minute on two idle cores
+    /// (at least 10,000 crash states without counting the corruption sweep), full mode over a
+    /// million crash states.
+    fn budget(self, quick: bool) -> Budget {
+        let states = match (self, quick) {
+            (Family::Seq1, _) | (Family::Corrupt, _) => u64::MAX,
+            (Family::Seq2, true) => 4_000,
+            (Family::Random, true) => 3_000,
+            (Family::MtLanes, true) | (Family::MtRename, true) => 1_200,
+            (Family::Faults, true) => 1_500,
+            (Family::Seq2, false) => 400_000,
+            (Family::Random, false) => 250_000,
+            (Family::MtLanes, false) | (Family::MtRename, false) => 100_000,
+            (Family::Faults, false) => 100_000,
+        };
+        Budget { workloads: u64::MAX, states }
+    }
+}
+
+struct Budget {
+    workloads: u64,
+    states: u64,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub quick: bool,
+    pub seed: u64,
+    pub families: Vec<Family>,
+    /// Worker threads (each takes whole workloads).
+    pub threads: usize,
+    /// Operation kinds left out of generated workloads ([`ops::Op::kind`]), to look past a
+    /// known bug.
+    pub avoid: Vec<String>,
+}
+
+/// What the harness reports while it runs.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A family started.
+    Family { family: Family, target: u64 },
+    /// States checked so far in the current family.
+    Progress { states: u64, violations: u64 },
+    /// A violation (one or more lines of text).
+    Violation(&'a str),
+    /// Something worth saying that is not a violation.
+    Note(&'a str),
+}
+
+/// Receives events; called from worker threads.
+pub type Sink<'a> = &'a (dyn Fn(Event<'_>) + Sync);
+
+/// Per-family figures.
+#[derive(Debug, Clone)]
+pub struct FamilySummary {
+    pub family: Family,
+    pub workloads: u64,
+    pub states: u64,
+    pub violations: u64,
+    pub elapsed: Duration,
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub families: Vec<FamilySummary>,
+    pub states: u64,
+    pub violations: u64,
+    pub elapsed: Duration,
+}
+
+impl Summary {
+    /// The last line of the report.
+    pub fn last_line(&self) -> String {
+        format!("crashtest: {} states, {} violations", self.states, self.violations)
+    }
+}
+
+fn seq1_all() -> &'static Vec<Vec<ops::Op>> {
+    static ALL: OnceLock<Vec<Vec<ops::Op>>> = OnceLock::new();
+    ALL.get_or_init(gen::ace_seq1_all)
+}
+
+/// The key of the `i`-th workload of a family (an index for seq1, a seed otherwise).
+fn family_key(f: Family, seed: u64, i: u64) -> u64 {
+    match f {
+        Family::Seq1 => {
+            // A different order per seed, every workload once.
+            let n = seq1_all().len() as u64;
+            let mut order: Vec<u64> = (0..n).collect();
+            Rng::new(seed).shuffle(&mut order);
+            order.get(i as usize).copied().unwrap_or(u64::MAX)
+        }
+        _ => derive(seed, (f as u64) << 32 | i),
+    }
+}
+
+fn workload_id(f: Family, key: u64) -> String {
+    match f {
+        Family::Seq1 => format!("seq1:{key}"),
+        _ => format!("{}:{key:#x}", f.name()),
+    }
+}
+
+/// Parses `family:key` (as printed in violations).
+pub fn parse_id(id: &str) -> Result<(Family, u64), String> {
+    let (f, k) = id.split_once(':').ok_or_else(|| format!("{id}: expected FAMILY:KEY"))?;
+    let fam = Family::parse(f).ok_or_else(|| format!("{id}: unknown family {f}"))?;
+    let key = match k.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => k.parse(),
+    }
+    .map_err(|_| format!("{id}: bad key {k}"))?;
+    Ok((fam, key))
+}
+
+/// Generates the workload `key` of family `f` (None: past the end of a finite family), without
+/// the operation kinds in `avoid`.
+pub fn make_workload(
+    f: Family,
+    key: u64,
+    bases: &Bases,
+    avoid: &[String],
+) -> Result<Option<Workload>, String> {
+    let Some(mut w) = generate(f, key, bases)? else { return Ok(None) };
+    if !avoid.is_empty() {
+        for t in &mut w.threads {
+            t.retain(|op| !avoid.iter().any(|a| a == op.kind()));
+        }
+    }
+    Ok(Some(w))
+}
+
+fn generate(f: Family, key: u64, bases: &Bases) -> Result<Option<Workload>, String> {
+    let id = workload_id(f, key);
+    let mut rng = Rng::new(key);
+    let w = match f {
+        Family::Seq1 => match seq1_all().get(key as usize) {
+            Some(ops) => gen::ace_workload(id, ops.clone()),
+            None => return Ok(None),
+        },
+        Family::Seq2 => gen::ace_workload(id, gen::ace_seq(2, &mut rng)),
+        Family::Random => gen::random_workload(id, &mut rng),
+        Family::MtLanes => gen::mt_lanes_workload(id, &mut rng),
+        Family::MtRename => gen::mt_rename_workload(id, &mut rng),
+        Family::Faults => {
+            let mut w = gen::fault_base(id, &mut rng);
+            // A dry run counts the device calls, so the fault lands inside the workload.
+            let dry = record(&w, bases)?;
+            let writes = dry.write_calls.max(1);
+            let flushes = dry.flush_calls.max(1);
+            let mut r = Rng::new(derive(key, 0xFA17));
+            let n = 1 + r.below(writes);
+            w.fault = Some(match r.below(4) {
+                0 => Fault::FailWrite(n),
+                1 => Fault::ShortWrite(n, r.index(4)),
+                2 => Fault::TornWrite(n, r.index(3), *r.pick(&[1, 512, 2048, 4000])),
+                _ => Fault::FailFlush(1 + r.below(flushes)),
+            });
+            w
+        }
+        Family::Corrupt => return Err("corrupt cases are not workloads".into()),
+    };
+    Ok(Some(w))
+}
+
+fn density(quick: bool) -> Density {
+    if quick {
+        Density::QUICK
+    } else {
+        Density::FULL
+    }
+}
+
+/// Text of one violating state.
+fn state_line(p: &Prepared, k: usize, problems: &[String]) -> String {
+    let s = &p.states[k];
+    let mut line = format!("  state {k}/{} {}:", p.states.len(), s.describe(&p.flushes, p.window_len(s)));
+    for m in problems.iter().take(8) {
+        line.push_str("\n      - ");
+        line.push_str(m);
+    }
+    if problems.len() > 8 {
+        line.push_str(&format!("\n      - ... and {} more", problems.len() - 8));
+    }
+    line
+}
+
+/// Most states printed per workload (the count covers them all).
+const MAX_PRINTED_STATES: usize = 40;
+
+/// Checks every state of a recording; returns (states checked, violating states).
+fn check_recording(
+    p: &Prepared,
+    only: Option<usize>,
+    slot: &Mutex<Option<(Instant, String)>>,
+    states_done: &AtomicU64,
+    sink: Sink,
+) -> (u64, Vec<(usize, Vec<String>)>) {
+    let mut bad = Vec::new();
+    let mut n = 0;
+    for (k, s) in p.states.iter().enumerate() {
+        if only.is_some_and(|o| o != k) {
+            continue;
+        }
+        *slot.lock() = Some((Instant::now(), format!("{} state {k}", p.rec.workload.id)));
+        let v = p.check(s);
+        n += 1;
+        states_done.fetch_add(1, Ordering::Relaxed);
+        if !v.is_empty() {
+            bad.push((k, v));
+        }
+    }
+    *slot.lock() = None;
+    let _ = sink;
+    (n, bad)
+}
+
+/// The report of one workload with violations.
+fn workload_report(p: &Prepared, findings: &[String], bad: &[(usize, Vec<String>)]) -> String {
+    let w = &p.rec.workload;
+    let mut s = format!(
+        "VIOLATION {}: {} violating state(s), {} finding(s)\n  workload: {}\n",
+        w.id,
+        bad.len(),
+        findings.len(),
+        w.describe()
+    );
+    for f in findings {
+        s.push_str(&format!("  during the run: {f}\n"));
+    }
+    for (k, v) in bad.iter().take(MAX_PRINTED_STATES) {
+        s.push_str(&state_line(p, *k, v));
+        s.push('\n');
+    }
+    if bad.len() > MAX_PRINTED_STATES {
+        s.push_str(&format!("  ... and {} more violating states\n", bad.len() - MAX_PRINTED_STATES));
+    }
+    let first = bad.first().map(|(k, _)| format!(" --state {k}")).unwrap_or_default();
+    s.push_str(&format!("  replay: lanefs crashtest --replay {}{first}", w.id));
+    s
+}
+
+/// Runs the families of `cfg`. Returns the summary; the caller prints its last line.
+pub fn run(cfg: &Config, sink: Sink) -> Summary {
+    let start = Instant::now();
+    let bases = Bases::default();
+    let mut sum = Summary::default();
+    for &f in &cfg.families {
+        let fs = if f == Family::Corrupt {
+            run_corrupt(cfg, &bases, sink, None)
+        } else {
+            run_family(cfg, f, &bases, sink, &sum)
+        };
+        sum.states += fs.states;
+        sum.violations += fs.violations;
+        sum.families.push(fs);
+    }
+    sum.elapsed = start.elapsed();
+    sum
+}
+
+fn run_family(cfg: &Config, f: Family, bases: &Bases, sink: Sink, so_far: &Summary) -> FamilySummary {
+    let start = Instant::now();
+    let budget = f.budget(cfg.quick);
+    sink(Event::Family { family: f, target: budget.states.min(1 << 40) });
+    let next = AtomicU64::new(0);
+    let workloads = AtomicU64::new(0);
+    let states_done = AtomicU64::new(0);
+    let violations = AtomicU64::new(0);
+    let running = AtomicUsize::new(cfg.threads.max(1));
+    let exhausted = AtomicBool::new(false);
+    let slots: Vec<Mutex<Option<(Instant, String)>>> =
+        (0..cfg.threads.max(1)).map(|_| Mutex::new(None)).collect();
+    let d = density(cfg.quick);
+    std::thread::scope(|s| {
+        for slot in &slots {
+            let (next, workloads, states_done, violations, running, exhausted) =
+                (&next, &workloads, &states_done, &violations, &running, &exhausted);
+            let budget = &budget;
+            s.spawn(move || {
+                // Bounded by the budget: each round takes a new workload index.
+                loop {
+                    if exhausted.load(Ordering::Relaxed)
+                        || states_done.load(Ordering::Relaxed) >= budget.states
+                    {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= budget.workloads {
+                        break;
+                    }
+                    let key = family_key(f, cfg.seed, i);
+                    *slot.lock() =
+                        Some((Instant::now(), format!("{} (generating and recording)", workload_id(f, key))));
+                    let w = match make_workload(f, key, bases, &cfg.avoid) {
+                        Ok(Some(w)) => w,
+                        Ok(None) => {
+                            exhausted.store(true, Ordering::Relaxed);
+                            break;
+                        }
+                        Err(e) => {
+                            violations.fetch_add(1, Ordering::Relaxed);
+                            sink(Event::Violation(&format!(
+                                "VIOLATION {}: could not run: {e}",
+                                workload_id(f, key)
+                            )));
+                            continue;
+                        }
+                    };
+                    let rec = match record(&w, bases) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            violations.fetch_add(1, Ordering::Relaxed);
+                            sink(Event::Violation(&format!("VIOLATION {}: could not run: {e}", w.id)));
+                            continue;
+                        }
+                    };
+                    workloads.fetch_add(1, Ordering::Relaxed);
+                    let findings = rec.findings.clone();
+                    let p = Prepared::new(rec, derive(key, 0x57A7E), d);
+                    let (_, bad) = check_recording(&p, None, slot, states_done, sink);
+                    if !bad.is_empty() || !findings.is_empty() {
+                        violations.fetch_add((bad.len() + findings.len()) as u64, Ordering::Relaxed);
+                        sink(Event::Violation(&workload_report(&p, &findings, &bad)));
+                    }
+                }
+                *slot.lock() = None;
+                running.fetch_sub(1, Ordering::Release);
+            });
+        }
+        // Watchdog and progress, until every worker is done.
+        while running.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(Duration::from_millis(200));
+            sink(Event::Progress {
+                states: states_done.load(Ordering::Relaxed),
+                violations: violations.load(Ordering::Relaxed),
+            });
+            for slot in &slots {
+                let stuck = slot
+                    .lock()
+                    .as_ref()
+                    .and_then(|(t, what)| (t.elapsed() > workload::STATE_TIMEOUT).then(|| what.clone()));
+                if let Some(what) = stuck {
+                    let v = violations.load(Ordering::Relaxed) + 1;
+                    sink(Event::Violation(&format!(
+                        "VIOLATION hang: {what} did not finish within {} s",
+                        workload::STATE_TIMEOUT.as_secs()
+                    )));
+                    let total = so_far.states + states_done.load(Ordering::Relaxed);
+                    println!("crashtest: {total} states, {} violations", so_far.violations + v);
+                    std::process::exit(1);
+                }
+            }
+        }
+    });
+    FamilySummary {
+        family: f,
+        workloads: workloads.into_inner(),
+        states: states_done.into_inner(),
+        violations: violations.into_inner(),
+        elapsed: start.elapsed(),
+    }
+}
+
+/// The corruption sweep (sequential: one damaged image at a time, so that the memory check
+/// measures that image alone). `only`: replay one case (reference name, index).
+fn run_corrupt(cfg: &Config, bases: &Bases, sink: Sink, only: Option<(&str, usize)>) -> FamilySummary {
+    let start = Instant::now();
+    let mut out = FamilySummary {
+        family: Family::Corrupt,
+        workloads: 0,
+        states: 0,
+        violations: 0,
+        elapsed: Duration::ZERO,
+    };
+    let refs = match corrupt::references(bases) {
+        Ok(r) => r,
+        Err(e) => {
+            out.violations += 1;
+            sink(Event::Violation(&format!("VIOLATION corrupt: could not build the reference images: {e}")));
+            return out;
+        }
+    };
+    let mut cases: Vec<(usize, corrupt::Damage)> = Vec::new();
+    for (ri, r) in refs.iter().enumerate() {
+        cases.extend(corrupt::sweep(r, cfg.quick, cfg.seed).into_iter().map(|d| (ri, d)));
+        let mut rng = Rng::new(derive(cfg.seed, 0xC0 + ri as u64));
+        let n = if cfg.quick { 100 } else { 20_000 };
+        cases.extend(corrupt::random_damage(r, &mut rng, n).into_iter().map(|d| (ri, d)));
+    }
+    sink(Event::Family { family: Family::Corrupt, target: cases.len() as u64 });
+    let mut per_ref = vec![0usize; refs.len()];
+    let (mut refused, mut mounted, mut walk_failed) = (0u64, 0u64, 0u64);
+    for (ri, d) in cases {
+        let idx = per_ref[ri];
+        per_ref[ri] += 1;
+        if let Some((name, k)) = only {
+            if refs[ri].name != name || idx != k {
+                continue;
+            }
+        }
+        let dev = corrupt::damaged(&refs[ri], &d);
+        out.states += 1;
+        let id = format!("corrupt:{}:{idx}", refs[ri].name);
+        match corrupt::run_case(dev) {
+            corrupt::CaseResult::Done(o) => {
+                match &o.mount_error {
+                    Some(_) => refused += 1,
+                    None => mounted += 1,
+                }
+                if o.walk_errors > 0 {
+                    walk_failed += 1;
+                }
+                if only.is_some() {
+                    sink(Event::Note(&format!(
+                        "{id}: {d} ({} image): mount {}; {} walk errors; fsck {}",
+                        refs[ri].name,
+                        o.mount_error.as_deref().map_or("succeeded".to_string(), |e| format!("refused: {e}")),
+                        o.walk_errors,
+                        o.fsck
+                    )));
+                }
+                if !o.violations.is_empty() {
+                    out.violations += 1;
+                    sink(Event::Violation(&format!(
+                        "VIOLATION {id}: {d} ({} image): {}\n  replay: lanefs crashtest --replay {id}",
+                        refs[ri].name,
+                        o.violations.join("; ")
+                    )));
+                }
+            }
+            corrupt::CaseResult::Hang => {
+                out.violations += 1;
+                sink(Event::Violation(&format!(
+                    "VIOLATION {id}: {d} ({} image): mount, walk or fsck did not finish within {} s (sweep stopped)\n  replay: lanefs crashtest --replay {id}",
+                    refs[ri].name,
+                    corrupt::CASE_TIMEOUT.as_secs()
+                )));
+                break;
+            }
+        }
+        if out.states.is_multiple_of(16) {
+            sink(Event::Progress { states: out.states, violations: out.violations });
+        }
+    }
+    if only.is_none() {
+        let kinds: Vec<String> = corrupt::Target::ALL
+            .iter()
+            .map(|t| {
+                let n: usize = refs.iter().map(|r| r.blocks.iter().filter(|(k, _)| k == t).count()).sum();
+                format!("{} {n}", t.name())
+            })
+            .collect();
+        sink(Event::Note(&format!(
+            "corrupt: {} damaged images: {mounted} mounted and were read back ({walk_failed} with read errors), {refused} refused at mount; blocks found by kind: {}",
+            out.states,
+            kinds.join(", ")
+        )));
+    }
+    out.elapsed = start.elapsed();
+    out
+}
+
+/// Runs one workload (by id, as printed in a violation) or one corruption case, verbosely.
+/// `state`: only that crash state.
+pub fn replay(cfg: &Config, id: &str, state: Option<usize>, sink: Sink) -> Summary {
+    let start = Instant::now();
+    let bases = Bases::default();
+    let mut sum = Summary::default();
+    if let Some(rest) = id.strip_prefix("corrupt:") {
+        let Some((name, k)) = rest.split_once(':').and_then(|(n, k)| Some((n, k.parse::<usize>().ok()?)))
+        else {
+            sink(Event::Violation(&format!("VIOLATION {id}: expected corrupt:REFERENCE:INDEX")));
+            sum.violations = 1;
+            return sum;
+        };
+        let fs = run_corrupt(cfg, &bases, sink, Some((name, k)));
+        sum.states = fs.states;
+        sum.violations = fs.violations;
+        sum.families.push(fs);
+        sum.elapsed = start.elapsed();
+        return sum;
+    }
+    let w = parse_id(id).and_then(|(f, key)| {
+        make_workload(f, key, &bases, &cfg.avoid)?
+            .ok_or_else(|| format!("{id}: no such workload"))
+            .map(|w| (w, key))
+    });
+    match w {
+        Ok((w, key)) => run_one(cfg, w, key, state, &bases, sink, &mut sum),
+        Err(e) => {
+            sink(Event::Violation(&format!("VIOLATION {id}: {e}")));
+            sum.violations = 1;
+        }
+    }
+    sum.elapsed = start.elapsed();
+    sum
+}
+
+/// Runs a script (see [`ops`]) as a workload, verbosely.
+pub fn run_script(cfg: &Config, setup: workload::Setup, text: &str, sink: Sink) -> Summary {
+    let start = Instant::now();
+    let bases = Bases::default();
+    let mut sum = Summary::default();
+    match Workload::from_script(setup, text) {
+        Ok(w) => run_one(cfg, w, cfg.seed, None, &bases, sink, &mut sum),
+        Err(e) => {
+            sink(Event::Violation(&format!("VIOLATION script: {e}")));
+            sum.violations = 1;
+        }
+    }
+    sum.elapsed = start.elapsed();
+    sum
+}
+
+fn run_one(
+    cfg: &Config,
+    w: Workload,
+    key: u64,
+    state: Option<usize>,
+    bases: &Bases,
+    sink: Sink,
+    sum: &mut Summary,
+) {
+    let rec = match record(&w, bases) {
+        Ok(r) => r,
+        Err(e) => {
+            sink(Event::Violation(&format!("VIOLATION {}: could not run: {e}", w.id)));
+            sum.violations += 1;
+            return;
+        }
+    };
+    let findings = rec.findings.clone();
+    let p = Prepared::new(rec, derive(key, 0x57A7E), density(cfg.quick));
+    sink(Event::Note(&format!(
+        "{}: {}\n  write log: {} entries, flushes at {:?}, crash at {}\n  operations:\n{}",
+        w.id,
+        w.describe(),
+        p.rec.log.len(),
+        p.flushes,
+        p.rec.crash_at,
+        p.rec.hist.listing()
+    )));
+    let slot = Mutex::new(None);
+    let done = AtomicU64::new(0);
+    let (n, bad) = check_recording(&p, state, &slot, &done, sink);
+    sum.states += n;
+    if !bad.is_empty() || !findings.is_empty() {
+        sum.violations += (bad.len() + findings.len()) as u64;
+        sink(Event::Violation(&workload_report(&p, &findings, &bad)));
+    }
+    let _ = Arc::new(());
+}
+
+/// Checks one workload given as a script, at the given density; returns every violation as
+/// text (empty: none). For regression tests.
+pub fn check_script(setup: workload::Setup, text: &str, quick: bool) -> Vec<String> {
+    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![] };
+    let out = Mutex::new(Vec::new());
+    let sink = |e: Event<'_>| {
+        if let Event::Violation(v) = e {
+            out.lock().push(v.to_string());
+        }
+    };
+    run_script(&cfg, setup, text, &sink);
+    out.into_inner()
+}
+
+/// As [`check_script`] for a workload of several threads or with a fault.
+pub fn check_workload(w: Workload, quick: bool) -> Vec<String> {
+    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![] };
+    let out = Mutex::new(Vec::new());
+    let sink = |e: Event<'_>| {
+        if let Event::Violation(v) = e {
+            out.lock().push(v.to_string());
+        }
+    };
+    let mut sum = Summary::default();
+    run_one(&cfg, w, 1, None, &Bases::default(), &sink, &mut sum);
+    out.into_inner()
+}

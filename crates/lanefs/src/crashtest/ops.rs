@@ -1,0 +1,280 @@
+//! Workload operations as data: generated, printed, parsed back and replayed.
+//!
+//! A script is operations separated by `;` or newlines, for example
+//! `mkdir /A; create /A/x; write /A/x 0 5000 7; fsync /A/x`. Paths are absolute. Written bytes
+//! are a pattern of the file offset and a tag, so a script fully determines the contents.
+
+use std::fmt;
+
+/// How `falloc` is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallocMode {
+    /// Mode 0: allocate, the size may grow.
+    Alloc,
+    /// FALLOC_FL_KEEP_SIZE.
+    KeepSize,
+    /// FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE.
+    Punch,
+}
+
+impl FallocMode {
+    pub fn flags(self) -> i32 {
+        match self {
+            FallocMode::Alloc => 0,
+            FallocMode::KeepSize => crate::fs::FALLOC_FL_KEEP_SIZE,
+            FallocMode::Punch => crate::fs::FALLOC_FL_PUNCH_HOLE | crate::fs::FALLOC_FL_KEEP_SIZE,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            FallocMode::Alloc => "alloc",
+            FallocMode::KeepSize => "keep",
+            FallocMode::Punch => "punch",
+        }
+    }
+}
+
+/// One operation of a workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Create(String),
+    Mkdir(String),
+    /// link(existing, new).
+    Link(String, String),
+    Unlink(String),
+    Rmdir(String),
+    Rename(String, String),
+    Write {
+        path: String,
+        off: u64,
+        len: u64,
+        tag: u8,
+    },
+    Truncate {
+        path: String,
+        size: u64,
+    },
+    Falloc {
+        path: String,
+        mode: FallocMode,
+        off: u64,
+        len: u64,
+    },
+    SetXattr {
+        path: String,
+        name: String,
+        len: u32,
+        tag: u8,
+    },
+    RemoveXattr {
+        path: String,
+        name: String,
+    },
+    Chmod {
+        path: String,
+        mode: u32,
+    },
+    Fsync(String),
+    Fdatasync(String),
+    Sync,
+}
+
+/// The byte a `write` with `tag` puts at file offset `pos`.
+pub fn pattern_byte(tag: u8, pos: u64) -> u8 {
+    let x = pos.wrapping_mul(0x9E37_79B9).wrapping_add(tag as u64 * 0x1000_0001);
+    ((x >> 11) ^ (x >> 3) ^ tag as u64) as u8
+}
+
+/// The bytes of a `write`.
+pub fn pattern(tag: u8, off: u64, len: u64) -> Vec<u8> {
+    (off..off + len).map(|p| pattern_byte(tag, p)).collect()
+}
+
+/// The value of a `setxattr`.
+pub fn xattr_value(tag: u8, len: u32) -> Vec<u8> {
+    pattern(tag ^ 0x5A, 0, len as u64)
+}
+
+impl Op {
+    /// The operation's kind, as `--avoid` names it: create, mkdir, link, unlink, rmdir,
+    /// rename, write, truncate, falloc, xattr, chmod, fsync, fdatasync, sync.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Op::Create(_) => "create",
+            Op::Mkdir(_) => "mkdir",
+            Op::Link(..) => "link",
+            Op::Unlink(_) => "unlink",
+            Op::Rmdir(_) => "rmdir",
+            Op::Rename(..) => "rename",
+            Op::Write { .. } => "write",
+            Op::Truncate { .. } => "truncate",
+            Op::Falloc { .. } => "falloc",
+            Op::SetXattr { .. } | Op::RemoveXattr { .. } => "xattr",
+            Op::Chmod { .. } => "chmod",
+            Op::Fsync(_) => "fsync",
+            Op::Fdatasync(_) => "fdatasync",
+            Op::Sync => "sync",
+        }
+    }
+
+    /// Every kind name.
+    pub const KINDS: [&'static str; 14] = [
+        "create",
+        "mkdir",
+        "link",
+        "unlink",
+        "rmdir",
+        "rename",
+        "write",
+        "truncate",
+        "falloc",
+        "xattr",
+        "chmod",
+        "fsync",
+        "fdatasync",
+        "sync",
+    ];
+
+    /// Whether the operation is a persistence point (fsync, fdatasync, sync).
+    pub fn is_persist(&self) -> bool {
+        matches!(self, Op::Fsync(_) | Op::Fdatasync(_) | Op::Sync)
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Create(p) => write!(f, "create {p}"),
+            Op::Mkdir(p) => write!(f, "mkdir {p}"),
+            Op::Link(a, b) => write!(f, "link {a} {b}"),
+            Op::Unlink(p) => write!(f, "unlink {p}"),
+            Op::Rmdir(p) => write!(f, "rmdir {p}"),
+            Op::Rename(a, b) => write!(f, "rename {a} {b}"),
+            Op::Write { path, off, len, tag } => write!(f, "write {path} {off} {len} {tag}"),
+            Op::Truncate { path, size } => write!(f, "truncate {path} {size}"),
+            Op::Falloc { path, mode, off, len } => write!(f, "falloc {path} {} {off} {len}", mode.name()),
+            Op::SetXattr { path, name, len, tag } => write!(f, "setxattr {path} {name} {len} {tag}"),
+            Op::RemoveXattr { path, name } => write!(f, "removexattr {path} {name}"),
+            Op::Chmod { path, mode } => write!(f, "chmod {path} {mode:o}"),
+            Op::Fsync(p) => write!(f, "fsync {p}"),
+            Op::Fdatasync(p) => write!(f, "fdatasync {p}"),
+            Op::Sync => write!(f, "sync"),
+        }
+    }
+}
+
+/// Prints a script: operations joined by "; ".
+pub fn script(ops: &[Op]) -> String {
+    ops.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+fn path(w: Option<&str>, line: &str) -> Result<String, String> {
+    let p = w.ok_or_else(|| format!("`{line}`: missing path"))?;
+    if !p.starts_with('/') {
+        return Err(format!("`{line}`: path {p} is not absolute"));
+    }
+    Ok(p.to_string())
+}
+
+fn num<T: std::str::FromStr>(w: Option<&str>, line: &str) -> Result<T, String> {
+    w.and_then(|s| s.parse().ok()).ok_or_else(|| format!("`{line}`: missing or bad number"))
+}
+
+/// Parses one operation.
+pub fn parse_op(line: &str) -> Result<Op, String> {
+    let mut w = line.split_whitespace();
+    let cmd = w.next().ok_or_else(|| "empty operation".to_string())?;
+    let op = match cmd {
+        "create" => Op::Create(path(w.next(), line)?),
+        "mkdir" => Op::Mkdir(path(w.next(), line)?),
+        "link" => Op::Link(path(w.next(), line)?, path(w.next(), line)?),
+        "unlink" => Op::Unlink(path(w.next(), line)?),
+        "rmdir" => Op::Rmdir(path(w.next(), line)?),
+        "rename" => Op::Rename(path(w.next(), line)?, path(w.next(), line)?),
+        "write" => Op::Write {
+            path: path(w.next(), line)?,
+            off: num(w.next(), line)?,
+            len: num(w.next(), line)?,
+            tag: num(w.next(), line)?,
+        },
+        "truncate" => Op::Truncate { path: path(w.next(), line)?, size: num(w.next(), line)? },
+        "falloc" => {
+            let p = path(w.next(), line)?;
+            let mode = match w.next() {
+                Some("alloc") => FallocMode::Alloc,
+                Some("keep") => FallocMode::KeepSize,
+                Some("punch") => FallocMode::Punch,
+                _ => return Err(format!("`{line}`: falloc mode is alloc, keep or punch")),
+            };
+            Op::Falloc { path: p, mode, off: num(w.next(), line)?, len: num(w.next(), line)? }
+        }
+        "setxattr" => Op::SetXattr {
+            path: path(w.next(), line)?,
+            name: w.next().ok_or_else(|| format!("`{line}`: missing name"))?.to_string(),
+            len: num(w.next(), line)?,
+            tag: num(w.next(), line)?,
+        },
+        "removexattr" => Op::RemoveXattr {
+            path: path(w.next(), line)?,
+            name: w.next().ok_or_else(|| format!("`{line}`: missing name"))?.to_string(),
+        },
+        "chmod" => {
+            let p = path(w.next(), line)?;
+            let m = w.next().and_then(|s| u32::from_str_radix(s, 8).ok());
+            Op::Chmod { path: p, mode: m.ok_or_else(|| format!("`{line}`: missing octal mode"))? }
+        }
+        "fsync" => Op::Fsync(path(w.next(), line)?),
+        "fdatasync" => Op::Fdatasync(path(w.next(), line)?),
+        "sync" => Op::Sync,
+        other => return Err(format!("unknown operation `{other}`")),
+    };
+    if w.next().is_some() {
+        return Err(format!("`{line}`: trailing words"));
+    }
+    Ok(op)
+}
+
+/// Parses a script (operations separated by `;` or newlines; `#` starts a comment).
+pub fn parse_script(s: &str) -> Result<Vec<Op>, String> {
+    s.lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .flat_map(|l| l.split(';'))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(parse_op)
+        .collect()
+}
+
+/// Splits an absolute path into parent and last name ("/" has no name).
+pub fn split(path: &str) -> Option<(&str, &str)> {
+    let p = path.trim_end_matches('/');
+    let i = p.rfind('/')?;
+    let name = &p[i + 1..];
+    if name.is_empty() {
+        return None;
+    }
+    Some((if i == 0 { "/" } else { &p[..i] }, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let s = "mkdir /A; create /A/x; write /A/x 10 5000 7; truncate /A/x 3; falloc /A/x punch 0 4096; \
+                 setxattr /A/x user.a 12 3; removexattr /A/x user.a; chmod /A/x 600; link /A/x /y; \
+                 rename /y /A/z; unlink /A/z; fsync /A; fdatasync /A/x; sync; rmdir /B";
+        let ops = parse_script(s).unwrap();
+        assert_eq!(ops.len(), 15);
+        assert_eq!(parse_script(&script(&ops)).unwrap(), ops);
+        assert!(parse_script("frobnicate /x").is_err());
+        assert!(parse_script("create x").is_err());
+        assert!(parse_script("write /x 1 2").is_err());
+        assert_eq!(split("/A/x"), Some(("/A", "x")));
+        assert_eq!(split("/x"), Some(("/", "x")));
+        assert_eq!(split("/"), None);
+        assert_eq!(pattern(3, 5, 4).len(), 4);
+        assert_eq!(pattern(3, 5, 4)[1], pattern_byte(3, 6));
+    }
+}

@@ -1,0 +1,208 @@
+//! Crash states of a recording: which to build, and the check of one.
+//!
+//! For every flush point (and for "before the first flush") the harness builds the image whose
+//! durable part ends at that flush, plus images where some of the writes in flight after it
+//! landed too — prefixes in order (a device that does not reorder), random subsets in random
+//! order (a volatile cache that does), all but one, and, for small windows, every subset. Each
+//! image is mounted (recovery runs), walked, checked against the oracle, unmounted, and checked
+//! by fsck.
+
+use super::oracle::{check, walk};
+use super::overlay::{BlockMap, Overlay};
+use super::rng::{derive, Rng};
+use super::workload::Recording;
+use crate::device::BlockDevice;
+use crate::fs::{Fs, FsOptions};
+use crate::fsck::{self, FsckOptions};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+/// How many states to build per window of in-flight writes.
+#[derive(Debug, Clone, Copy)]
+pub struct Density {
+    /// Ordered prefixes of the window.
+    pub prefixes: usize,
+    /// Random subsets in random order.
+    pub subsets: usize,
+    /// The window without one (random) write.
+    pub drop_one: usize,
+    /// Windows of at most this many writes get every subset (in log order).
+    pub exhaustive_up_to: usize,
+}
+
+impl Density {
+    pub const QUICK: Density = Density { prefixes: 1, subsets: 2, drop_one: 1, exhaustive_up_to: 2 };
+    pub const FULL: Density = Density { prefixes: 3, subsets: 8, drop_one: 2, exhaustive_up_to: 4 };
+}
+
+/// One crash state: the durable prefix up to flush point `flush` (an index into the flush
+/// points; None: no flush yet) and the in-flight writes `extra` (log indices, in the order they
+/// land).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSpec {
+    pub flush: Option<usize>,
+    pub extra: Vec<usize>,
+    pub what: &'static str,
+}
+
+impl StateSpec {
+    pub fn describe(&self, flushes: &[usize], window: usize) -> String {
+        let at = match self.flush {
+            None => "before the first flush".to_string(),
+            Some(k) => format!("after flush {}/{} (log index {})", k + 1, flushes.len(), flushes[k]),
+        };
+        if self.extra.is_empty() {
+            at
+        } else {
+            let shown: Vec<String> = self.extra.iter().take(12).map(|i| i.to_string()).collect();
+            let more = if self.extra.len() > 12 { ", ..." } else { "" };
+            format!(
+                "{at} + {} of {window} in-flight writes ({}: [{}{more}])",
+                self.extra.len(),
+                self.what,
+                shown.join(",")
+            )
+        }
+    }
+}
+
+/// The crash states of a log with flush points `flushes` and `len` entries.
+pub fn plan(log: &super::overlay::WriteLog, seed: u64, d: Density) -> Vec<StateSpec> {
+    let flushes = log.flush_points();
+    let mut rng = Rng::new(derive(seed, 0x5747));
+    let mut out = Vec::new();
+    let points: Vec<Option<usize>> = std::iter::once(None).chain((0..flushes.len()).map(Some)).collect();
+    for f in points {
+        let win: Vec<usize> = log.window(f.map(|k| flushes[k])).collect();
+        out.push(StateSpec { flush: f, extra: vec![], what: "exact" });
+        if win.is_empty() {
+            continue;
+        }
+        let n = win.len();
+        let is_last = f.map_or(flushes.is_empty(), |k| k + 1 == flushes.len());
+        let mut seen: Vec<Vec<usize>> = vec![vec![]];
+        let mut push = |out: &mut Vec<StateSpec>, extra: Vec<usize>, what: &'static str| {
+            // "All in order" equals the next flush point's exact state unless this is the last
+            // window (the device as the run left it).
+            if extra.is_empty() || (extra == win && !is_last) || seen.contains(&extra) {
+                return;
+            }
+            seen.push(extra.clone());
+            out.push(StateSpec { flush: f, extra, what });
+        };
+        if n <= d.exhaustive_up_to {
+            for mask in 1u32..(1 << n) {
+                let extra: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).map(|i| win[i]).collect();
+                push(&mut out, extra, "subset");
+            }
+        }
+        if is_last {
+            push(&mut out, win.clone(), "all");
+        }
+        for _ in 0..d.prefixes {
+            let k = 1 + rng.index(n);
+            push(&mut out, win[..k].to_vec(), "prefix");
+        }
+        for _ in 0..d.subsets {
+            let mut extra: Vec<usize> = win.iter().copied().filter(|_| rng.chance(1, 2)).collect();
+            rng.shuffle(&mut extra);
+            push(&mut out, extra, "reordered subset");
+        }
+        for _ in 0..d.drop_one {
+            if n > 1 {
+                let skip = rng.index(n);
+                let extra: Vec<usize> = (0..n).filter(|&i| i != skip).map(|i| win[i]).collect();
+                push(&mut out, extra, "all but one");
+            }
+        }
+    }
+    out
+}
+
+/// Everything the states of one recording share.
+pub struct Prepared {
+    pub rec: Recording,
+    pub flushes: Vec<usize>,
+    pub maps: Vec<Arc<BlockMap>>,
+    pub states: Vec<StateSpec>,
+}
+
+impl Prepared {
+    pub fn new(rec: Recording, seed: u64, d: Density) -> Prepared {
+        let flushes = rec.log.flush_points();
+        let maps = rec.log.durable_maps();
+        let states = plan(&rec.log, seed, d);
+        Prepared { rec, flushes, maps, states }
+    }
+
+    /// Size of the in-flight window of a state.
+    pub fn window_len(&self, s: &StateSpec) -> usize {
+        self.rec.log.window(s.flush.map(|k| self.flushes[k])).len()
+    }
+
+    /// Builds the device of state `s`.
+    pub fn device(&self, s: &StateSpec) -> Overlay {
+        let map = match s.flush {
+            None => self.maps[0].clone(),
+            Some(k) => self.maps[k + 1].clone(),
+        };
+        let dev = Overlay::with_durable(self.rec.base.clone(), map);
+        dev.apply_log(&self.rec.log, &s.extra);
+        dev
+    }
+
+    /// Checks state `s`; returns what is wrong.
+    pub fn check(&self, s: &StateSpec) -> Vec<String> {
+        let durable = s.flush.map_or(0, |k| self.flushes[k] + 1);
+        let upper = s.extra.iter().max().map_or(durable, |&m| (m + 1).max(durable));
+        let dev = Arc::new(self.device(s));
+        check_image(dev, |fs| {
+            let got = walk(fs);
+            check(&self.rec.hist, &got, durable, upper)
+        })
+    }
+}
+
+/// The text of a panic payload.
+pub fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-text payload".into()
+    }
+}
+
+/// Mounts `dev`, runs `inspect` on the mounted file system, unmounts, and runs fsck. A failed
+/// mount, a failed unmount, an unclean fsck and any panic are reported.
+pub fn check_image(dev: Arc<Overlay>, inspect: impl FnOnce(&Fs) -> Vec<String>) -> Vec<String> {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let opts = FsOptions { checkpoint_interval: None, ..Default::default() };
+        let fs = match Fs::open(dev.clone() as Arc<dyn BlockDevice>, opts) {
+            Ok(f) => f,
+            Err(e) => return vec![format!("mount failed: {e}")],
+        };
+        // A panic below leaks the mount rather than unwinding through its Drop (a second panic
+        // there would abort the whole run).
+        let fs = std::mem::ManuallyDrop::new(fs);
+        let mut v = inspect(&fs);
+        if let Err(e) = std::mem::ManuallyDrop::into_inner(fs).unmount() {
+            v.push(format!("unmount after recovery failed: {e}"));
+        }
+        match fsck::check(&*dev, &FsckOptions::default()) {
+            Ok(r) if r.is_clean() => {}
+            Ok(r) => {
+                let ps: Vec<String> =
+                    r.problems.iter().take(6).map(|p| format!("{}: {}", p.structure, p.message)).collect();
+                v.push(format!("fsck after recovery: {} problem(s): {}", r.problems.len(), ps.join("; ")));
+            }
+            Err(e) => v.push(format!("fsck after recovery could not run: {e}")),
+        }
+        v
+    }));
+    match r {
+        Ok(v) => v,
+        Err(p) => vec![format!("panic: {}", panic_text(&*p))],
+    }
+}

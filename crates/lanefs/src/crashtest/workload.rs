@@ -1,0 +1,408 @@
+//! Workloads: what runs on the recording device, and the recording it leaves.
+
+use super::exec::Exec;
+use super::ops::{parse_script, script, Op};
+use super::oracle::{walk, Acked, History};
+use super::overlay::{Overlay, WriteLog};
+use crate::device::{BlockDevice, CrashDevice, FaultPlan, IoMode, MemDevice, ReadReq, WriteReq};
+use crate::fs::{Fs, FsOptions, MkfsOptions};
+use parking_lot::Mutex;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, OnceLock};
+use std::time::Duration;
+
+/// Image size of every workload: large enough that random mixes do not run out of segments.
+pub const IMAGE_BYTES: u64 = 64 << 20;
+/// Lanes of every image: two, so that two threads can work in different lanes.
+pub const LANES: u32 = 2;
+
+/// What the image holds before a workload starts (durable: written and unmounted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Setup {
+    /// The root directory alone.
+    Empty,
+    /// CrashMonkey's ACE file set: directories A, B, A/C and files with data and an xattr.
+    Ace,
+}
+
+impl Setup {
+    pub fn name(self) -> &'static str {
+        match self {
+            Setup::Empty => "empty",
+            Setup::Ace => "ace",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Setup> {
+        match s {
+            "empty" => Some(Setup::Empty),
+            "ace" => Some(Setup::Ace),
+            _ => None,
+        }
+    }
+
+    /// The operations that build it.
+    pub fn ops(self) -> Vec<Op> {
+        let s = match self {
+            Setup::Empty => "",
+            Setup::Ace => {
+                "mkdir /A; mkdir /B; mkdir /A/C; create /foo; write /foo 0 8192 1; \
+                 create /A/foo; write /A/foo 0 5000 2; create /A/bar; \
+                 create /B/bar; write /B/bar 0 12288 3; setxattr /B/bar user.x 24 4"
+            }
+        };
+        parse_script(s).expect("setup scripts parse")
+    }
+}
+
+/// A device fault to inject (counted from the first call after mount, from 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The nth write call fails and writes nothing.
+    FailWrite(u64),
+    /// The nth write call lands only its first `blocks` blocks.
+    ShortWrite(u64, usize),
+    /// The nth write call lands `blocks` blocks and `bytes` bytes of the next.
+    TornWrite(u64, usize, usize),
+    /// The nth flush fails.
+    FailFlush(u64),
+}
+
+impl Fault {
+    pub fn plan(self) -> FaultPlan {
+        match self {
+            Fault::FailWrite(n) => FaultPlan::new().fail_write(n),
+            Fault::ShortWrite(n, b) => FaultPlan::new().short_write(n, b),
+            Fault::TornWrite(n, b, bytes) => FaultPlan::new().torn_write(n, b, bytes),
+            Fault::FailFlush(n) => FaultPlan::new().fail_flush(n),
+        }
+    }
+}
+
+impl Fault {
+    /// Parses the script form: `fault fail-write N`, `fault short-write N BLOCKS`,
+    /// `fault torn-write N BLOCKS BYTES`, `fault fail-flush N`.
+    pub fn parse(s: &str) -> Result<Fault, String> {
+        let w: Vec<&str> = s.split_whitespace().collect();
+        let n = |i: usize| -> Result<u64, String> {
+            w.get(i).and_then(|x| x.parse().ok()).ok_or_else(|| format!("`{s}`: missing or bad number"))
+        };
+        match w.get(1).copied() {
+            Some("fail-write") => Ok(Fault::FailWrite(n(2)?)),
+            Some("short-write") => Ok(Fault::ShortWrite(n(2)?, n(3)? as usize)),
+            Some("torn-write") => Ok(Fault::TornWrite(n(2)?, n(3)? as usize, n(4)? as usize)),
+            Some("fail-flush") => Ok(Fault::FailFlush(n(2)?)),
+            _ => Err(format!("`{s}`: expected fault fail-write|short-write|torn-write|fail-flush ...")),
+        }
+    }
+
+    /// The script form.
+    pub fn script(self) -> String {
+        match self {
+            Fault::FailWrite(n) => format!("fault fail-write {n}"),
+            Fault::ShortWrite(n, b) => format!("fault short-write {n} {b}"),
+            Fault::TornWrite(n, b, bytes) => format!("fault torn-write {n} {b} {bytes}"),
+            Fault::FailFlush(n) => format!("fault fail-flush {n}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::FailWrite(n) => write!(f, "write call {n} fails (EIO)"),
+            Fault::ShortWrite(n, b) => write!(f, "write call {n} is short ({b} blocks land, EIO)"),
+            Fault::TornWrite(n, b, bytes) => {
+                write!(f, "write call {n} is torn ({b} blocks and {bytes} bytes of the next land, EIO)")
+            }
+            Fault::FailFlush(n) => write!(f, "flush call {n} fails (EIO)"),
+        }
+    }
+}
+
+/// Mount options of a workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Knobs {
+    /// Page cache size (small: writeback runs during the workload).
+    pub cache_bytes: u64,
+    /// Journal size that kicks a background checkpoint.
+    pub journal_blocks_limit: u64,
+}
+
+impl Default for Knobs {
+    fn default() -> Knobs {
+        Knobs { cache_bytes: 256 << 20, journal_blocks_limit: 1 << 20 }
+    }
+}
+
+impl Knobs {
+    pub fn options(self) -> FsOptions {
+        FsOptions {
+            cache_bytes: self.cache_bytes,
+            checkpoint_interval: None,
+            journal_blocks_limit: self.journal_blocks_limit,
+            ..Default::default()
+        }
+    }
+}
+
+/// One workload: a setup, one operation list per thread, mount options, maybe a fault.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// `family:seed`, enough to generate it again (`lanefs crashtest --replay`).
+    pub id: String,
+    pub setup: Setup,
+    pub threads: Vec<Vec<Op>>,
+    pub knobs: Knobs,
+    pub fault: Option<Fault>,
+}
+
+impl Workload {
+    /// A single-threaded workload from a script (see [`super::ops`]). Besides operations, the
+    /// script may hold one `fault ...` item ([`Fault::parse`]).
+    pub fn from_script(setup: Setup, text: &str) -> Result<Workload, String> {
+        let mut fault = None;
+        let mut rest = Vec::new();
+        for item in text.split(['\n', ';']) {
+            let item = item.trim();
+            if item.starts_with("fault ") {
+                fault = Some(Fault::parse(item)?);
+            } else {
+                rest.push(item);
+            }
+        }
+        Ok(Workload {
+            id: "script".into(),
+            setup,
+            threads: vec![parse_script(&rest.join("; "))?],
+            knobs: Knobs::default(),
+            fault,
+        })
+    }
+
+    /// The workload as text: setup, knobs, fault, and each thread's script.
+    pub fn describe(&self) -> String {
+        let mut s = format!("setup {}", self.setup.name());
+        if self.knobs != Knobs::default() {
+            s.push_str(&format!(
+                ", cache {} KiB, journal limit {} blocks",
+                self.knobs.cache_bytes >> 10,
+                self.knobs.journal_blocks_limit
+            ));
+        }
+        if let Some(f) = self.fault {
+            s.push_str(&format!(", fault: {f} (`{}`)", f.script()));
+        }
+        for (t, ops) in self.threads.iter().enumerate() {
+            s.push_str(&format!("\n    thread {t}: {}", script(ops)));
+        }
+        s
+    }
+}
+
+/// A base image and its history.
+pub struct BaseImage {
+    pub image: Arc<Vec<u8>>,
+    pub hist: History,
+}
+
+/// Base images, built on first use.
+#[derive(Default)]
+pub struct Bases {
+    empty: OnceLock<Result<Arc<BaseImage>, String>>,
+    ace: OnceLock<Result<Arc<BaseImage>, String>>,
+}
+
+impl Bases {
+    pub fn get(&self, s: Setup) -> Result<Arc<BaseImage>, String> {
+        let cell = match s {
+            Setup::Empty => &self.empty,
+            Setup::Ace => &self.ace,
+        };
+        cell.get_or_init(|| build_base(s).map(Arc::new)).clone()
+    }
+}
+
+fn build_base(setup: Setup) -> Result<BaseImage, String> {
+    let dev = Arc::new(MemDevice::new(IMAGE_BYTES));
+    Fs::format(&*dev, &MkfsOptions { lanes: LANES, ..Default::default() })
+        .map_err(|e| format!("mkfs: {e}"))?;
+    let fs = Fs::open(dev.clone() as Arc<dyn BlockDevice>, Knobs::default().options())
+        .map_err(|e| format!("mount of a new image: {e}"))?;
+    let hist = Mutex::new(History::default());
+    let findings = Mutex::new(Vec::new());
+    let exec = Exec { fs: &fs, events: &|| 0, io_errors: &|| 0, hist: &hist, thread: 0, findings: &findings };
+    for op in setup.ops() {
+        exec.run(&op).map_err(|e| format!("setup `{op}`: {e}"))?;
+    }
+    fs.unmount().map_err(|e| format!("unmount after setup: {e}"))?;
+    let image = Arc::new(dev.snapshot());
+    let ov = Arc::new(Overlay::new(image.clone()));
+    let fs = Fs::open(ov as Arc<dyn BlockDevice>, Knobs::default().options())
+        .map_err(|e| format!("mount of the base image: {e}"))?;
+    let rec = walk(&fs);
+    drop(fs);
+    if !rec.problems.is_empty() {
+        return Err(format!("walk of the base image: {}", rec.problems.join("; ")));
+    }
+    Ok(BaseImage { image, hist: History::from_recovered(&rec) })
+}
+
+/// Counts calls to a device and the errors it returns.
+pub struct Probe {
+    inner: Arc<dyn BlockDevice>,
+    pub writes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl Probe {
+    pub fn new(inner: Arc<dyn BlockDevice>) -> Probe {
+        Probe { inner, writes: AtomicU64::new(0), flushes: AtomicU64::new(0), errors: AtomicU64::new(0) }
+    }
+    fn count<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        if r.is_err() {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl BlockDevice for Probe {
+    fn block_count(&self) -> u64 {
+        self.inner.block_count()
+    }
+    fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> io::Result<()> {
+        let r = self.inner.read_batch(reqs);
+        self.count(r)
+    }
+    fn write_batch(&self, reqs: &[WriteReq<'_>]) -> io::Result<()> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.write_batch(reqs);
+        self.count(r)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.flush();
+        self.count(r)
+    }
+    fn io_mode(&self) -> IoMode {
+        self.inner.io_mode()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// What running a workload left: the write log and the history.
+pub struct Recording {
+    pub workload: Workload,
+    pub base: Arc<Vec<u8>>,
+    pub log: WriteLog,
+    pub hist: History,
+    /// Problems seen while it ran (not tied to a crash state).
+    pub findings: Vec<String>,
+    /// Log length when the workload ended (the crash), before the unmount's writes.
+    pub crash_at: usize,
+    /// Device write and flush calls the run made.
+    pub write_calls: u64,
+    pub flush_calls: u64,
+}
+
+/// Pins the calling thread to the `k`-th CPU it may run on (best effort: lanes follow the CPU).
+fn pin(k: usize) {
+    if let Ok(allowed) = rustix::thread::sched_getaffinity(None) {
+        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
+        if cpus.len() > 1 {
+            let mut set = rustix::thread::CpuSet::new();
+            set.set(cpus[k % cpus.len()]);
+            let _ = rustix::thread::sched_setaffinity(None, &set);
+        }
+    }
+}
+
+/// Runs `w` on a recording device over a copy of its base image. The run ends in a crash
+/// (the log is what reached the device) followed by an unmount whose writes are logged too, so
+/// crash states during the final checkpoint are checked and the last state must hold
+/// everything.
+pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
+    let base = bases.get(w.setup)?;
+    let mem = MemDevice::from_bytes(base.image.as_ref().clone());
+    let crash = Arc::new(CrashDevice::new(mem));
+    let probe = Arc::new(Probe::new(crash.clone() as Arc<dyn BlockDevice>));
+    let fs = Fs::open(probe.clone() as Arc<dyn BlockDevice>, w.knobs.options())
+        .map_err(|e| format!("mount of the base image: {e}"))?;
+    if let Some(f) = w.fault {
+        crash.set_fault_plan(f.plan());
+        probe.writes.store(0, Ordering::Relaxed);
+        probe.flushes.store(0, Ordering::Relaxed);
+    }
+    // The base image is durable as a whole.
+    let mut h0 = base.hist.clone();
+    let all = h0.promise_all();
+    h0.acked.push(Acked { ev_end: 0, op: "setup (the base image)".into(), promises: all });
+    let hist = Mutex::new(h0);
+    let findings = Mutex::new(Vec::new());
+    let events = || crash.event_count();
+    let errors = || probe.errors.load(Ordering::Relaxed);
+    if w.threads.len() == 1 {
+        let exec = Exec {
+            fs: &fs,
+            events: &events,
+            io_errors: &errors,
+            hist: &hist,
+            thread: 0,
+            findings: &findings,
+        };
+        for op in &w.threads[0] {
+            let _ = exec.run(op);
+        }
+    } else {
+        let barrier = Barrier::new(w.threads.len());
+        std::thread::scope(|s| {
+            for (t, ops) in w.threads.iter().enumerate() {
+                let (fs, hist, findings, barrier) = (&fs, &hist, &findings, &barrier);
+                let (events, errors) = (&events, &errors);
+                s.spawn(move || {
+                    pin(t);
+                    let exec = Exec { fs, events, io_errors: errors, hist, thread: t, findings };
+                    barrier.wait();
+                    for op in ops {
+                        let _ = exec.run(op);
+                    }
+                });
+            }
+        });
+    }
+    let mut findings = findings.into_inner();
+    let mut hist = hist.into_inner();
+    let live = walk(&fs);
+    findings.extend(hist.compare_live(&live).into_iter().map(|m| format!("before the crash: {m}")));
+    // Unmount: its checkpoint makes everything durable (contract 3).
+    let crash_at = crash.event_count();
+    let promises = hist.promise_all();
+    let errs = errors();
+    match fs.unmount() {
+        Ok(()) if errors() > errs => {
+            findings.push("unmount: the device returned an error, but unmount succeeded".into())
+        }
+        Ok(()) => hist.acked.push(Acked { ev_end: crash.event_count(), op: "unmount".into(), promises }),
+        Err(e) if w.fault.is_none() => findings.push(format!("unmount failed: {e}")),
+        Err(_) => {}
+    }
+    let log = WriteLog::from_events(&crash.events());
+    Ok(Recording {
+        workload: w.clone(),
+        base: base.image.clone(),
+        log,
+        hist,
+        findings,
+        crash_at,
+        write_calls: probe.writes.load(Ordering::Relaxed),
+        flush_calls: probe.flushes.load(Ordering::Relaxed),
+    })
+}
+
+/// How long one crash state may take before the harness calls it a hang.
+pub const STATE_TIMEOUT: Duration = Duration::from_secs(60);
