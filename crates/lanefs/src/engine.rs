@@ -236,6 +236,7 @@ impl Engine {
             generation: inode.generation,
             xattrs: self.read_xattrs(ino, inode.xattr_nid)?,
             xattrs_dirty: false,
+            xattrs_cp_dirty: false,
             symlink: Vec::new(),
         };
         let mut disk = DiskState {

@@ -84,12 +84,11 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         reads.push(r);
     }
     for r in &mut reads {
-        let kept = verified_prefix(&*dev, r)?;
+        let kept = verified_prefix(&*dev, r, cp.stamp)?;
         report.torn_transactions += r.transactions.len() - kept;
         r.truncate(kept);
         report.transactions += kept;
     }
-    // Images formatted without journal heads get them recorded by the checkpoint below.
     let touched = reads.iter().any(|r| !r.blocks.is_empty())
         || !cp.orphans.is_empty()
         || cp.lanes.iter().any(|l| l.journal_head == 0);
@@ -99,17 +98,17 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         .max()
         .unwrap_or(0);
     if touched {
-        // Protect what the chains use until the post-recovery checkpoint is durable.
-        for r in &reads {
-            for t in &r.transactions {
-                for (addr, _) in t.data_refs() {
-                    table.claim_valid(addr as u64, cp.elapsed_secs)?;
-                }
-            }
-        }
+        // Protect what the chains use until the post-recovery checkpoint is durable: the
+        // segments of journal blocks and of data that replay may install stay out of the free
+        // map (prefree); replay marks a block valid when it installs it.
         for r in &reads {
             for &b in &r.blocks {
                 if let Some((segno, _)) = g.seg_of(b) {
+                    table.claim_for_journal(segno)?;
+                }
+            }
+            for (addr, _) in r.transactions.iter().flat_map(|t| newer_data_refs(t, cp.stamp)) {
+                if let Some((segno, _)) = g.seg_of(addr as u64) {
                     table.claim_for_journal(segno)?;
                 }
             }
@@ -204,10 +203,25 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     Ok((engine, report))
 }
 
-/// How many leading transactions of `r` have every referenced data block intact.
-fn verified_prefix(dev: &dyn BlockDevice, r: &ChainRead) -> Result<usize> {
+/// Data blocks (address, crc) that records of `t` newer than the checkpoint map.
+fn newer_data_refs(t: &crate::journal::Transaction, cp_stamp: u64) -> Vec<(u32, u32)> {
+    t.records
+        .iter()
+        .filter(|r| r.stamp().ticks > cp_stamp)
+        .flat_map(|r| match r {
+            Record::Map { entries, .. } => {
+                entries.iter().filter(|e| e.0 != 0 && e.0 != NEW_ADDR).copied().collect()
+            }
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// How many leading transactions of `r` have every data block they map (past the checkpoint)
+/// intact.
+fn verified_prefix(dev: &dyn BlockDevice, r: &ChainRead, cp_stamp: u64) -> Result<usize> {
     for (k, t) in r.transactions.iter().enumerate() {
-        let refs = t.data_refs();
+        let refs = newer_data_refs(t, cp_stamp);
         let data = read_blocks(dev, &refs.iter().map(|x| x.0 as u64).collect::<Vec<_>>())?;
         let ok = refs.iter().zip(data.chunks(BLOCK_SIZE)).all(|((_, crc), b)| crc32c::crc32c(b) == *crc);
         if !ok {
@@ -247,6 +261,7 @@ impl Engine {
                     generation: attr.generation,
                     xattrs: Vec::new(),
                     xattrs_dirty: false,
+                    xattrs_cp_dirty: false,
                     symlink: symlink.clone(),
                 };
                 let m = MNode::new(*ino, meta, attr.size, t(attr.mtime), t(attr.ctime), &self.cache);
@@ -350,6 +365,11 @@ impl Engine {
                     } else if addr == NEW_ADDR {
                         disk.cur_map.insert(idx, NEW_ADDR);
                     } else {
+                        if disk.cur_map.get(&idx) == Some(&addr) {
+                            continue;
+                        }
+                        // Installed: live from now on (its segment was kept out of the free map).
+                        self.table.claim_valid(addr as u64, 0)?;
                         disk.remap(idx, addr);
                     }
                 }
@@ -366,6 +386,7 @@ impl Engine {
                 let mut meta = m.meta.lock();
                 meta.xattrs = attrs.clone();
                 meta.xattrs_dirty = true;
+                meta.xattrs_cp_dirty = true;
                 drop(meta);
                 self.mark_dirty(&m);
             }

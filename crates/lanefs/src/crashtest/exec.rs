@@ -21,6 +21,8 @@ pub struct Exec<'a> {
     pub thread: usize,
     /// Findings made while running (an I/O error not reported to the caller, ...).
     pub findings: &'a Mutex<Vec<String>>,
+    /// Inodes opened by `open`, by the path they were opened as.
+    pub handles: std::cell::RefCell<std::collections::HashMap<String, crate::fs::Ino>>,
 }
 
 fn parent_and_name(path: &str) -> Result<(&str, &[u8]), String> {
@@ -108,6 +110,51 @@ impl Exec<'_> {
                 self.hist.lock().set_entry(ev, Id::of(&parent), name, None);
                 Ok(())
             }
+            Op::Exchange(a, b) => {
+                let (sp, sname) = parent_and_name(a)?;
+                let (dp, dname) = parent_and_name(b)?;
+                let sdir = self.resolve(sp)?;
+                let ddir = self.resolve(dp)?;
+                let x = fs.lookup(sdir.ino, sname).map_err(|e| format!("{a}: {e}"))?;
+                let y = fs.lookup(ddir.ino, dname).map_err(|e| format!("{b}: {e}"))?;
+                e(fs.rename(sdir.ino, sname, ddir.ino, dname, crate::fs::RENAME_EXCHANGE))?;
+                if x.ino == y.ino {
+                    return Ok(());
+                }
+                let (sd, dd) = (Id::of(&sdir), Id::of(&ddir));
+                let mut h = self.hist.lock();
+                let v = h.set_entries(ev, &[(sd, sname, Some(Id::of(&y))), (dd, dname, Some(Id::of(&x)))]);
+                h.note_rename((sd, sname.to_vec()), v[0], (dd, dname.to_vec()), v[1]);
+                Ok(())
+            }
+            Op::Symlink(target, path) => {
+                let (pp, name) = parent_and_name(path)?;
+                let parent = self.resolve(pp)?;
+                let a = fs.symlink(parent.ino, name, target.as_bytes(), 0, 0).map_err(|e| e.to_string())?;
+                let id = Id::of(&a);
+                let st = self.state(&a).ok();
+                let mut h = self.hist.lock();
+                h.new_inode(id, a.kind);
+                h.set_entry(ev, Id::of(&parent), name, Some(id));
+                if let Some(st) = st {
+                    h.set_file(ev, id, st);
+                }
+                Ok(())
+            }
+            Op::Open(path) => {
+                if self.handles.borrow().contains_key(path) {
+                    return Err(format!("{path}: already open"));
+                }
+                let a = self.resolve(path)?;
+                e(fs.open_ino(a.ino).map(|_| ()))?;
+                self.handles.borrow_mut().insert(path.clone(), a.ino);
+                Ok(())
+            }
+            Op::Close(path) => {
+                let ino =
+                    self.handles.borrow_mut().remove(path).ok_or_else(|| format!("{path}: not open"))?;
+                e(fs.release(ino))
+            }
             Op::Rename(from, to) => {
                 let (sp, sname) = parent_and_name(from)?;
                 let (dp, dname) = parent_and_name(to)?;
@@ -122,9 +169,8 @@ impl Exec<'_> {
                 }
                 let (sd, dd) = (Id::of(&sdir), Id::of(&ddir));
                 let mut h = self.hist.lock();
-                let src_ver = h.set_entry(ev, sd, sname, None);
-                let dst_ver = h.set_entry(ev, dd, dname, Some(Id::of(&src)));
-                h.note_rename((sd, sname.to_vec()), src_ver, (dd, dname.to_vec()), dst_ver);
+                let v = h.set_entries(ev, &[(sd, sname, None), (dd, dname, Some(Id::of(&src)))]);
+                h.note_rename((sd, sname.to_vec()), v[0], (dd, dname.to_vec()), v[1]);
                 Ok(())
             }
             Op::Write { path, off, len, tag } => {
@@ -175,6 +221,10 @@ impl Exec<'_> {
                 let ev_end = (self.events)();
                 let op = self.label(op);
                 self.hist.lock().acked.push(Acked { ev_end, op, promises });
+                Ok(())
+            }
+            Op::Sleep(ms) => {
+                std::thread::sleep(std::time::Duration::from_millis((*ms).min(1000)));
                 Ok(())
             }
             Op::Sync => {

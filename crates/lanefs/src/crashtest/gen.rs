@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 enum Kind {
     File,
     Dir,
+    Symlink,
 }
 
 /// What a generator believes exists.
@@ -21,6 +22,8 @@ enum Kind {
 struct Model {
     paths: BTreeMap<String, Kind>,
     xattrs: BTreeSet<(String, String)>,
+    /// Paths `open` was called with and `close` was not.
+    open: BTreeSet<String>,
 }
 
 fn parent(p: &str) -> &str {
@@ -101,7 +104,19 @@ impl Model {
                 self.paths.insert(b.clone(), Kind::File);
                 // Hard links share xattrs; the model forgets them on the new name (harmless).
             }
-            Op::Unlink(p) if self.is_file(p) => {
+            Op::Symlink(_, p) if self.can_create(p) => {
+                self.paths.insert(p.clone(), Kind::Symlink);
+            }
+            Op::Exchange(a, b) if self.is_file(a) && self.is_file(b) => {
+                self.xattrs.retain(|(q, _)| q != a && q != b);
+            }
+            Op::Open(p) => {
+                self.open.insert(p.clone());
+            }
+            Op::Close(p) => {
+                self.open.remove(p);
+            }
+            Op::Unlink(p) if self.kind(p).is_some_and(|k| k != Kind::Dir) => {
                 self.paths.remove(p);
                 self.xattrs.retain(|(q, _)| q != p);
             }
@@ -283,7 +298,7 @@ fn random_op(m: &Model, rng: &mut Rng, root: &str, tag: u8) -> Option<Op> {
         join(&d, &format!("{prefix}{}", rng.below(n)))
     };
     let file = |rng: &mut Rng| (!files.is_empty()).then(|| rng.pick(&files).clone());
-    let roll = rng.below(100);
+    let roll = rng.below(108);
     let op = match roll {
         0..=11 => Op::Create(new_name(rng, &dirs, "f", 8)),
         12..=15 => {
@@ -352,7 +367,33 @@ fn random_op(m: &Model, rng: &mut Rng, root: &str, tag: u8) -> Option<Op> {
         71..=84 => Op::Fsync(file(rng)?),
         85..=87 => Op::Fdatasync(file(rng)?),
         88..=96 => Op::Fsync(rng.pick(&dirs).clone()),
-        _ => Op::Sync,
+        97..=99 => Op::Sync,
+        100 | 101 => Op::Symlink(format!("../t{}", rng.below(100)), new_name(rng, &dirs, "s", 4)),
+        102 | 103 => {
+            if files.len() < 2 {
+                return None;
+            }
+            let a = rng.pick(&files).clone();
+            let b = rng.pick(&files).clone();
+            if a == b {
+                return None;
+            }
+            Op::Exchange(a, b)
+        }
+        104 | 105 => {
+            let path = file(rng)?;
+            if m.open.contains(&path) {
+                return None;
+            }
+            Op::Open(path)
+        }
+        _ => {
+            let open: Vec<&String> = m.open.iter().filter(|p| in_root(p)).collect();
+            if open.is_empty() {
+                return None;
+            }
+            Op::Close((*rng.pick(&open)).clone())
+        }
     };
     Some(op)
 }

@@ -46,7 +46,7 @@ use parking_lot::Mutex;
 use rng::{derive, Rng};
 use states::{Density, Prepared};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use workload::{record, Bases, Fault, Workload};
 
@@ -104,12 +104,12 @@ impl Family {
             (Family::MtLanes, false) | (Family::MtRename, false) => 100_000,
             (Family::Faults, false) => 100_000,
         };
-        Budget { workloads: u64::MAX, states }
+        Budget { states }
     }
 }
 
 struct Budget {
-    workloads: u64,
+    /// Stop taking new workloads once this many states were checked.
     states: u64,
 }
 
@@ -206,6 +206,10 @@ pub fn parse_id(id: &str) -> Result<(Family, u64), String> {
     Ok((fam, key))
 }
 
+/// The `--avoid` name that leaves out the small journal limits under which background
+/// checkpoints overlap a workload.
+pub const BG_CHECKPOINT: &str = "bg-checkpoint";
+
 /// Generates the workload `key` of family `f` (None: past the end of a finite family), without
 /// the operation kinds in `avoid`.
 pub fn make_workload(
@@ -215,10 +219,11 @@ pub fn make_workload(
     avoid: &[String],
 ) -> Result<Option<Workload>, String> {
     let Some(mut w) = generate(f, key, bases)? else { return Ok(None) };
-    if !avoid.is_empty() {
-        for t in &mut w.threads {
-            t.retain(|op| !avoid.iter().any(|a| a == op.kind()));
-        }
+    for t in &mut w.threads {
+        t.retain(|op| !avoid.iter().any(|a| a == op.kind()));
+    }
+    if avoid.iter().any(|a| a == BG_CHECKPOINT) {
+        w.knobs.journal_blocks_limit = workload::Knobs::default().journal_blocks_limit;
     }
     Ok(Some(w))
 }
@@ -287,7 +292,6 @@ fn check_recording(
     only: Option<usize>,
     slot: &Mutex<Option<(Instant, String)>>,
     states_done: &AtomicU64,
-    sink: Sink,
 ) -> (u64, Vec<(usize, Vec<String>)>) {
     let mut bad = Vec::new();
     let mut n = 0;
@@ -304,7 +308,6 @@ fn check_recording(
         }
     }
     *slot.lock() = None;
-    let _ = sink;
     (n, bad)
 }
 
@@ -379,9 +382,6 @@ fn run_family(cfg: &Config, f: Family, bases: &Bases, sink: Sink, so_far: &Summa
                         break;
                     }
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= budget.workloads {
-                        break;
-                    }
                     let key = family_key(f, cfg.seed, i);
                     *slot.lock() =
                         Some((Instant::now(), format!("{} (generating and recording)", workload_id(f, key))));
@@ -411,7 +411,7 @@ fn run_family(cfg: &Config, f: Family, bases: &Bases, sink: Sink, so_far: &Summa
                     workloads.fetch_add(1, Ordering::Relaxed);
                     let findings = rec.findings.clone();
                     let p = Prepared::new(rec, derive(key, 0x57A7E), d);
-                    let (_, bad) = check_recording(&p, None, slot, states_done, sink);
+                    let (_, bad) = check_recording(&p, None, slot, states_done);
                     if !bad.is_empty() || !findings.is_empty() {
                         violations.fetch_add((bad.len() + findings.len()) as u64, Ordering::Relaxed);
                         sink(Event::Violation(&workload_report(&p, &findings, &bad)));
@@ -436,8 +436,9 @@ fn run_family(cfg: &Config, f: Family, bases: &Bases, sink: Sink, so_far: &Summa
                 if let Some(what) = stuck {
                     let v = violations.load(Ordering::Relaxed) + 1;
                     sink(Event::Violation(&format!(
-                        "VIOLATION hang: {what} did not finish within {} s",
-                        workload::STATE_TIMEOUT.as_secs()
+                        "VIOLATION hang: {what} did not finish within {} s{}",
+                        workload::STATE_TIMEOUT.as_secs(),
+                        thread_stacks()
                     )));
                     let total = so_far.states + states_done.load(Ordering::Relaxed);
                     println!("crashtest: {total} states, {} violations", so_far.violations + v);
@@ -452,6 +453,29 @@ fn run_family(cfg: &Config, f: Family, bases: &Bases, sink: Sink, so_far: &Summa
         states: states_done.into_inner(),
         violations: violations.into_inner(),
         elapsed: start.elapsed(),
+    }
+}
+
+/// The stacks of this process's threads, by gdb if it is installed (best effort, for the
+/// report of a hang; only lanefs frames are kept).
+fn thread_stacks() -> String {
+    let pid = std::process::id().to_string();
+    let out = std::process::Command::new("timeout")
+        .args(["30", "gdb", "-p", &pid, "-batch", "-ex", "thread apply all bt 40"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    let Ok(out) = out else { return String::new() };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let keep: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("Thread ") || (l.starts_with('#') && l.contains("lanefs::")))
+        .map(|l| l.split(" at /").next().unwrap_or(l))
+        .collect();
+    if keep.is_empty() {
+        String::new()
+    } else {
+        format!("\n  thread stacks (gdb):\n    {}", keep.join("\n    "))
     }
 }
 
@@ -626,23 +650,23 @@ fn run_one(
     let findings = rec.findings.clone();
     let p = Prepared::new(rec, derive(key, 0x57A7E), density(cfg.quick));
     sink(Event::Note(&format!(
-        "{}: {}\n  write log: {} entries, flushes at {:?}, crash at {}\n  operations:\n{}",
+        "{}: {}\n  write log: {} entries, flushes at {:?}, crash at {}\n  operations:\n{}  file versions:\n{}",
         w.id,
         w.describe(),
         p.rec.log.len(),
         p.flushes,
         p.rec.crash_at,
-        p.rec.hist.listing()
+        p.rec.hist.listing(),
+        p.rec.hist.file_listing()
     )));
     let slot = Mutex::new(None);
     let done = AtomicU64::new(0);
-    let (n, bad) = check_recording(&p, state, &slot, &done, sink);
+    let (n, bad) = check_recording(&p, state, &slot, &done);
     sum.states += n;
     if !bad.is_empty() || !findings.is_empty() {
         sum.violations += (bad.len() + findings.len()) as u64;
         sink(Event::Violation(&workload_report(&p, &findings, &bad)));
     }
-    let _ = Arc::new(());
 }
 
 /// Checks one workload given as a script, at the given density; returns every violation as

@@ -44,6 +44,14 @@ pub enum Op {
     Unlink(String),
     Rmdir(String),
     Rename(String, String),
+    /// rename(2) with RENAME_EXCHANGE.
+    Exchange(String, String),
+    /// symlink(target, path).
+    Symlink(String, String),
+    /// Opens a file (keeps its inode alive after its last name goes, until `close`).
+    Open(String),
+    /// Releases the inode `open` of the same path opened.
+    Close(String),
     Write {
         path: String,
         off: u64,
@@ -77,6 +85,9 @@ pub enum Op {
     Fsync(String),
     Fdatasync(String),
     Sync,
+    /// Waits this many milliseconds (at most 1000): lets a background checkpoint start, to
+    /// reproduce races. Never generated.
+    Sleep(u64),
 }
 
 /// The byte a `write` with `tag` puts at file offset `pos`.
@@ -97,7 +108,8 @@ pub fn xattr_value(tag: u8, len: u32) -> Vec<u8> {
 
 impl Op {
     /// The operation's kind, as `--avoid` names it: create, mkdir, link, unlink, rmdir,
-    /// rename, write, truncate, falloc, xattr, chmod, fsync, fdatasync, sync.
+    /// rename, exchange, symlink, open (and close), write, truncate, falloc, xattr, chmod,
+    /// fsync, fdatasync, sync.
     pub fn kind(&self) -> &'static str {
         match self {
             Op::Create(_) => "create",
@@ -106,6 +118,9 @@ impl Op {
             Op::Unlink(_) => "unlink",
             Op::Rmdir(_) => "rmdir",
             Op::Rename(..) => "rename",
+            Op::Exchange(..) => "exchange",
+            Op::Symlink(..) => "symlink",
+            Op::Open(_) | Op::Close(_) => "open",
             Op::Write { .. } => "write",
             Op::Truncate { .. } => "truncate",
             Op::Falloc { .. } => "falloc",
@@ -114,6 +129,7 @@ impl Op {
             Op::Fsync(_) => "fsync",
             Op::Fdatasync(_) => "fdatasync",
             Op::Sync => "sync",
+            Op::Sleep(_) => "sleep",
         }
     }
 
@@ -150,6 +166,10 @@ impl fmt::Display for Op {
             Op::Unlink(p) => write!(f, "unlink {p}"),
             Op::Rmdir(p) => write!(f, "rmdir {p}"),
             Op::Rename(a, b) => write!(f, "rename {a} {b}"),
+            Op::Exchange(a, b) => write!(f, "exchange {a} {b}"),
+            Op::Symlink(t, p) => write!(f, "symlink {t} {p}"),
+            Op::Open(p) => write!(f, "open {p}"),
+            Op::Close(p) => write!(f, "close {p}"),
             Op::Write { path, off, len, tag } => write!(f, "write {path} {off} {len} {tag}"),
             Op::Truncate { path, size } => write!(f, "truncate {path} {size}"),
             Op::Falloc { path, mode, off, len } => write!(f, "falloc {path} {} {off} {len}", mode.name()),
@@ -159,6 +179,7 @@ impl fmt::Display for Op {
             Op::Fsync(p) => write!(f, "fsync {p}"),
             Op::Fdatasync(p) => write!(f, "fdatasync {p}"),
             Op::Sync => write!(f, "sync"),
+            Op::Sleep(ms) => write!(f, "sleep {ms}"),
         }
     }
 }
@@ -191,6 +212,13 @@ pub fn parse_op(line: &str) -> Result<Op, String> {
         "unlink" => Op::Unlink(path(w.next(), line)?),
         "rmdir" => Op::Rmdir(path(w.next(), line)?),
         "rename" => Op::Rename(path(w.next(), line)?, path(w.next(), line)?),
+        "exchange" => Op::Exchange(path(w.next(), line)?, path(w.next(), line)?),
+        "symlink" => {
+            let t = w.next().ok_or_else(|| format!("`{line}`: missing target"))?.to_string();
+            Op::Symlink(t, path(w.next(), line)?)
+        }
+        "open" => Op::Open(path(w.next(), line)?),
+        "close" => Op::Close(path(w.next(), line)?),
         "write" => Op::Write {
             path: path(w.next(), line)?,
             off: num(w.next(), line)?,
@@ -226,6 +254,7 @@ pub fn parse_op(line: &str) -> Result<Op, String> {
         "fsync" => Op::Fsync(path(w.next(), line)?),
         "fdatasync" => Op::Fdatasync(path(w.next(), line)?),
         "sync" => Op::Sync,
+        "sleep" => Op::Sleep(num::<u64>(w.next(), line)?.min(1000)),
         other => return Err(format!("unknown operation `{other}`")),
     };
     if w.next().is_some() {
@@ -264,9 +293,10 @@ mod tests {
     fn round_trip() {
         let s = "mkdir /A; create /A/x; write /A/x 10 5000 7; truncate /A/x 3; falloc /A/x punch 0 4096; \
                  setxattr /A/x user.a 12 3; removexattr /A/x user.a; chmod /A/x 600; link /A/x /y; \
-                 rename /y /A/z; unlink /A/z; fsync /A; fdatasync /A/x; sync; rmdir /B";
+                 rename /y /A/z; unlink /A/z; fsync /A; fdatasync /A/x; sync; rmdir /B; exchange /a /b; \
+                 symlink ../t /s; open /x; close /x";
         let ops = parse_script(s).unwrap();
-        assert_eq!(ops.len(), 15);
+        assert_eq!(ops.len(), 19);
         assert_eq!(parse_script(&script(&ops)).unwrap(), ops);
         assert!(parse_script("frobnicate /x").is_err());
         assert!(parse_script("create x").is_err());

@@ -307,35 +307,46 @@ impl History {
     /// Sets entry `(dir, name)` to `val` by an operation that started at log length `ev`;
     /// returns the index of the new version.
     pub fn set_entry(&mut self, ev: usize, dir: Id, name: &[u8], val: Option<Id>) -> usize {
-        let key: EntryKey = (dir, name.to_vec());
-        let vs =
-            self.entries.entry(key.clone()).or_insert_with(|| vec![Ver { ev: 0, base: true, val: None }]);
-        let old = vs.last().and_then(|v| v.val);
-        vs.push(Ver { ev, base: false, val });
-        let idx = vs.len() - 1;
-        self.dir_names.entry(dir).or_default().insert(name.to_vec());
-        let kids = self.children.entry(dir).or_default();
-        match val {
-            Some(id) => {
-                kids.insert(name.to_vec(), id);
+        self.set_entries(ev, &[(dir, name, val)])[0]
+    }
+
+    /// Sets several entries as one operation (a rename): inodes' name counts change once, so
+    /// no version shows a renamed inode without a name. Returns the new versions' indices.
+    pub fn set_entries(&mut self, ev: usize, changes: &[(Id, &[u8], Option<Id>)]) -> Vec<usize> {
+        let mut idx = Vec::with_capacity(changes.len());
+        let mut touched: Vec<Id> = Vec::new();
+        for &(dir, name, val) in changes {
+            let key: EntryKey = (dir, name.to_vec());
+            let vs =
+                self.entries.entry(key.clone()).or_insert_with(|| vec![Ver { ev: 0, base: true, val: None }]);
+            let old = vs.last().and_then(|v| v.val);
+            vs.push(Ver { ev, base: false, val });
+            idx.push(vs.len() - 1);
+            self.dir_names.entry(dir).or_default().insert(name.to_vec());
+            let kids = self.children.entry(dir).or_default();
+            match val {
+                Some(id) => {
+                    kids.insert(name.to_vec(), id);
+                }
+                None => {
+                    kids.remove(name);
+                }
             }
-            None => {
-                kids.remove(name);
-            }
-        }
-        if let Some(o) = old {
-            if Some(o) != val {
+            if let Some(o) = old.filter(|&o| Some(o) != val) {
                 self.names.entry(o).or_default().remove(&key);
-                self.push_links(ev, o);
+                touched.push(o);
             }
-        }
-        if let Some(n) = val {
-            if Some(n) != old {
+            if let Some(n) = val.filter(|&n| Some(n) != old) {
                 self.names.entry(n).or_default().insert(key.clone());
-                self.push_links(ev, n);
+                touched.push(n);
                 let p = self.key_path(&key);
                 self.paths.insert(n, p);
             }
+        }
+        touched.sort();
+        touched.dedup();
+        for id in touched {
+            self.push_links(ev, id);
         }
         idx
     }
@@ -406,6 +417,25 @@ impl History {
             out.push(Promise::Reach { id: *id, ver: vs.len() - 1 });
         }
         out
+    }
+
+    /// Every recorded version of every file (for replays).
+    pub fn file_listing(&self) -> String {
+        let mut ids: Vec<&Id> = self.files.keys().collect();
+        ids.sort_by_key(|id| (self.path_of(id), **id));
+        let mut s = String::new();
+        for id in ids {
+            s.push_str(&format!("  {} ({id}):\n", self.path_of(id)));
+            for (i, v) in self.files[id].iter().enumerate() {
+                s.push_str(&format!(
+                    "    v{i} log {}{}: {}\n",
+                    v.ev,
+                    if v.base { " (base)" } else { "" },
+                    v.val.describe()
+                ));
+            }
+        }
+        s
     }
 
     /// The operations as a numbered listing (for reports).

@@ -155,7 +155,12 @@ impl Prepared {
     pub fn check(&self, s: &StateSpec) -> Vec<String> {
         let durable = s.flush.map_or(0, |k| self.flushes[k] + 1);
         let upper = s.extra.iter().max().map_or(durable, |&m| (m + 1).max(durable));
-        let dev = Arc::new(self.device(s));
+        self.check_device(Arc::new(self.device(s)), durable, upper)
+    }
+
+    /// Checks an image that holds the log prefix `..durable` durably and nothing of the log
+    /// from `upper` on.
+    pub fn check_device(&self, dev: Arc<Overlay>, durable: usize, upper: usize) -> Vec<String> {
         check_image(dev, |fs| {
             let got = walk(fs);
             check(&self.rec.hist, &got, durable, upper)
@@ -204,5 +209,35 @@ pub fn check_image(dev: Arc<Overlay>, inspect: impl FnOnce(&Fs) -> Vec<String>) 
     match r {
         Ok(v) => v,
         Err(p) => vec![format!("panic: {}", panic_text(&*p))],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crashtest::workload::{record, Bases, Setup, Workload};
+
+    /// The harness must see what a broken file system would do: an acknowledged fsync whose
+    /// writes the device dropped, or whose journal block is damaged, is a violation; the true
+    /// state is not.
+    #[test]
+    fn the_oracle_sees_a_lost_fsync() {
+        let bases = Bases::default();
+        let w = Workload::from_script(Setup::Ace, "create /A/x; write /A/x 0 5000 1; fsync /A/x").unwrap();
+        let p = Prepared::new(record(&w, &bases).unwrap(), 1, Density::QUICK);
+        let f = p.flushes[0];
+        let exact = StateSpec { flush: Some(0), extra: vec![], what: "exact" };
+        assert!(p.check(&exact).is_empty(), "{:?}", p.check(&exact));
+        // The fsync's writes never landed, yet the fsync returned.
+        let lost = Overlay::new(p.rec.base.clone());
+        let v = p.check_device(Arc::new(lost), f + 1, f + 1);
+        assert!(v.iter().any(|m| m.contains("/A/x") && m.contains("gone")), "{v:?}");
+        // The fsync's data block holds other bytes: recovery must drop the transaction (the
+        // data checksum does not match), so the file is gone again.
+        let damaged = p.device(&exact);
+        let (addr, _) = p.rec.log.events[..f].iter().flatten().next().expect("a write before the flush");
+        damaged.put(*addr, &vec![0xAB; crate::device::BLOCK_SIZE]);
+        let v = p.check_device(Arc::new(damaged), f + 1, f + 1);
+        assert!(!v.is_empty(), "a damaged fsync went unnoticed");
     }
 }

@@ -160,14 +160,21 @@ pub struct Workload {
 
 impl Workload {
     /// A single-threaded workload from a script (see [`super::ops`]). Besides operations, the
-    /// script may hold one `fault ...` item ([`Fault::parse`]).
+    /// script may hold a `fault ...` item ([`Fault::parse`]) and the mount options
+    /// `cache-bytes N` and `journal-limit N`.
     pub fn from_script(setup: Setup, text: &str) -> Result<Workload, String> {
         let mut fault = None;
+        let mut knobs = Knobs::default();
         let mut rest = Vec::new();
         for item in text.split(['\n', ';']) {
             let item = item.trim();
+            let num = |s: &str| s.trim().parse::<u64>().map_err(|_| format!("`{item}`: bad number"));
             if item.starts_with("fault ") {
                 fault = Some(Fault::parse(item)?);
+            } else if let Some(n) = item.strip_prefix("cache-bytes ") {
+                knobs.cache_bytes = num(n)?;
+            } else if let Some(n) = item.strip_prefix("journal-limit ") {
+                knobs.journal_blocks_limit = num(n)?;
             } else {
                 rest.push(item);
             }
@@ -176,26 +183,37 @@ impl Workload {
             id: "script".into(),
             setup,
             threads: vec![parse_script(&rest.join("; "))?],
-            knobs: Knobs::default(),
+            knobs,
             fault,
         })
     }
 
-    /// The workload as text: setup, knobs, fault, and each thread's script.
-    pub fn describe(&self) -> String {
-        let mut s = format!("setup {}", self.setup.name());
-        if self.knobs != Knobs::default() {
-            s.push_str(&format!(
-                ", cache {} KiB, journal limit {} blocks",
-                self.knobs.cache_bytes >> 10,
-                self.knobs.journal_blocks_limit
-            ));
+    /// The mount options and fault as script items (empty when defaults).
+    fn script_prefix(&self) -> String {
+        let mut items = Vec::new();
+        let d = Knobs::default();
+        if self.knobs.cache_bytes != d.cache_bytes {
+            items.push(format!("cache-bytes {}", self.knobs.cache_bytes));
+        }
+        if self.knobs.journal_blocks_limit != d.journal_blocks_limit {
+            items.push(format!("journal-limit {}", self.knobs.journal_blocks_limit));
         }
         if let Some(f) = self.fault {
-            s.push_str(&format!(", fault: {f} (`{}`)", f.script()));
+            items.push(f.script());
+        }
+        items.iter().map(|i| format!("{i}; ")).collect()
+    }
+
+    /// The workload as text: setup, fault, and each thread's script (for one thread, a script
+    /// that `lanefs crashtest --setup S --script` runs again, mount options included).
+    pub fn describe(&self) -> String {
+        let mut s = format!("setup {}", self.setup.name());
+        if let Some(f) = self.fault {
+            s.push_str(&format!(", fault: {f}"));
         }
         for (t, ops) in self.threads.iter().enumerate() {
-            s.push_str(&format!("\n    thread {t}: {}", script(ops)));
+            let prefix = if t == 0 { self.script_prefix() } else { String::new() };
+            s.push_str(&format!("\n    thread {t}: {prefix}{}", script(ops)));
         }
         s
     }
@@ -232,7 +250,15 @@ fn build_base(setup: Setup) -> Result<BaseImage, String> {
         .map_err(|e| format!("mount of a new image: {e}"))?;
     let hist = Mutex::new(History::default());
     let findings = Mutex::new(Vec::new());
-    let exec = Exec { fs: &fs, events: &|| 0, io_errors: &|| 0, hist: &hist, thread: 0, findings: &findings };
+    let exec = Exec {
+        fs: &fs,
+        events: &|| 0,
+        io_errors: &|| 0,
+        hist: &hist,
+        thread: 0,
+        findings: &findings,
+        handles: Default::default(),
+    };
     for op in setup.ops() {
         exec.run(&op).map_err(|e| format!("setup `{op}`: {e}"))?;
     }
@@ -354,6 +380,7 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
             hist: &hist,
             thread: 0,
             findings: &findings,
+            handles: Default::default(),
         };
         for op in &w.threads[0] {
             let _ = exec.run(op);
@@ -366,7 +393,15 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
                 let (events, errors) = (&events, &errors);
                 s.spawn(move || {
                     pin(t);
-                    let exec = Exec { fs, events, io_errors: errors, hist, thread: t, findings };
+                    let exec = Exec {
+                        fs,
+                        events,
+                        io_errors: errors,
+                        hist,
+                        thread: t,
+                        findings,
+                        handles: Default::default(),
+                    };
                     barrier.wait();
                     for op in ops {
                         let _ = exec.run(op);

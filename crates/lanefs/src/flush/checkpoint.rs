@@ -98,10 +98,8 @@ impl Engine {
                 continue;
             }
             // The checkpoint makes whatever is pending durable by itself.
-            m.create_dir.store(0, Ordering::Release);
-            m.name_dirty.store(false, Ordering::Release);
             m.attr_dirty.store(false, Ordering::Release);
-            let xattrs_changed = std::mem::take(&mut m.meta.lock().xattrs_dirty) || meta.xattrs_dirty;
+            let xattrs_changed = std::mem::take(&mut m.meta.lock().xattrs_cp_dirty);
             let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
             let map = {
                 let mut disk = m.disk.lock();
@@ -113,6 +111,11 @@ impl Engine {
             if let Some(d) = m.dir() {
                 let mut touched: Vec<Vec<u8>> = Vec::new();
                 for op in d.log.take_all() {
+                    if !op.journaled.load(Ordering::Acquire) {
+                        // Taken into this checkpoint: durable with it, not pending any more.
+                        op.journaled.store(true, Ordering::Release);
+                        self.count_pending(&op.record, -1);
+                    }
                     match &op.record {
                         Record::Create { dir, name, .. }
                         | Record::Link { dir, name, .. }

@@ -7,11 +7,15 @@
 //! flush shared with every concurrent fsync (group commit). Recovery replays transactions whose
 //! data checksums match, so a crash between the batch and the flush cannot expose stale data.
 //!
-//! Which directories an fsync flushes (durability contract, DESIGN.md): the file's creating
-//! directory while its creation is not durable, the directory of its latest rename or link,
-//! the other directory of every rename among the operations flushed, and, for a directory that
-//! is itself not durable yet, its parent — repeated until nothing new is added (ScaleFS's
-//! rename dependencies and ancestor rule).
+//! Which directories an fsync flushes (durability contract, DESIGN.md): every directory whose
+//! log holds an unjournaled record naming the file (its create, links, renames); for every
+//! record flushed, every directory with unjournaled records naming an inode it names (so an
+//! unlink never lands without the link that keeps the inode alive, and both sides of a rename
+//! go together); for a directory, the directories naming it (its own creation: the ancestor
+//! rule); and for the removal of a directory, its own log (the unlinks that emptied it) —
+//! repeated until nothing new is added (ScaleFS's rename dependencies and ancestor rule).
+//! Each inode counts, per directory, its records no journal holds yet, so the closure starts
+//! from exact sets whatever other fsyncs run meanwhile.
 
 pub mod checkpoint;
 pub mod writeback;
@@ -21,18 +25,19 @@ use crate::error::{Error, Result};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::journal::{Record, Transaction};
 use crate::mem::mnode::MNode;
-use crate::oplog::dirlog::LoggedOp;
+use crate::oplog::dirlog::{names, removes, LoggedOp};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The directory operations one fsync writes.
 struct DirOps {
+    /// Every record marked journaled by this flush (absorbed ones too).
+    taken: Vec<Arc<LoggedOp>>,
+    /// The records written.
     ops: Vec<Arc<LoggedOp>>,
-    /// Inodes whose Create is among `ops`: durable once the transaction is.
-    created: Vec<Arc<MNode>>,
-    /// Renamed or linked inodes among `ops`: their names are durable once it is.
-    renamed: Vec<Arc<MNode>>,
+    /// Whether `m`'s own Create is among them (then its attributes are there too).
+    creates_m: bool,
 }
 
 impl Engine {
@@ -66,17 +71,10 @@ impl Engine {
     /// fsync of an mnode the caller holds.
     pub fn fsync_mnode(&self, m: &Arc<MNode>, _datasync: bool) -> Result<()> {
         self.check_writable()?;
-        let ino = m.ino;
         let gate = self.enter_flush(m)?;
-        let mut start = Vec::new();
-        let cd = m.create_dir.load(Ordering::Acquire);
-        if cd != 0 {
-            start.push(cd);
-        }
+        let mut start = m.pending_dirs();
         if m.is_dir() {
-            start.push(ino);
-        } else if m.name_dirty.load(Ordering::Acquire) {
-            start.push(m.parent.load(Ordering::Acquire));
+            start.push(m.ino);
         }
         let r = self.flush_txn(m, &start);
         drop(gate);
@@ -90,67 +88,62 @@ impl Engine {
         // Serialise with other flushes of the same directories: a later fsync of one of them
         // must find this one's blocks written before it decides what is left to write.
         let locks: Vec<_> = dirs.iter().map(|d| d.dir().expect("dir").flush_lock.lock()).collect();
-        let stamp = self.clock.now();
-        // Operations already stamped below `stamp` but still appending must land first.
+        // Operations already stamped but still appending their records must land first.
         self.inflight.wait_below(crate::oplog::Timestamp::now());
-        let dir_ops = self.collect_dir_ops(&dirs)?;
+        let dir_ops = self.collect_dir_ops(&dirs, m.ino)?;
+        // Stamped after every record collected: replay applies the file's own records last.
+        let stamp = self.clock.now();
         let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages);
-        match &result {
-            Ok(()) => {
-                for c in &dir_ops.created {
-                    c.create_dir.store(0, Ordering::Release);
-                }
-                for r in &dir_ops.renamed {
-                    r.name_dirty.store(false, Ordering::Release);
-                }
-                m.name_dirty.store(false, Ordering::Release);
+        if result.is_ok() {
+            // Written (not yet flushed): a dependent fsync that takes these directories' flush
+            // locks after us flushes the device after our write completed, which covers it.
+            for op in &dir_ops.taken {
+                self.count_pending(&op.record, -1);
             }
-            Err(_) => {
-                for op in &dir_ops.ops {
-                    op.journaled.store(false, Ordering::Release);
-                }
-                if let Some((p, _)) = m.pages() {
-                    p.restore_dirty(&pages);
-                }
+        } else {
+            for op in &dir_ops.taken {
+                op.journaled.store(false, Ordering::Release);
+            }
+            if let Some((p, _)) = m.pages() {
+                p.restore_dirty(&pages);
             }
         }
         drop(locks);
-        result
+        result?;
+        // One device flush shared with every concurrent fsync (group commit).
+        self.group.sync(&*self.dev)
     }
 
     /// The directories an fsync starting at `start` must flush, in ascending inode order.
     fn dir_closure(&self, start: &[u32]) -> Result<Vec<Arc<MNode>>> {
         let mut seen = BTreeMap::new();
         let mut queue: Vec<u32> = start.to_vec();
-        // Bounded by the number of directories: each is visited once.
+        // Bounded by the number of directories: each is expanded once.
         while let Some(d) = queue.pop() {
             if d == 0 || seen.contains_key(&d) {
                 continue;
             }
             let dm = match self.dir_mnode(d) {
                 Ok(x) => x,
-                // A directory removed since: its operations were absorbed or are in a log
-                // reached another way.
-                Err(Error::Errno { errno: libc::ENOENT, .. }) => continue,
+                // A directory removed since: its records were absorbed or are reached another way.
+                Err(Error::Errno { errno: libc::ENOENT | libc::ENOTDIR, .. }) => continue,
                 Err(e) => return Err(e),
             };
-            let cd = dm.create_dir.load(Ordering::Acquire);
-            if cd != 0 {
-                queue.push(cd);
-            }
+            // The directory's own name must be durable first (ancestor rule).
+            queue.extend(dm.pending_dirs());
             for op in dm.dir().expect("dir").log.unjournaled() {
-                match &op.record {
-                    Record::Rename { src_dir, dst_dir, .. } => {
-                        queue.push(*src_dir);
-                        queue.push(*dst_dir);
+                for (ino, dir) in names(&op.record) {
+                    queue.push(dir);
+                    if let Some(c) = self.cells.get(ino as u64) {
+                        queue.extend(c.pending_dirs());
                     }
-                    Record::Link { ino, .. } => {
-                        if let Some(c) = self.cells.get(*ino as u64) {
-                            queue.push(c.create_dir.load(Ordering::Acquire));
-                        }
+                }
+                if let Some(gone) = removes(&op.record) {
+                    if self.cells.get(gone as u64).is_some_and(|c| c.is_dir()) {
+                        // Its removal needs the removals of its entries.
+                        queue.push(gone);
                     }
-                    _ => {}
                 }
             }
             seen.insert(d, dm);
@@ -158,9 +151,18 @@ impl Engine {
         Ok(seen.into_values().collect())
     }
 
+    /// Adds `n` to the pending counts of the (inode, directory) pairs `r` names.
+    pub(crate) fn count_pending(&self, r: &Record, n: i32) {
+        for (ino, dir) in names(r) {
+            if let Some(c) = self.cells.get(ino as u64) {
+                c.note_pending(dir, n);
+            }
+        }
+    }
+
     /// Unjournaled operations of `dirs`, merged by timestamp, create/unlink pairs of inodes
     /// that are gone absorbed; marks them journaled.
-    fn collect_dir_ops(&self, dirs: &[Arc<MNode>]) -> Result<DirOps> {
+    fn collect_dir_ops(&self, dirs: &[Arc<MNode>], m_ino: u32) -> Result<DirOps> {
         let mut seen = HashSet::new();
         let mut ops: Vec<Arc<LoggedOp>> = Vec::new();
         for d in dirs {
@@ -196,38 +198,25 @@ impl Engine {
                 _ => {}
             }
         }
-        let mut out = DirOps { ops: Vec::new(), created: Vec::new(), renamed: Vec::new() };
+        let mut out = DirOps { taken: Vec::new(), ops: Vec::new(), creates_m: false };
         for (i, op) in ops.into_iter().enumerate() {
+            // Journaled now so no other flush writes it too; still counted as pending until it
+            // is written, so an fsync that depends on it finds the directory, waits on its
+            // flush lock, and flushes the device only after our write completed.
             op.journaled.store(true, Ordering::Release);
+            out.taken.push(op.clone());
             if absorbed.contains(&i) {
                 continue;
             }
-            match &op.record {
-                Record::Create { ino, .. } => {
-                    if let Some(c) = self.cells.get(*ino as u64) {
-                        out.created.push(c);
-                    }
-                }
-                Record::Rename { ino, replaced, .. } => {
-                    for x in [*ino, *replaced] {
-                        if let Some(c) = self.cells.get(x as u64) {
-                            out.renamed.push(c);
-                        }
-                    }
-                }
-                Record::Link { ino, .. } => {
-                    if let Some(c) = self.cells.get(*ino as u64) {
-                        out.renamed.push(c);
-                    }
-                }
-                _ => {}
+            if matches!(&op.record, Record::Create { ino, .. } if *ino == m_ino) {
+                out.creates_m = true;
             }
             out.ops.push(op);
         }
         Ok(out)
     }
 
-    /// Allocates and writes data blocks and the journal transaction, then makes them durable.
+    /// Allocates and writes data blocks and the journal transaction (the caller flushes).
     fn write_txn(
         &self,
         m: &Arc<MNode>,
@@ -274,10 +263,7 @@ impl Engine {
                 records.push(Record::Truncate { stamp, ino: m.ino, from_block: from });
             }
             let meta = m.meta.lock();
-            if !dir_ops.created.iter().any(|c| Arc::ptr_eq(c, m))
-                || m.attr_dirty.load(Ordering::Acquire)
-                || !own_map.is_empty()
-            {
+            if !dir_ops.creates_m || m.attr_dirty.load(Ordering::Acquire) || !own_map.is_empty() {
                 records.push(Record::SetAttr { stamp, ino: m.ino, attr: m.attr_record(&meta) });
             }
             m.attr_dirty.store(false, Ordering::Release);
@@ -294,6 +280,9 @@ impl Engine {
         let txn = Transaction::new(records);
         {
             let mut chain = self.chains[lane as usize].lock();
+            // A failed write must not leave a hole in the chain that hides later transactions:
+            // on error the writer goes back to where it was (the next append overwrites).
+            let before = chain.clone();
             let blocks = chain.append(&txn, || {
                 let owner = SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
                 self.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32).map_err(nospace)
@@ -302,9 +291,12 @@ impl Engine {
             writes.extend(blocks);
             // Within a lane, journal blocks complete in chain order: the chain lock is held
             // until the batch is written.
-            self.write_all(&writes)?;
+            if let Err(e) = self.write_all(&writes) {
+                *chain = before;
+                return Err(e);
+            }
         }
-        self.group.sync(&*self.dev)
+        Ok(())
     }
 
     /// Writes (address, bytes) pairs in bounded batches.

@@ -36,6 +36,8 @@ pub struct Meta {
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     /// Xattrs changed since they were last journaled.
     pub xattrs_dirty: bool,
+    /// Xattrs changed since the last checkpoint wrote them (an fsync does not clear this).
+    pub xattrs_cp_dirty: bool,
     /// A symlink's target.
     pub symlink: Vec<u8>,
 }
@@ -126,12 +128,10 @@ pub struct MNode {
     pub open: AtomicU32,
     /// For directories: the parent directory (the root is its own parent).
     pub parent: AtomicU32,
-    /// While the inode's creation is in no checkpoint and no journal record: the directory
-    /// whose log holds its Create record (0 once durable).
-    pub create_dir: AtomicU32,
-    /// Its name changed (link, rename) since the change was last journaled: an fsync of the file
-    /// also makes the name durable.
-    pub name_dirty: AtomicBool,
+    /// Directories whose logs hold records naming this inode (its create, links, unlinks,
+    /// renames) that no journal holds yet, with how many. An fsync of the inode flushes them,
+    /// and so does the flush of any record that depends on the inode's names.
+    pub pending: Mutex<BTreeMap<u32, u32>>,
     /// In the dirty set (changed since the last checkpoint snapshot).
     pub in_dirty_set: AtomicBool,
     /// Sequence number of the checkpoint whose snapshot took changes of this inode that no
@@ -181,8 +181,7 @@ impl MNode {
             disk: Mutex::new(DiskState::default()),
             open: AtomicU32::new(0),
             parent: AtomicU32::new(0),
-            create_dir: AtomicU32::new(0),
-            name_dirty: AtomicBool::new(false),
+            pending: Mutex::new(BTreeMap::new()),
             in_dirty_set: AtomicBool::new(false),
             captured_by: AtomicU64::new(0),
             attr_dirty: AtomicBool::new(false),
@@ -239,6 +238,22 @@ impl MNode {
         } else {
             meta.nlink.saturating_add(delta as u32)
         };
+    }
+
+    /// Counts `n` more (or, negative, fewer) unjournaled records in directory `dir` naming
+    /// this inode.
+    pub fn note_pending(&self, dir: u32, n: i32) {
+        let mut p = self.pending.lock();
+        let c = p.entry(dir).or_insert(0);
+        *c = if n < 0 { c.saturating_sub(n.unsigned_abs()) } else { c.saturating_add(n as u32) };
+        if *c == 0 {
+            p.remove(&dir);
+        }
+    }
+
+    /// Directories with unjournaled records naming this inode.
+    pub fn pending_dirs(&self) -> Vec<u32> {
+        self.pending.lock().keys().copied().collect()
     }
 
     /// Sets ctime to `now` (an attribute change).

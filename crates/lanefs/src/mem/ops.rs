@@ -129,6 +129,7 @@ impl Engine {
             generation: 0,
             xattrs: Vec::new(),
             xattrs_dirty: false,
+            xattrs_cp_dirty: false,
             symlink: new.symlink.to_vec(),
         };
         let size = if ftype == S_IFLNK { new.symlink.len() as u64 } else { 0 };
@@ -137,7 +138,6 @@ impl Engine {
         if ftype == S_IFDIR {
             m.disk.lock().dentries = Some(Default::default());
         }
-        m.create_dir.store(parent, Ordering::Relaxed);
         let attr = m.attr_record(&m.meta.lock());
         let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
         let dtype = dtype_of(new.mode);
@@ -161,6 +161,8 @@ impl Engine {
                 attr,
                 symlink: new.symlink.to_vec(),
             };
+            // Counted before it is visible in the log, so a flush never uncounts it first.
+            m.note_pending(parent, 1);
             dir.log.push(LoggedOp::new(rec));
             drop(op);
             (Some((ino, dtype)), Ok(()))
@@ -213,6 +215,7 @@ impl Engine {
             }
             let op = self.inflight.begin();
             let stamp = self.clock.stamp_of(op.timestamp());
+            m.note_pending(parent, 1);
             dir.log.push(LoggedOp::new(Record::Link {
                 stamp,
                 dir: parent,
@@ -227,7 +230,6 @@ impl Engine {
         let t = now();
         m.touch_ctime(t);
         d.touch(t);
-        m.name_dirty.store(true, Ordering::Release);
         self.note_name_dir(&m, parent);
         self.count_op();
         self.mark_dirty(&d);
@@ -235,9 +237,8 @@ impl Engine {
         Ok(m)
     }
 
-    /// Remembers the directory of `m`'s latest name change: an fsync of a file whose name
-    /// changed makes the name durable by flushing that directory (and what it depends on).
-    /// For a directory this is its parent, which ".." and the loop check use.
+    /// Remembers the directory of `m`'s latest name: for a directory its parent, which ".."
+    /// and the loop check use.
     fn note_name_dir(&self, m: &MNode, dir: u32) {
         m.parent.store(dir, Ordering::Release);
     }
@@ -287,6 +288,7 @@ impl Engine {
             Some(c) if c.ino == ino => {
                 let op = self.inflight.begin();
                 let stamp = self.clock.stamp_of(op.timestamp());
+                child.note_pending(parent, 1);
                 dir.log.push(LoggedOp::new(Record::Unlink { stamp, dir: parent, name: name.to_vec(), ino }));
                 drop(op);
                 (None, Ok(()))
@@ -407,6 +409,13 @@ impl Engine {
                     replaced,
                     exchange,
                 };
+                for (x, d) in crate::oplog::dirlog::names(&rec) {
+                    if x == src.ino {
+                        src.note_pending(d, 1);
+                    } else if let Some(t) = &dst {
+                        t.note_pending(d, 1);
+                    }
+                }
                 let logged = LoggedOp::new(rec);
                 sdir.log.push(logged.clone());
                 if sp != dp {
@@ -443,7 +452,6 @@ impl Engine {
                 }
             }
             dst.touch_ctime(t);
-            dst.name_dirty.store(true, Ordering::Release);
             self.note_name_dir(dst, sp);
             self.mark_dirty(dst);
         } else if let Some(dst) = &dst {
@@ -453,7 +461,6 @@ impl Engine {
             self.drop_link(dst, dst.is_dir(), t);
         }
         src.touch_ctime(t);
-        src.name_dirty.store(true, Ordering::Release);
         self.note_name_dir(&src, dp);
         sd.touch(t);
         dd.touch(t);
@@ -837,6 +844,7 @@ impl Engine {
         }
         meta.xattrs = next;
         meta.xattrs_dirty = true;
+        meta.xattrs_cp_dirty = true;
         drop(meta);
         m.touch_ctime(now());
         self.mark_dirty(&m);
@@ -855,6 +863,7 @@ impl Engine {
             .ok_or_else(|| Error::errno(libc::ENODATA, String::from_utf8_lossy(name)))?;
         meta.xattrs.remove(pos);
         meta.xattrs_dirty = true;
+        meta.xattrs_cp_dirty = true;
         drop(meta);
         m.touch_ctime(now());
         self.mark_dirty(&m);

@@ -29,6 +29,38 @@ impl LoggedOp {
     }
 }
 
+/// The (inode, directory) pairs a record names: whose names it changes, and where.
+pub fn names(r: &Record) -> Vec<(u32, u32)> {
+    match r {
+        Record::Create { dir, ino, .. } | Record::Link { dir, ino, .. } | Record::Unlink { dir, ino, .. } => {
+            vec![(*ino, *dir)]
+        }
+        Record::Rename { src_dir, dst_dir, ino, replaced, exchange, .. } => {
+            let mut v = vec![(*ino, *src_dir)];
+            if dst_dir != src_dir {
+                v.push((*ino, *dst_dir));
+            }
+            if *replaced != 0 {
+                v.push((*replaced, *dst_dir));
+                if *exchange && dst_dir != src_dir {
+                    v.push((*replaced, *src_dir));
+                }
+            }
+            v
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The inode a record removes a name of, if it may be its last (unlink, rename over it).
+pub fn removes(r: &Record) -> Option<u32> {
+    match r {
+        Record::Unlink { ino, .. } => Some(*ino),
+        Record::Rename { replaced, exchange: false, .. } if *replaced != 0 => Some(*replaced),
+        _ => None,
+    }
+}
+
 /// The logs of one directory.
 pub struct DirLog {
     shards: PerCpu<Mutex<Vec<Arc<LoggedOp>>>>,

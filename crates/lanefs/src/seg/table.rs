@@ -208,21 +208,22 @@ impl SegmentTable {
         self.mark_sit_dirty(segno);
     }
 
-    /// Recovery: block `addr`, written after the checkpoint and referenced by a replayed journal
-    /// record, is live. Its segment leaves the free map if it was there.
+    /// Recovery: block `addr`, written after the checkpoint and installed by a replayed journal
+    /// record, is live. Its segment leaves the free and prefree lists if it was there.
     pub fn claim_valid(&self, addr: u64, mtime: u64) -> Result<()> {
         let (s, off) = self
             .geometry
             .seg_of(addr)
             .ok_or_else(|| Error::InvalidArgument(format!("block {addr} outside the main area")))?;
         let mut seg = self.seg(s).lock();
-        if seg.state == SegState::Free {
+        if matches!(seg.state, SegState::Free | SegState::Prefree) {
             let mut fm = self.free.lock();
             fm.free.remove(&s);
+            fm.prefree.retain(|&p| p != s);
+            fm.committing.retain(|&p| p != s);
             self.publish(&fm);
             seg.state = SegState::Dirty;
         }
-        debug_assert!(seg.state != SegState::Prefree, "claiming a block of prefree segment {s}");
         seg.entry.set_valid(off);
         seg.entry.mtime = seg.entry.mtime.max(mtime);
         drop(seg);

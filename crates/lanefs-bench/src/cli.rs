@@ -1,0 +1,354 @@
+//! `lanefs bench`: arguments and the command itself. The `lanefs` binary flattens
+//! [`BenchArgs`] into its `bench` subcommand and calls [`run`].
+
+use crate::compare::{Reference, Setup};
+use crate::plot::{plot, Point};
+use crate::progress::{say, Progress};
+use crate::report::{json_line, markdown_table, Machine};
+use crate::runner::{install_signal_handlers, interrupted, RunConfig};
+use crate::session::{aggregate, compare_table, ratio_table, run_matrix, Entry, Matrix, Role};
+use crate::target::{open_target, TargetSpec};
+use crate::workload::WorkloadList;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Arguments of `lanefs bench`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// What to measure: dir:PATH (any directory: ext4, xfs, btrfs, tmpfs, a FUSE mount),
+    /// lib:IMAGE (lanefs library) or mount:IMAGE (lanefs through FUSE). Repeatable; with
+    /// --compare, extra targets measured against the references.
+    #[arg(long = "target", value_name = "TARGET")]
+    pub targets: Vec<TargetSpec>,
+    /// Workloads, comma-separated: DWOL DWOM DWAL DWSL DRBL DRBM MRPL MRPM MRDL MRDM MWCL MWCM
+    /// MWUL MWUM MWRL MWRM varmail fileserver oltp, or the groups all, fxmark, filebench.
+    #[arg(long, value_name = "W[,W...]", default_value = "all")]
+    pub workload: WorkloadList,
+    /// Thread counts, comma-separated.
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',', default_value = "1,2")]
+    pub threads: Vec<usize>,
+    /// Timed seconds of each run.
+    #[arg(long, value_name = "S", default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Untimed warm-up seconds before each run [default: a quarter of --seconds, 0.05 to 2].
+    #[arg(long, value_name = "S")]
+    pub warmup: Option<f64>,
+    /// Write one JSON object per run to FILE (replaced); "-" prints them on stdout instead of
+    /// the table.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw ops/s against threads, one panel per workload, into a PNG file.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
+    /// Set up the reference file systems (ext4, xfs, btrfs on loop devices over /dev/shm,
+    /// tmpfs, bindfs over tmpfs; needs root), run all targets interleaved, remove them again.
+    #[arg(long)]
+    pub compare: bool,
+    /// References for --compare.
+    #[arg(
+        long,
+        value_name = "R[,R...]",
+        value_delimiter = ',',
+        default_value = "ext4,xfs,btrfs,tmpfs,bindfs"
+    )]
+    pub references: Vec<Reference>,
+    /// Rounds: every target runs every cell once per round [default: 3 with --compare, else 1].
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<u32>,
+    /// Fraction of the default file-set sizes (smoke runs only).
+    #[arg(long, value_name = "F", default_value_t = 1.0, hide = true)]
+    pub scale: f64,
+}
+
+impl BenchArgs {
+    /// Checks what clap cannot; one line per problem.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.compare && self.targets.is_empty() {
+            return Err("give --target dir:PATH (or lib:IMAGE, mount:IMAGE), or --compare".into());
+        }
+        if self.threads.is_empty() || self.threads.iter().any(|&t| t == 0 || t > 1024) {
+            return Err("--threads takes counts from 1 to 1024".into());
+        }
+        if !(self.seconds.is_finite() && self.seconds > 0.0 && self.seconds <= 86_400.0) {
+            return Err("--seconds must be above 0 (and at most a day)".into());
+        }
+        if let Some(w) = self.warmup {
+            if !(w.is_finite() && (0.0..=3600.0).contains(&w)) {
+                return Err("--warmup must be between 0 and 3600 seconds".into());
+            }
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0 && self.scale <= 100.0) {
+            return Err("--scale must be above 0 and at most 100".into());
+        }
+        if self.rounds == Some(0) {
+            return Err("--rounds must be at least 1".into());
+        }
+        if let Some(p) = &self.plot {
+            if !p.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) {
+                return Err(format!("--plot {}: the file must end in .png", p.display()));
+            }
+        }
+        Ok(())
+    }
+
+    fn matrix(&self) -> Matrix {
+        let mut threads = self.threads.clone();
+        threads.dedup();
+        Matrix {
+            workloads: self.workload.0.clone(),
+            threads,
+            rounds: self.rounds.unwrap_or(if self.compare { 3 } else { 1 }),
+            cfg: RunConfig {
+                seconds: self.seconds,
+                warmup: self.warmup.unwrap_or_else(|| RunConfig::default_warmup(self.seconds)),
+                scale: self.scale,
+            },
+        }
+    }
+}
+
+/// Writes to stdout, ignoring failure: a closed terminal or a pipe closed by `head` must not turn
+/// into a panic (the figures are in the JSON file when one was asked for).
+fn emit(s: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(s.as_bytes()).and_then(|()| out.flush());
+}
+
+/// Where JSON lines go.
+enum JsonOut {
+    None,
+    Stdout,
+    File(std::fs::File, PathBuf),
+}
+
+/// `lanefs bench`. Errors are one line.
+pub fn run(a: &BenchArgs) -> Result<(), String> {
+    a.validate()?;
+    install_signal_handlers()?;
+    let machine = Machine::detect();
+    let m = a.matrix();
+    let mut json = match &a.json {
+        None => JsonOut::None,
+        Some(p) if p.as_os_str() == "-" => JsonOut::Stdout,
+        Some(p) => {
+            JsonOut::File(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?, p.clone())
+        }
+    };
+
+    // Setup is declared before the entries so that it is dropped (and unmounts) after them.
+    let mut setup: Option<Setup> = None;
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    if a.compare {
+        for &r in &a.references {
+            if interrupted() {
+                return Err("interrupted".into());
+            }
+            if let Some(why) = Setup::unavailable(r) {
+                say(&format!("note: {why}"));
+                notes.push(why);
+                continue;
+            }
+            if setup.is_none() {
+                setup = Some(Setup::new()?);
+            }
+            let s = setup.as_mut().ok_or("setup vanished")?;
+            match s.add(r) {
+                Ok(target) => entries.push(Entry { label: r.name().into(), role: Role::Reference, target }),
+                Err(e) => {
+                    let why = format!("{e} (skipped)");
+                    say(&format!("note: {why}"));
+                    notes.push(why);
+                }
+            }
+        }
+    }
+    for spec in &a.targets {
+        let role = if a.compare { Role::Subject } else { Role::Reference };
+        entries.push(Entry { label: spec.to_string(), role, target: open_target(spec)? });
+    }
+    if entries.is_empty() {
+        return Err("no target to run: every reference was skipped".into());
+    }
+
+    let progress = Progress::new(m.runs(entries.len()));
+    let mut sink = |round: u32, r: &crate::runner::RunResult| -> Result<(), String> {
+        let line = json_line(r, &machine, a.compare.then_some(round)).to_string();
+        match &mut json {
+            JsonOut::None => Ok(()),
+            JsonOut::Stdout => {
+                emit(&format!("{line}\n"));
+                Ok(())
+            }
+            JsonOut::File(f, p) => writeln!(f, "{line}").map_err(|e| format!("{}: {e}", p.display())),
+        }
+    };
+    let outcome = run_matrix(&entries, &m, &progress, &mut sink);
+    progress.finish();
+    let outcome = outcome?;
+    let cells = aggregate(&outcome.results);
+
+    if !matches!(json, JsonOut::Stdout) && !outcome.results.is_empty() {
+        if a.compare {
+            let labels: Vec<&str> = entries.iter().map(|e| e.label.as_str()).collect();
+            let subjects: Vec<&str> =
+                entries.iter().filter(|e| e.role == Role::Subject).map(|e| e.label.as_str()).collect();
+            let references: Vec<&str> =
+                entries.iter().filter(|e| e.role == Role::Reference).map(|e| e.label.as_str()).collect();
+            emit(&format!(
+                "Measured {} on {} cores, kernel {}, commit {}: {} s per run after {} s warm-up, {} round(s), \
+                 runs interleaved across targets.\n\n",
+                machine.date, machine.cores, machine.kernel, machine.commit, m.cfg.seconds, m.cfg.warmup, m.rounds
+            ));
+            emit(&compare_table(&cells, &labels, &m.workloads, &m.threads));
+            let ratios = ratio_table(&cells, &subjects, &references, &m.workloads, &m.threads);
+            if ratios.is_empty() {
+                emit("\n(no lanefs target in this run: no ratio table)\n");
+            } else {
+                emit(&format!("\nThroughput ratios (subject / reference):\n\n{ratios}"));
+            }
+            let mut all = notes.clone();
+            for c in &cells {
+                all.extend(
+                    c.notes.iter().map(|n| format!("{} {} {}T: {n}", c.target, c.workload, c.threads)),
+                );
+            }
+            if !all.is_empty() {
+                emit("\n");
+            }
+            for n in &all {
+                emit(&format!("note: {n}\n"));
+            }
+        } else {
+            let runs: Vec<_> = outcome.results.iter().map(|(_, r)| r.clone()).collect();
+            emit(&markdown_table(&runs));
+        }
+    }
+    if let Some(p) = &a.plot {
+        let points: Vec<Point> = cells
+            .iter()
+            .map(|c| Point {
+                target: c.target.clone(),
+                workload: c.workload,
+                threads: c.threads,
+                ops_per_sec: c.ops_per_sec,
+            })
+            .collect();
+        if !points.is_empty() {
+            plot(p, &points)?;
+        }
+    }
+
+    // Unmount and detach now, so that a failure to do so is this command's error.
+    drop(entries);
+    if let Some(mut s) = setup.take() {
+        let errors = s.cleanup();
+        if !errors.is_empty() {
+            return Err(format!("cleanup incomplete: {}", errors.join("; ")));
+        }
+    }
+    if outcome.interrupted {
+        return Err("interrupted; everything it set up was removed".into());
+    }
+    if let Some(first) = outcome.failures.first() {
+        return Err(format!(
+            "{} of {} runs failed; first: {first}",
+            outcome.failures.len(),
+            outcome.failures.len() + outcome.results.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Workload;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, String> {
+        let mut v = vec!["lanefs-bench"];
+        v.extend_from_slice(args);
+        let a = Cli::try_parse_from(v).map_err(|e| e.to_string())?.bench;
+        a.validate()?;
+        Ok(a)
+    }
+
+    #[test]
+    fn full_command_line() {
+        let a = parse(&[
+            "--target",
+            "dir:/mnt/x",
+            "--workload",
+            "DWOL,mwcm,varmail",
+            "--threads",
+            "1,2,4",
+            "--seconds",
+            "1.5",
+            "--json",
+            "out.jsonl",
+            "--plot",
+            "p.png",
+        ])
+        .unwrap();
+        assert_eq!(a.targets, vec![TargetSpec::Dir("/mnt/x".into())]);
+        assert_eq!(a.workload.0, vec![Workload::Dwol, Workload::Mwcm, Workload::Varmail]);
+        assert_eq!(a.threads, vec![1, 2, 4]);
+        assert_eq!(a.seconds, 1.5);
+        assert_eq!(a.json, Some(PathBuf::from("out.jsonl")));
+        assert_eq!(a.plot, Some(PathBuf::from("p.png")));
+        let m = a.matrix();
+        assert_eq!(m.rounds, 1);
+        assert_eq!(m.cfg.warmup, RunConfig::default_warmup(1.5));
+    }
+
+    #[test]
+    fn defaults_and_compare() {
+        let a = parse(&["--compare"]).unwrap();
+        assert!(a.compare && a.targets.is_empty());
+        assert_eq!(a.workload.0.len(), 19);
+        assert_eq!(a.threads, vec![1, 2]);
+        assert_eq!(a.references, Reference::ALL.to_vec());
+        assert_eq!(a.matrix().rounds, 3);
+        let a = parse(&["--compare", "--references", "tmpfs,ext4", "--rounds", "2", "--target", "dir:/a"])
+            .unwrap();
+        assert_eq!(a.references, vec![Reference::Tmpfs, Reference::Ext4]);
+        assert_eq!(a.matrix().rounds, 2);
+        assert_eq!(a.targets.len(), 1);
+    }
+
+    #[test]
+    fn rejections_are_one_line() {
+        for bad in [
+            &[][..],
+            &["--target", "/no/kind"],
+            &["--target", "dir:/x", "--workload", "DWZZ"],
+            &["--target", "dir:/x", "--threads", "0"],
+            &["--target", "dir:/x", "--threads", "a"],
+            &["--target", "dir:/x", "--seconds", "0"],
+            &["--target", "dir:/x", "--plot", "p.svg"],
+            &["--compare", "--references", "zfs"],
+            &["--compare", "--rounds", "0"],
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(!e.is_empty(), "{bad:?}");
+            if !e.starts_with("error:") {
+                // Our own validation errors: a single line.
+                assert!(!e.contains('\n'), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn lanefs_targets_fail_cleanly() {
+        let a = parse(&["--target", "lib:x.img", "--workload", "DWOL", "--seconds", "0.1"]).unwrap();
+        let e = run(&a).unwrap_err();
+        assert!(e.contains("not available yet") && !e.contains('\n'), "{e}");
+    }
+}

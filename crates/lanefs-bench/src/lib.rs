@@ -1,0 +1,36 @@
+//! `lanefs bench`: the measuring harness of lanefs.
+//!
+//! DESIGN.md ("Measuring") makes every performance claim a figure from this harness, measured
+//! side by side with reference file systems in one run and reported as a ratio. The pieces:
+//!
+//! - [`target`]: the [`Target`] trait, a POSIX-shaped file interface (open, read_at, write_at,
+//!   fsync, mkdir, readdir, rename, unlink, stat). `dir:PATH` measures any directory through the
+//!   kernel; `lib:IMAGE` (lanefs library) and `mount:IMAGE` (lanefs through FUSE) plug in as
+//!   further implementations once the engine API exists.
+//! - [`workload`]: FxMark's micro-benchmarks (DWOL ... MWRM) and the filebench personalities
+//!   varmail, fileserver and oltp, written once against [`Target`].
+//! - [`runner`]: one run (warm-up, timed phase, per-op latency into [`hist::Histogram`]s,
+//!   cleanup of its own files).
+//! - [`session`]: many runs interleaved across targets; the compare and ratio tables.
+//! - [`compare`]: sets up and removes the references (ext4/xfs/btrfs on loop devices over
+//!   /dev/shm, tmpfs, bindfs over tmpfs).
+//! - [`report`], [`plot`]: JSON lines, markdown, PNG.
+//! - [`cli`]: the `lanefs bench` arguments and command.
+
+pub mod cli;
+pub mod compare;
+pub mod hist;
+pub mod lib_target;
+pub mod plot;
+pub mod progress;
+pub mod report;
+pub mod runner;
+pub mod session;
+pub mod target;
+pub mod workload;
+
+pub use cli::{run, BenchArgs};
+pub use hist::Histogram;
+pub use runner::{run_one, RunConfig, RunResult};
+pub use target::{open_target, File, OpenOptions, Stat, Target, TargetSpec};
+pub use workload::Workload;

@@ -1,0 +1,187 @@
+//! `lib:IMAGE`: lanefs through its library API, in the benchmark's own process.
+//!
+//! Paths are resolved component by component from the root on every call, as the kernel's
+//! path walk does for a mounted file system; files are used through `lanefs::Handle`s, which
+//! skip the inode table on every read and write. A missing image is created (sparse, 8 GiB) and
+//! formatted; an existing lanefs image is mounted as it is.
+
+use crate::target::{File, OpenOptions, Stat, Target};
+use lanefs::device::{create_image, DeviceOptions, FileDevice};
+use lanefs::{FileKind, Fs, FsOptions, Handle, Ino, MkfsOptions, ROOT};
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+/// Size of an image `lib:` creates when the file does not exist.
+pub const DEFAULT_IMAGE_BYTES: u64 = 8 << 30;
+
+pub struct LibTarget {
+    fs: Arc<Fs>,
+    spec: String,
+}
+
+fn err(e: lanefs::Error) -> io::Error {
+    e.into()
+}
+
+impl LibTarget {
+    pub fn open(image: &Path) -> Result<LibTarget, String> {
+        let spec = format!("lib:{}", image.display());
+        let fresh = !image.exists();
+        if fresh {
+            create_image(image, DEFAULT_IMAGE_BYTES).map_err(|e| format!("{spec}: {e}"))?;
+        }
+        let dev = FileDevice::open(image, DeviceOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
+        let dev = Arc::new(dev);
+        if fresh {
+            let lanes =
+                std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1).clamp(1, 64);
+            Fs::format(&*dev, &MkfsOptions { lanes, ..Default::default() })
+                .map_err(|e| format!("{spec}: {e}"))?;
+        }
+        let fs = Fs::open(dev, FsOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
+        Ok(LibTarget { fs: Arc::new(fs), spec })
+    }
+
+    /// The inode of the directory holding `path`, and the last component.
+    fn parent_of<'p>(&self, path: &'p Path) -> io::Result<(Ino, &'p [u8])> {
+        let mut comps: Vec<&[u8]> = Vec::new();
+        for c in path.components() {
+            match c {
+                Component::Normal(n) => comps.push(n.as_encoded_bytes()),
+                Component::RootDir | Component::CurDir => {}
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{}: unsupported path", path.display()),
+                    ))
+                }
+            }
+        }
+        let last = comps.pop().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty path"))?;
+        let mut dir = ROOT;
+        for c in comps {
+            dir = self.fs.lookup(dir, c).map_err(err)?.ino;
+        }
+        Ok((dir, last))
+    }
+
+    fn ino_of(&self, path: &Path) -> io::Result<Ino> {
+        if path.components().all(|c| matches!(c, Component::RootDir | Component::CurDir)) {
+            return Ok(ROOT);
+        }
+        let (d, name) = self.parent_of(path)?;
+        Ok(self.fs.lookup(d, name).map_err(err)?.ino)
+    }
+}
+
+struct LibFile {
+    fs: Arc<Fs>,
+    h: Handle,
+    dsync: bool,
+}
+
+impl File for LibFile {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        self.h.read_at(off, buf).map_err(err)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize> {
+        let n = self.h.write_at(off, buf).map_err(err)?;
+        if self.dsync {
+            self.h.fsync(true).map_err(err)?;
+        }
+        Ok(n)
+    }
+    fn fsync(&self) -> io::Result<()> {
+        self.h.fsync(false).map_err(err)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.fs.truncate(self.h.ino(), len).map_err(err)
+    }
+}
+
+impl Target for LibTarget {
+    fn spec(&self) -> String {
+        self.spec.clone()
+    }
+
+    fn fs_type(&self) -> String {
+        "lanefs-lib".into()
+    }
+
+    fn open(&self, path: &Path, o: OpenOptions) -> io::Result<Box<dyn File>> {
+        let (d, name) = self.parent_of(path)?;
+        let ino = match self.fs.lookup(d, name) {
+            Ok(a) => {
+                if o.create && o.exclusive {
+                    return Err(io::Error::from_raw_os_error(libc::EEXIST));
+                }
+                if a.kind == FileKind::Dir {
+                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                }
+                if o.truncate {
+                    self.fs.truncate(a.ino, 0).map_err(err)?;
+                }
+                a.ino
+            }
+            Err(e) if e.to_errno() == libc::ENOENT && o.create => {
+                self.fs.create(d, name, 0o644, 0, 0).map_err(err)?.ino
+            }
+            Err(e) => return Err(err(e)),
+        };
+        let h = self.fs.open_file(ino).map_err(err)?;
+        Ok(Box::new(LibFile { fs: self.fs.clone(), h, dsync: o.dsync }))
+    }
+
+    fn mkdir(&self, path: &Path) -> io::Result<()> {
+        let (d, name) = self.parent_of(path)?;
+        self.fs.mkdir(d, name, 0o755, 0, 0).map(|_| ()).map_err(err)
+    }
+
+    fn rmdir(&self, path: &Path) -> io::Result<()> {
+        let (d, name) = self.parent_of(path)?;
+        self.fs.rmdir(d, name).map_err(err)
+    }
+
+    fn unlink(&self, path: &Path) -> io::Result<()> {
+        let (d, name) = self.parent_of(path)?;
+        self.fs.unlink(d, name).map_err(err)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let (fd, fname) = self.parent_of(from)?;
+        let (td, tname) = self.parent_of(to)?;
+        self.fs.rename(fd, fname, td, tname, 0).map_err(err)
+    }
+
+    fn readdir(&self, path: &Path) -> io::Result<Vec<OsString>> {
+        let ino = self.ino_of(path)?;
+        let mut out = Vec::new();
+        let mut cookie = 2;
+        // Bounded: each page advances the cookie; an empty page ends the listing.
+        loop {
+            let page = self.fs.readdir(ino, cookie, 512).map_err(err)?;
+            let Some(last) = page.last() else { break };
+            cookie = last.cookie;
+            out.extend(page.into_iter().map(|e| OsString::from_vec(e.name)));
+        }
+        Ok(out)
+    }
+
+    fn stat(&self, path: &Path) -> io::Result<Stat> {
+        let ino = self.ino_of(path)?;
+        let a = self.fs.getattr(ino).map_err(err)?;
+        Ok(Stat { size: a.size, is_dir: a.kind == FileKind::Dir })
+    }
+}
+
+/// Where `lib:` targets put their image when given a directory instead of a file.
+pub fn image_path(p: &Path) -> PathBuf {
+    if p.is_dir() {
+        p.join("lanefs-bench.img")
+    } else {
+        p.to_path_buf()
+    }
+}

@@ -1,0 +1,246 @@
+//! Reports: one JSON object per run (JSON lines), markdown tables, and the machine facts that
+//! make a figure reproducible (cores, kernel, commit, date).
+
+use crate::runner::RunResult;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+
+/// Facts about where and from what the figures were measured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Machine {
+    pub cores: usize,
+    /// `uname -r`.
+    pub kernel: String,
+    /// Short hash of the source tree's HEAD, or "unknown".
+    pub commit: String,
+    /// Start of the benchmark, UTC, ISO 8601.
+    pub date: String,
+}
+
+impl Machine {
+    pub fn detect() -> Machine {
+        Machine {
+            cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into()),
+            commit: git_commit(),
+            date: utc_now(),
+        }
+    }
+}
+
+/// The commit of the source the binary was built from (its crate directory, when it still
+/// exists), else of the current directory, else "unknown".
+fn git_commit() -> String {
+    for dir in [Path::new(env!("CARGO_MANIFEST_DIR")), Path::new(".")] {
+        if !dir.is_dir() {
+            continue;
+        }
+        let out = Command::new("git").arg("-C").arg(dir).args(["rev-parse", "--short", "HEAD"]).output();
+        if let Ok(o) = out {
+            let s = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            if o.status.success() && !s.is_empty() {
+                return s;
+            }
+        }
+    }
+    "unknown".into()
+}
+
+/// Now as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_now() -> String {
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format_utc(secs)
+}
+
+/// Seconds since the epoch as an ISO 8601 UTC date (civil-from-days, proleptic Gregorian).
+pub fn format_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let p = 10f64.powi(digits);
+    (x * p).round() / p
+}
+
+fn opt_us(v: Option<f64>) -> Value {
+    v.map_or(Value::Null, |x| json!(round(x, 3)))
+}
+
+/// The JSON object of one run. `round` is the compare round, when there is one.
+pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
+    let mut v = json!({
+        "target": r.target,
+        "workload": r.workload.name(),
+        "threads": r.threads,
+        "seconds": round(r.seconds, 3),
+        "ops": r.ops,
+        "ops_per_sec": round(r.ops_per_sec, 1),
+        "p50_us": opt_us(r.latency.quantile_us(0.5)),
+        "p99_us": opt_us(r.latency.quantile_us(0.99)),
+        "fsync_p50_us": opt_us(r.fsync.as_ref().and_then(|h| h.quantile_us(0.5))),
+        "fsync_p99_us": opt_us(r.fsync.as_ref().and_then(|h| h.quantile_us(0.99))),
+        "cores": m.cores,
+        "kernel": m.kernel,
+        "commit": m.commit,
+        "fs_type": r.fs_type,
+        "date": m.date,
+        "notes": r.notes,
+    });
+    if let Some(n) = round_no {
+        v["round"] = json!(n);
+    }
+    v
+}
+
+/// A latency in µs for a table: more digits for small values, "-" when absent.
+pub fn fmt_us(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(x) if x < 10.0 => format!("{x:.2}"),
+        Some(x) if x < 1000.0 => format!("{x:.1}"),
+        Some(x) => format!("{x:.0}"),
+    }
+}
+
+pub fn fmt_rate(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+/// One row per run.
+pub fn markdown_table(results: &[RunResult]) -> String {
+    let mut s = String::from(
+        "| target | fs | workload | threads | ops/s | p50 µs | p99 µs | fsync p50 µs | fsync p99 µs | notes |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in results {
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.target,
+            r.fs_type,
+            r.workload,
+            r.threads,
+            fmt_rate(r.ops_per_sec),
+            fmt_us(r.latency.quantile_us(0.5)),
+            fmt_us(r.latency.quantile_us(0.99)),
+            fmt_us(r.fsync.as_ref().and_then(|h| h.quantile_us(0.5))),
+            fmt_us(r.fsync.as_ref().and_then(|h| h.quantile_us(0.99))),
+            r.notes.join("; ")
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hist::Histogram;
+    use crate::workload::Workload;
+
+    fn result(w: Workload, fsync: bool) -> RunResult {
+        let mut latency = Histogram::new();
+        for v in 1..=1000 {
+            latency.record_ns(v * 1000);
+        }
+        RunResult {
+            target: "dir:/x".into(),
+            fs_type: "tmpfs".into(),
+            workload: w,
+            threads: 2,
+            seconds: 1.0004,
+            ops: 1000,
+            ops_per_sec: 999.6,
+            latency: latency.clone(),
+            fsync: fsync.then_some(latency),
+            notes: vec![],
+        }
+    }
+
+    fn machine() -> Machine {
+        Machine { cores: 2, kernel: "6.1.0".into(), commit: "abc1234".into(), date: format_utc(0) }
+    }
+
+    #[test]
+    fn json_line_has_every_field() {
+        let v = json_line(&result(Workload::Dwsl, true), &machine(), None);
+        for k in [
+            "target",
+            "workload",
+            "threads",
+            "seconds",
+            "ops",
+            "ops_per_sec",
+            "p50_us",
+            "p99_us",
+            "fsync_p50_us",
+            "fsync_p99_us",
+            "cores",
+            "kernel",
+            "commit",
+            "fs_type",
+            "date",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert_eq!(v["workload"], "DWSL");
+        assert_eq!(v["threads"], 2);
+        assert_eq!(v["ops"], 1000);
+        assert_eq!(v["commit"], "abc1234");
+        assert_eq!(v["fs_type"], "tmpfs");
+        assert_eq!(v["date"], "1970-01-01T00:00:00Z");
+        let p50 = v["p50_us"].as_f64().unwrap();
+        assert!((p50 - 500.0).abs() < 10.0, "{p50}");
+        assert!(v["fsync_p99_us"].as_f64().is_some());
+        assert!(v.get("round").is_none());
+        // One line: serialises without newlines.
+        assert!(!v.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn json_line_nulls_fsync_when_not_applicable() {
+        let v = json_line(&result(Workload::Dwol, false), &machine(), Some(3));
+        assert!(v["fsync_p50_us"].is_null());
+        assert!(v["fsync_p99_us"].is_null());
+        assert_eq!(v["round"], 3);
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(format_utc(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn table_has_a_row_per_run() {
+        let t = markdown_table(&[result(Workload::Dwol, false), result(Workload::Dwsl, true)]);
+        assert_eq!(t.lines().count(), 4);
+        assert!(t.contains("| DWOL | 2 | 1000 |"));
+    }
+
+    #[test]
+    fn machine_facts() {
+        let m = Machine::detect();
+        assert!(m.cores >= 1);
+        assert!(!m.kernel.is_empty() && !m.commit.is_empty());
+        assert!(m.date.ends_with('Z'));
+    }
+}

@@ -1,0 +1,386 @@
+//! What a benchmark runs against: a [`Target`] is a file system reached through a small set of
+//! POSIX-shaped calls.
+//!
+//! Workloads only ever speak this interface, so one workload definition measures a kernel file
+//! system through a directory (`dir:PATH`), lanefs through its library API (`lib:IMAGE`) and
+//! lanefs through FUSE (`mount:IMAGE`) alike. Paths given to a target are relative to its root.
+//! Adding the lanefs targets is one `impl Target` each plus one arm in [`open_target`].
+
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// open(2) flags the workloads need. `direct` and `dsync` map to O_DIRECT and O_DSYNC; a target
+/// that cannot honour `direct` fails the open with `InvalidInput` or `Unsupported`, and the
+/// workload falls back to buffered I/O with a note.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    pub read: bool,
+    pub write: bool,
+    pub create: bool,
+    /// With `create`: fail if the file exists (O_EXCL).
+    pub exclusive: bool,
+    pub truncate: bool,
+    pub direct: bool,
+    pub dsync: bool,
+}
+
+impl OpenOptions {
+    pub fn read() -> Self {
+        OpenOptions { read: true, ..Default::default() }
+    }
+    pub fn read_write() -> Self {
+        OpenOptions { read: true, write: true, ..Default::default() }
+    }
+    /// Read-write, created when missing.
+    pub fn create() -> Self {
+        OpenOptions { read: true, write: true, create: true, ..Default::default() }
+    }
+    /// Read-write, a new file; fails when the name exists.
+    pub fn create_new() -> Self {
+        OpenOptions { read: true, write: true, create: true, exclusive: true, ..Default::default() }
+    }
+    pub fn direct(mut self, on: bool) -> Self {
+        self.direct = on;
+        self
+    }
+    pub fn dsync(mut self, on: bool) -> Self {
+        self.dsync = on;
+        self
+    }
+}
+
+/// What a workload needs of stat(2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub size: u64,
+    pub is_dir: bool,
+}
+
+/// An open file. Positioned I/O only, so that threads sharing nothing but the file never share
+/// a file offset either (as FxMark's pread/pwrite).
+pub trait File: Send + Sync {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize>;
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize>;
+    fn fsync(&self) -> io::Result<()>;
+    /// ftruncate(2): appending workloads wrap by truncating to 0 instead of growing forever.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Writes all of `buf` at `off` (short writes continue, as write(2) loops do).
+    fn write_all_at(&self, mut buf: &[u8], mut off: u64) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = self.write_at(buf, off)?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "write returned 0"));
+            }
+            buf = &buf[n..];
+            off += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// A file system under test. Paths are relative to the target's root.
+pub trait Target: Send + Sync {
+    /// How the target was named on the command line (for reports), e.g. `dir:/mnt/x`.
+    fn spec(&self) -> String;
+    /// File system type of the root, e.g. `ext4`, `tmpfs`, `fuse.bindfs`, `lanefs`.
+    fn fs_type(&self) -> String;
+    fn open(&self, path: &Path, opts: OpenOptions) -> io::Result<Box<dyn File>>;
+    fn mkdir(&self, path: &Path) -> io::Result<()>;
+    fn rmdir(&self, path: &Path) -> io::Result<()>;
+    fn unlink(&self, path: &Path) -> io::Result<()>;
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Names in a directory, without `.` and `..`.
+    fn readdir(&self, path: &Path) -> io::Result<Vec<OsString>>;
+    fn stat(&self, path: &Path) -> io::Result<Stat>;
+
+    /// Creates an empty file (O_CREAT|O_EXCL, then close).
+    fn create(&self, path: &Path) -> io::Result<()> {
+        self.open(path, OpenOptions::create_new()).map(drop)
+    }
+}
+
+/// Removes `path` and everything below it through the target's own calls, so that cleanup
+/// exercises (and works on) every kind of target.
+pub fn remove_tree(t: &dyn Target, path: &Path) -> io::Result<()> {
+    for name in t.readdir(path)? {
+        let p = path.join(&name);
+        if t.stat(&p)?.is_dir {
+            remove_tree(t, &p)?;
+        } else {
+            t.unlink(&p)?;
+        }
+    }
+    t.rmdir(path)
+}
+
+/// A parsed `--target` value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// Any directory, reached through the kernel (std::fs).
+    Dir(PathBuf),
+    /// lanefs through its library API, in process.
+    Lib(PathBuf),
+    /// lanefs mounted through FUSE for the run.
+    Mount(PathBuf),
+}
+
+impl std::str::FromStr for TargetSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, path) = s
+            .split_once(':')
+            .ok_or_else(|| format!("target {s:?}: expected dir:PATH, lib:IMAGE or mount:IMAGE"))?;
+        if path.is_empty() {
+            return Err(format!("target {s:?}: the path after {kind}: is empty"));
+        }
+        let path = PathBuf::from(path);
+        match kind {
+            "dir" => Ok(TargetSpec::Dir(path)),
+            "lib" => Ok(TargetSpec::Lib(path)),
+            "mount" => Ok(TargetSpec::Mount(path)),
+            _ => Err(format!("target {s:?}: unknown kind {kind:?}; expected dir:, lib: or mount:")),
+        }
+    }
+}
+
+impl std::fmt::Display for TargetSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TargetSpec::Dir(p) => write!(f, "dir:{}", p.display()),
+            TargetSpec::Lib(p) => write!(f, "lib:{}", p.display()),
+            TargetSpec::Mount(p) => write!(f, "mount:{}", p.display()),
+        }
+    }
+}
+
+/// Opens a target for benchmarking.
+pub fn open_target(spec: &TargetSpec) -> Result<Box<dyn Target>, String> {
+    match spec {
+        TargetSpec::Dir(p) => Ok(Box::new(DirTarget::new(p)?)),
+        TargetSpec::Lib(p) => {
+            Ok(Box::new(crate::lib_target::LibTarget::open(&crate::lib_target::image_path(p))?))
+        }
+        // The FUSE adapter is being built; this arm becomes a mounting target when it lands.
+        TargetSpec::Mount(_) => {
+            Err(format!("{spec}: mount: targets are not available yet (no lanefs FUSE mount)"))
+        }
+    }
+}
+
+/// A directory of any kernel-visible file system, through std::fs and std::os::unix.
+pub struct DirTarget {
+    root: PathBuf,
+    spec: String,
+}
+
+impl DirTarget {
+    pub fn new(root: &Path) -> Result<DirTarget, String> {
+        let md = fs::metadata(root).map_err(|e| format!("dir:{}: {e}", root.display()))?;
+        if !md.is_dir() {
+            return Err(format!("dir:{}: not a directory", root.display()));
+        }
+        Ok(DirTarget { root: root.to_path_buf(), spec: format!("dir:{}", root.display()) })
+    }
+
+    fn at(&self, p: &Path) -> PathBuf {
+        self.root.join(p)
+    }
+}
+
+struct DirFile(fs::File);
+
+impl File for DirFile {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        self.0.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<usize> {
+        self.0.write_at(buf, off)
+    }
+    fn fsync(&self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+impl Target for DirTarget {
+    fn spec(&self) -> String {
+        self.spec.clone()
+    }
+
+    fn fs_type(&self) -> String {
+        fs_type_of(&self.root)
+    }
+
+    fn open(&self, path: &Path, o: OpenOptions) -> io::Result<Box<dyn File>> {
+        let mut flags = 0;
+        if o.direct {
+            flags |= libc::O_DIRECT;
+        }
+        if o.dsync {
+            flags |= libc::O_DSYNC;
+        }
+        let mut oo = fs::OpenOptions::new();
+        oo.read(o.read).write(o.write).truncate(o.truncate).custom_flags(flags).mode(0o644);
+        if o.create && o.exclusive {
+            oo.create_new(true);
+        } else {
+            oo.create(o.create);
+        }
+        Ok(Box::new(DirFile(oo.open(self.at(path))?)))
+    }
+
+    fn mkdir(&self, path: &Path) -> io::Result<()> {
+        fs::create_dir(self.at(path))
+    }
+    fn rmdir(&self, path: &Path) -> io::Result<()> {
+        fs::remove_dir(self.at(path))
+    }
+    fn unlink(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(self.at(path))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(self.at(from), self.at(to))
+    }
+    fn readdir(&self, path: &Path) -> io::Result<Vec<OsString>> {
+        fs::read_dir(self.at(path))?.map(|e| e.map(|e| e.file_name())).collect()
+    }
+    fn stat(&self, path: &Path) -> io::Result<Stat> {
+        // stat(2), not lstat: path lookup through the whole chain is what MRPL/MRPM measure.
+        let m = fs::metadata(self.at(path))?;
+        Ok(Stat { size: m.len(), is_dir: m.is_dir() })
+    }
+}
+
+/// The file system type of `path`: the statfs magic number by name, refined for FUSE with the
+/// subtype from /proc/self/mountinfo (`fuse.bindfs`), so that a report says what was measured.
+pub fn fs_type_of(path: &Path) -> String {
+    let magic = match rustix::fs::statfs(path) {
+        Ok(s) => s.f_type as u64,
+        Err(_) => return "unknown".into(),
+    };
+    let name = match magic {
+        0xEF53 => "ext4",
+        0x5846_5342 => "xfs",
+        0x9123_683E => "btrfs",
+        0x0102_1994 => "tmpfs",
+        0x6573_5546 => "fuse",
+        0xF2F5_2010 => "f2fs",
+        0x794C_7630 => "overlay",
+        0x5346_544E => "ntfs",
+        0x2FC1_2FC1 => "zfs",
+        0x6969 => "nfs",
+        0x8584_58F6 => "ramfs",
+        _ => return mount_fs_type(path).unwrap_or_else(|| format!("0x{magic:x}")),
+    };
+    if name == "fuse" {
+        if let Some(t) = mount_fs_type(path) {
+            return t;
+        }
+    }
+    name.to_string()
+}
+
+/// The type column of the /proc/self/mountinfo entry that holds `path` (the longest mount point
+/// that is a prefix of it; the last such line wins, as later mounts cover earlier ones).
+fn mount_fs_type(path: &Path) -> Option<String> {
+    let canon = fs::canonicalize(path).ok()?;
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut best: Option<(usize, String)> = None;
+    for line in info.lines() {
+        let Some((left, right)) = line.split_once(" - ") else { continue };
+        let (Some(mnt), Some(fstype)) = (left.split(' ').nth(4), right.split(' ').next()) else {
+            continue;
+        };
+        let mnt = unescape_mount(mnt);
+        if canon.starts_with(&mnt) {
+            let len = mnt.as_os_str().len();
+            let longer = match &best {
+                Some((l, _)) => len >= *l,
+                None => true,
+            };
+            if longer {
+                best = Some((len, fstype.to_string()));
+            }
+        }
+    }
+    best.map(|(_, t)| t)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as \ooo octal.
+fn unescape_mount(s: &str) -> PathBuf {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    use std::os::unix::ffi::OsStringExt;
+    PathBuf::from(OsString::from_vec(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_parsing() {
+        assert_eq!("dir:/tmp/x".parse::<TargetSpec>(), Ok(TargetSpec::Dir("/tmp/x".into())));
+        assert_eq!("lib:a.img".parse::<TargetSpec>(), Ok(TargetSpec::Lib("a.img".into())));
+        assert_eq!("mount:a.img".parse::<TargetSpec>(), Ok(TargetSpec::Mount("a.img".into())));
+        assert!("/tmp/x".parse::<TargetSpec>().is_err());
+        assert!("dir:".parse::<TargetSpec>().is_err());
+        assert!("nfs:/x".parse::<TargetSpec>().is_err());
+        assert_eq!(TargetSpec::Dir("/a b".into()).to_string(), "dir:/a b");
+    }
+
+    #[test]
+    fn lanefs_targets_say_not_yet() {
+        for s in ["lib:x.img", "mount:x.img"] {
+            let e = open_target(&s.parse().unwrap()).err().unwrap();
+            assert!(e.contains("not available yet") && !e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn dir_target_calls() {
+        let d = tempfile::tempdir().unwrap();
+        let t = DirTarget::new(d.path()).unwrap();
+        t.mkdir(Path::new("a")).unwrap();
+        t.create(Path::new("a/f")).unwrap();
+        assert!(t.create(Path::new("a/f")).is_err(), "exclusive create");
+        let f = t.open(Path::new("a/f"), OpenOptions::read_write()).unwrap();
+        f.write_all_at(b"hello", 3).unwrap();
+        let mut b = [0u8; 8];
+        assert_eq!(f.read_at(&mut b, 0).unwrap(), 8);
+        assert_eq!(&b, b"\0\0\0hello");
+        f.fsync().unwrap();
+        f.set_len(2).unwrap();
+        assert_eq!(t.stat(Path::new("a/f")).unwrap(), Stat { size: 2, is_dir: false });
+        t.rename(Path::new("a/f"), Path::new("a/g")).unwrap();
+        assert_eq!(t.readdir(Path::new("a")).unwrap(), vec![OsString::from("g")]);
+        assert!(t.stat(Path::new("a")).unwrap().is_dir);
+        t.mkdir(Path::new("a/sub")).unwrap();
+        t.create(Path::new("a/sub/x")).unwrap();
+        remove_tree(&t, Path::new("a")).unwrap();
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 0);
+        assert!(!t.fs_type().is_empty());
+    }
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape_mount(r"/mnt/a\040b"), PathBuf::from("/mnt/a b"));
+        assert_eq!(unescape_mount(r"/x\\"), PathBuf::from(r"/x\\"));
+    }
+}
