@@ -85,6 +85,26 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Mount an image with FUSE (a daemon unless --foreground; errors come before it detaches).
+    Mount {
+        image: PathBuf,
+        mountpoint: PathBuf,
+        /// Persistent-memory region for the metadata log (not supported yet).
+        #[arg(long)]
+        nvm: Option<PathBuf>,
+        /// Worker threads, each with its own /dev/fuse descriptor; default: one per core.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        threads: Option<u16>,
+        /// Mount options: ro, allow_other, default_permissions (on by default; off with
+        /// no_default_permissions), threads=N, fsname=..., and what the kernel's FUSE takes.
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Vec<String>,
+        /// Stay in the foreground; SIGTERM or SIGINT unmounts.
+        #[arg(long, short = 'f')]
+        foreground: bool,
+    },
+    /// Unmount a lanefs mount and wait for its final checkpoint.
+    Umount { mountpoint: PathBuf },
     /// Crash-consistency and fault harness: runs workloads on a recording device, rebuilds every
     /// crash state, recovers it and checks the durability contract. Exits non-zero on any
     /// violation; the last line is `crashtest: N states, M violations`.
@@ -136,6 +156,10 @@ fn main() -> ExitCode {
         Cmd::Devbench { path, io, batch, iterations, size, json } => {
             exit(devbench(&path, io.into(), batch, iterations, size, json), "devbench")
         }
+        Cmd::Mount { image, mountpoint, nvm, threads, options, foreground } => {
+            exit(mount(image, mountpoint, nvm, threads, options, foreground), "mount")
+        }
+        Cmd::Umount { mountpoint } => exit(umount(&mountpoint), "umount"),
         Cmd::Crashtest { quick, seed, workloads, threads, replay, state, script, setup, avoid } => crashtest(
             quick,
             seed,
@@ -399,6 +423,29 @@ fn devbench(
         );
     }
     Ok(())
+}
+
+fn mount(
+    image: PathBuf,
+    mountpoint: PathBuf,
+    nvm: Option<PathBuf>,
+    threads: Option<u16>,
+    options: Vec<String>,
+    foreground: bool,
+) -> Result<(), String> {
+    let threads = threads.map(usize::from);
+    lanefs_fuse::mount_command(&lanefs_fuse::MountArgs {
+        image,
+        mountpoint,
+        nvm,
+        threads,
+        options,
+        foreground,
+    })
+}
+
+fn umount(mountpoint: &Path) -> Result<(), String> {
+    lanefs_fuse::umount_command(mountpoint, std::time::Duration::from_secs(120))
 }
 
 /// `lanefs crashtest`: prints violations as they are found, a progress bar on a terminal, a

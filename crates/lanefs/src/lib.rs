@@ -14,6 +14,7 @@ pub mod error;
 pub mod flush;
 pub mod format;
 pub mod fs;
+pub mod fs_seek;
 pub mod fsck;
 pub mod inspect;
 pub mod journal;

@@ -1,0 +1,688 @@
+//! The FUSE request handlers: each one translates a kernel request into one `lanefs::Fs` call
+//! (a few into two) and its result into a reply. Nothing here decides anything the engine
+//! decides; the only state is the `Fs` handle, so every worker thread serves any request.
+//!
+//! Inode numbers are lanefs inode numbers (the root is 1, FUSE_ROOT_ID), so the kernel's
+//! lookup counts need no table: `forget` has nothing to drop. File handles are not used (0):
+//! the engine keeps an unlinked file alive from `open_ino` to `release`.
+
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use lanefs::format::node::Timespec;
+use lanefs::fs_seek::Seek;
+use lanefs::{Attr, FileKind, Fs, SetAttr};
+use std::cell::RefCell;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long the kernel may cache attributes and names. lanefs is the only writer of its image
+/// and every change goes through this mount, so the kernel's caches stay right; a nonzero TTL
+/// saves a GETATTR before each write and a LOOKUP per path component.
+pub const TTL: Duration = Duration::from_secs(1);
+
+/// Largest write (and read) negotiated with the kernel, before the kernel's own cap.
+pub const MAX_WRITE: u32 = 1 << 20;
+
+/// Entries asked of the engine per round of a readdir reply.
+const DIR_BATCH: usize = 64;
+
+/// Largest copy_file_range answered in one request (the reply carries a u32).
+const MAX_COPY: u64 = 1 << 30;
+
+/// The FUSE file system: a shared handle on a mounted lanefs.
+pub struct LaneFuse {
+    fs: Arc<Fs>,
+    max_write: u32,
+    writeback_cache: bool,
+}
+
+impl LaneFuse {
+    /// Serves `fs`; `writeback_cache` asks the kernel to cache writes (see the crate docs).
+    pub fn new(fs: Arc<Fs>, writeback_cache: bool) -> LaneFuse {
+        LaneFuse { fs, max_write: max_write(), writeback_cache }
+    }
+}
+
+/// 1 MiB, capped by what the kernel allows (/proc/sys/fs/fuse/max_pages_limit pages).
+pub fn max_write() -> u32 {
+    let page = 4096u64;
+    let limit = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(256);
+    (limit.saturating_mul(page)).clamp(page, MAX_WRITE as u64) as u32
+}
+
+fn errno(e: lanefs::Error) -> Errno {
+    Errno::from_i32(e.to_errno())
+}
+
+fn kind(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+fn system_time(t: Timespec) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec.min(999_999_999))
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+fn timespec(t: SystemTime) -> Timespec {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            if d.subsec_nanos() == 0 {
+                Timespec { sec: -(d.as_secs() as i64), nsec: 0 }
+            } else {
+                Timespec { sec: -(d.as_secs() as i64) - 1, nsec: 1_000_000_000 - d.subsec_nanos() }
+            }
+        }
+    }
+}
+
+fn time_or_now(t: TimeOrNow) -> Timespec {
+    match t {
+        TimeOrNow::SpecificTime(t) => timespec(t),
+        TimeOrNow::Now => timespec(SystemTime::now()),
+    }
+}
+
+/// stat(2) attributes as FUSE sends them.
+pub fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: system_time(a.atime),
+        mtime: system_time(a.mtime),
+        ctime: system_time(a.ctime),
+        crtime: system_time(a.crtime),
+        kind: kind(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+const GEN: Generation = Generation(0);
+
+fn name(n: &OsStr) -> &[u8] {
+    n.as_bytes()
+}
+
+thread_local! {
+    /// Per-worker read buffer, reused so that a 1 MiB read costs no allocation.
+    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl LaneFuse {
+    /// Owner of a new inode in `parent`: the caller, except that a set-group-ID directory
+    /// passes its group on (and, to a new directory, the set-group-ID bit), as on ext4.
+    fn new_owner(&self, req: &Request, parent: INodeNo, mode: u32) -> Result<(u32, u32, u32), Errno> {
+        let p = self.fs.getattr(parent.0).map_err(errno)?;
+        if p.mode & libc::S_ISGID != 0 {
+            let mode = if mode & libc::S_IFMT == libc::S_IFDIR { mode | libc::S_ISGID } else { mode };
+            Ok((req.uid(), p.gid, mode))
+        } else {
+            Ok((req.uid(), req.gid(), mode))
+        }
+    }
+
+    fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), GEN),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn empty(&self, r: lanefs::Result<()>, reply: ReplyEmpty) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn open_flags(flags: i32) -> FopenFlags {
+        // Writes reach the engine as they are made, so close has nothing to flush: no FLUSH
+        // round trip on every close (the kernel still sends it when its writeback cache holds
+        // dirty pages).
+        let f = FopenFlags::FOPEN_NOFLUSH;
+        if flags & libc::O_DIRECT != 0 {
+            // Direct I/O skips the kernel's inode lock on writes, so writers of disjoint ranges
+            // of one file reach the range lock together.
+            f | FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        } else {
+            f
+        }
+    }
+
+    fn copy_range(
+        &self,
+        ino_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> lanefs::Result<u64> {
+        let len = len.min(MAX_COPY);
+        let efbig = || lanefs::Error::errno(libc::EFBIG, "copy range past the largest offset");
+        off_in.checked_add(len).ok_or_else(efbig)?;
+        off_out.checked_add(len).ok_or_else(efbig)?;
+        let mut buf = vec![0u8; (self.max_write as u64).min(len.max(1)) as usize];
+        let mut done = 0u64;
+        while done < len {
+            let want = ((len - done) as usize).min(buf.len());
+            let n = self.fs.read_at(ino_in, off_in + done, &mut buf[..want])?;
+            if n == 0 {
+                break;
+            }
+            self.fs.write_at(ino_out, off_out + done, &buf[..n])?;
+            done += n as u64;
+        }
+        Ok(done)
+    }
+}
+
+impl Filesystem for LaneFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let caps = config.capabilities();
+        let mut want = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        if self.writeback_cache {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        // Ask only for what this kernel offers; a missing optional feature is not an error.
+        let _ = config.add_capabilities(want & caps);
+        let _ = config.set_max_write(self.max_write);
+        let _ = config.set_max_readahead(self.max_write);
+        // Background requests (readahead, async direct I/O) in flight at once.
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.lookup(parent.0, name(n)), reply)
+    }
+
+    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+        // Nothing to drop: inode numbers are lanefs's own and no per-lookup state is kept.
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_or_now),
+            mtime: mtime.map(time_or_now),
+            ctime: ctime.map(timespec),
+        };
+        match self.fs.setattr(ino.0, &a) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // The kernel applied the umask already (FUSE_DONT_MASK is not negotiated).
+        match self.new_owner(req, parent, mode) {
+            Ok((uid, gid, mode)) => {
+                self.entry(self.fs.mknod(parent.0, name(n), mode, rdev as u64, uid, gid), reply)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        match self.new_owner(req, parent, mode | libc::S_IFDIR) {
+            Ok((uid, gid, mode)) => self.entry(self.fs.mkdir(parent.0, name(n), mode, uid, gid), reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.empty(self.fs.unlink(parent.0, name(n)), reply)
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.empty(self.fs.rmdir(parent.0, name(n)), reply)
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
+        match self.new_owner(req, parent, libc::S_IFLNK | 0o777) {
+            Ok((uid, gid, _)) => self
+                .entry(self.fs.symlink(parent.0, name(link), target.as_os_str().as_bytes(), uid, gid), reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        if !known.contains(flags) {
+            // RENAME_WHITEOUT is for overlay file systems.
+            return reply.error(Errno::EINVAL);
+        }
+        let mut f = 0;
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            f |= lanefs::fs::RENAME_NOREPLACE;
+        }
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            f |= lanefs::fs::RENAME_EXCHANGE;
+        }
+        self.empty(self.fs.rename(parent.0, name(n), newparent.0, name(newname), f), reply)
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.link(ino.0, newparent.0, name(newname)), reply)
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open_ino(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), Self::open_flags(flags.0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        READ_BUF.with(|b| {
+            let mut b = b.borrow_mut();
+            let size = (size as usize).min(self.max_write as usize);
+            if b.len() < size {
+                b.resize(size, 0);
+            }
+            match self.fs.read_at(ino.0, offset, &mut b[..size]) {
+                Ok(n) => reply.data(&b[..n]),
+                Err(e) => reply.error(errno(e)),
+            }
+        })
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write_at(ino.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
+        // Writes reach the engine when they are made; close has nothing to push.
+        reply.ok()
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.empty(self.fs.release(ino.0), reply)
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.empty(self.fs.fsync(ino.0, datasync), reply)
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) if a.kind == FileKind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let mut cookie = offset;
+        loop {
+            let batch = match self.fs.readdir(ino.0, cookie, DIR_BATCH) {
+                Ok(b) => b,
+                Err(e) => return reply.error(errno(e)),
+            };
+            for e in &batch {
+                // ".." of the root is the root itself.
+                let target = if e.ino == 0 { ino.0 } else { e.ino };
+                if reply.add(INodeNo(target), e.cookie, kind(e.kind), OsStr::from_bytes(&e.name)) {
+                    return reply.ok();
+                }
+                cookie = e.cookie;
+            }
+            if batch.len() < DIR_BATCH {
+                return reply.ok();
+            }
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let mut cookie = offset;
+        loop {
+            let batch = match self.fs.readdir(ino.0, cookie, DIR_BATCH) {
+                Ok(b) => b,
+                Err(e) => return reply.error(errno(e)),
+            };
+            for e in &batch {
+                // ".." of the root is the root itself.
+                let target = if e.ino == 0 { ino.0 } else { e.ino };
+                match self.fs.getattr(target) {
+                    Ok(a) => {
+                        let name = OsStr::from_bytes(&e.name);
+                        if reply.add(INodeNo(target), e.cookie, name, &TTL, &file_attr(&a), GEN) {
+                            return reply.ok();
+                        }
+                    }
+                    // Removed since the listing: leave it out, as a later readdir would.
+                    Err(err) if err.to_errno() == libc::ENOENT => {}
+                    Err(err) => return reply.error(errno(err)),
+                }
+                cookie = e.cookie;
+            }
+            if batch.len() < DIR_BATCH {
+                return reply.ok();
+            }
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok()
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.empty(self.fs.fsync(ino.0, datasync), reply)
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize)
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        n: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        self.empty(self.fs.setxattr(ino.0, name(n), value, flags), reply)
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino.0, name(n)) {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                if size == 0 {
+                    reply.size(buf.len() as u32)
+                } else if buf.len() > size as usize {
+                    reply.error(Errno::from_i32(libc::ERANGE))
+                } else {
+                    reply.data(&buf)
+                }
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.empty(self.fs.removexattr(ino.0, name(n)), reply)
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // Only asked when the mount has no default_permissions; the caller's primary group
+        // stands for its groups (FUSE does not send supplementary groups).
+        let a = match self.fs.getattr(ino.0) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let want = mask.bits() & 0o7;
+        let ok = if req.uid() == 0 {
+            // root may read and write anything, and execute what anyone may execute.
+            want & 1 == 0 || a.mode & 0o111 != 0 || a.kind == FileKind::Dir
+        } else {
+            let bits = if req.uid() == a.uid {
+                (a.mode >> 6) & 7
+            } else if req.gid() == a.gid {
+                (a.mode >> 3) & 7
+            } else {
+                a.mode & 7
+            };
+            bits as i32 & want == want
+        };
+        if ok {
+            reply.ok()
+        } else {
+            reply.error(Errno::EACCES)
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (uid, gid, mode) = match self.new_owner(req, parent, mode) {
+            Ok(o) => o,
+            Err(e) => return reply.error(e),
+        };
+        let a = match self.fs.create(parent.0, name(n), mode, uid, gid) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(e)),
+        };
+        match self.fs.open_ino(a.ino) {
+            Ok(a) => reply.created(&TTL, &file_attr(&a), GEN, FileHandle(0), Self::open_flags(flags)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.empty(self.fs.fallocate(ino.0, mode, offset, length), reply)
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let what = match whence {
+            libc::SEEK_DATA => Seek::Data,
+            libc::SEEK_HOLE => Seek::Hole,
+            // The kernel answers SEEK_SET, SEEK_CUR and SEEK_END itself.
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(off) = u64::try_from(offset) else { return reply.error(Errno::ENXIO) };
+        match self.fs.seek(ino.0, off, what) {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The engine cannot share blocks between files, so this is a read + write loop in the
+        // daemon: it saves the two kernel crossings per chunk that a user-space copy pays.
+        match self.copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_before_and_after_the_epoch() {
+        for t in [
+            Timespec { sec: 0, nsec: 0 },
+            Timespec { sec: 1_700_000_000, nsec: 123_456_789 },
+            Timespec { sec: -1, nsec: 500_000_000 },
+            Timespec { sec: -86_400, nsec: 0 },
+        ] {
+            assert_eq!(timespec(system_time(t)), t);
+        }
+    }
+
+    #[test]
+    fn max_write_is_a_whole_number_of_pages_up_to_one_mib() {
+        let m = max_write();
+        assert!((4096..=MAX_WRITE).contains(&m) && m.is_multiple_of(4096));
+    }
+}
