@@ -178,7 +178,10 @@ impl Fs {
             nlink: meta.nlink,
             uid: meta.uid,
             gid: meta.gid,
-            size: m.size.load(Ordering::Acquire),
+            size: match m.dir() {
+                Some(d) => d.map.reported_size(),
+                None => m.size.load(Ordering::Acquire),
+            },
             blocks: blocks * 8,
             atime: meta.atime,
             mtime: m.mtime(),

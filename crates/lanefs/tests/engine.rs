@@ -635,3 +635,23 @@ fn a_full_file_system_says_enospc_stays_consistent_and_recovers_space() {
     fs.unmount().unwrap();
     fsck_clean(&dev);
 }
+
+#[test]
+fn directory_size_is_the_same_before_and_after_remount() {
+    let dev = fresh(64 << 20, 1);
+    let fs = mount(&dev, FsOptions::default());
+    let d = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    let empty = fs.getattr(d).unwrap().size;
+    assert_eq!(empty, 4096);
+    for i in 0..300 {
+        fs.create(d, format!("file-{i}").as_bytes(), 0o644, 0, 0).unwrap();
+    }
+    let full = fs.getattr(d).unwrap();
+    assert!(full.size > empty);
+    fs.unmount().unwrap();
+    let fs = mount(&dev, FsOptions::default());
+    assert_eq!(fs.getattr(d).unwrap().size, full.size);
+    assert_eq!(fs.getattr(d).unwrap().blocks, full.blocks);
+    fs.unmount().unwrap();
+    fsck_clean(&dev);
+}

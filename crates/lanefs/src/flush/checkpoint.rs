@@ -148,7 +148,10 @@ impl Engine {
                     })
                     .collect();
             }
-            let size = m.size.load(Ordering::Acquire);
+            let size = match m.dir() {
+                Some(d) => d.map.reported_size(),
+                None => m.size.load(Ordering::Acquire),
+            };
             let (mtime, ctime, parent) = (m.mtime(), m.ctime(), m.parent.load(Ordering::Acquire));
             inodes.push(InodeSnap { m, meta, size, mtime, ctime, parent, pages, map, names, xattrs_changed });
         }
@@ -298,11 +301,7 @@ impl Engine {
             }
         }
         let old_tree = disk.tree.take().unwrap_or_else(|| InodeTree::empty(ino));
-        let size = if m.is_dir() {
-            disk.dentries.as_ref().map(|d| d.block_count()).unwrap_or(0) as u64 * PAGE_SIZE as u64
-        } else {
-            s.size
-        };
+        let size = s.size;
         let inode = Inode {
             mode: s.meta.mode,
             uid: s.meta.uid,

@@ -59,6 +59,12 @@ impl DirMap {
         }
     }
 
+    /// The size a directory reports (st_size): a whole number of 4 KiB blocks derived from the
+    /// entry count alone, so it reads the same before and after a checkpoint or remount.
+    pub fn reported_size(&self) -> u64 {
+        4096 * self.len().div_ceil(128).max(1)
+    }
+
     /// Number of entries.
     pub fn len(&self) -> u64 {
         self.len.load(Ordering::Relaxed)

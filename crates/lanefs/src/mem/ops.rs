@@ -878,7 +878,7 @@ impl Engine {
                 let mapped = disk.cur_map.len() as u64;
                 mapped + pages.dirty_unmapped(|i| disk.cur_map.contains_key(&i))
             }
-            Content::Dir(_) => m.size.load(Ordering::Relaxed).div_ceil(BLOCK_SIZE as u64),
+            Content::Dir(d) => d.map.reported_size() / BLOCK_SIZE as u64,
             Content::Other => u64::from(m.file_type == S_IFLNK),
         }
     }
