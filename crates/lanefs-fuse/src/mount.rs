@@ -280,7 +280,10 @@ fn open(args: &MountArgs) -> Result<(Fs, File, PathBuf, PathBuf), String> {
     }
     let dev = FileDevice::open(img, DeviceOptions { io: IoChoice::Auto })
         .map_err(|e| format!("{}: {}", img.display(), plain(&e)))?;
-    let fs = Fs::open(Arc::new(dev), FsOptions::default()).map_err(|e| format!("{}: {e}", img.display()))?;
+    // `-o ro`: recovery replays into memory only and nothing is ever written to the image.
+    let read_only = parse_options(&args.options)?.fuse.contains(&MountOption::RO);
+    let opts = FsOptions { read_only, ..FsOptions::default() };
+    let fs = Fs::open(Arc::new(dev), opts).map_err(|e| format!("{}: {e}", img.display()))?;
     // The daemon must not keep its start directory busy.
     let _ = std::env::set_current_dir("/");
     Ok((fs, lock, image, mountpoint))

@@ -45,6 +45,9 @@ pub struct FsOptions {
     pub journal_blocks_limit: u64,
     /// Take a checkpoint once this many namespace operations are logged.
     pub logged_ops_limit: u64,
+    /// Never write the device: recovery replays into memory only, every change fails with
+    /// EROFS, fsync and sync do nothing, and no checkpoint is taken (a `-o ro` mount).
+    pub read_only: bool,
 }
 
 impl Default for FsOptions {
@@ -54,6 +57,7 @@ impl Default for FsOptions {
             checkpoint_interval: Some(Duration::from_secs(30)),
             journal_blocks_limit: 16384,
             logged_ops_limit: 1 << 20,
+            read_only: false,
         }
     }
 }
@@ -187,6 +191,9 @@ impl Engine {
 
     /// Refuses changes after a failed checkpoint.
     pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.opts.read_only {
+            return Err(Error::errno(libc::EROFS, "mounted read-only"));
+        }
         if self.failed.load(Ordering::Acquire) {
             let why = self.failure.lock().clone();
             return Err(Error::errno(

@@ -154,13 +154,19 @@ impl Fs {
     /// Mounts `dev`, recovering from a crash if needed.
     pub fn open(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
         let interval = opts.checkpoint_interval;
+        let read_only = opts.read_only;
         let (engine, recovery) = crate::recovery::mount(dev, opts)?;
-        let bg = engine.clone();
-        let background = std::thread::Builder::new()
-            .name("lanefs-checkpoint".into())
-            .spawn(move || background_checkpoints(bg, interval))
-            .map_err(Error::Io)?;
-        Ok(Fs { engine, recovery, background: Some(background) })
+        let background = if read_only {
+            None
+        } else {
+            let bg = engine.clone();
+            let h = std::thread::Builder::new()
+                .name("lanefs-checkpoint".into())
+                .spawn(move || background_checkpoints(bg, interval))
+                .map_err(Error::Io)?;
+            Some(h)
+        };
+        Ok(Fs { engine, recovery, background })
     }
 
     /// What mount-time recovery did.
@@ -396,6 +402,7 @@ impl Fs {
     }
 
     fn shutdown(&mut self) -> Result<()> {
+        // Read-only mounts have no background thread and write nothing.
         let Some(h) = self.background.take() else { return Ok(()) };
         {
             // Under the lock the thread checks before it waits, so the wake-up cannot fall

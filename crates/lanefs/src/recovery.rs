@@ -205,6 +205,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
                 }
             }
         }
+        // (A read-only mount keeps the replayed state in memory only.)
         engine.checkpoint(false)?;
     }
     Ok((engine, report))

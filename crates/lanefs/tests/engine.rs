@@ -655,3 +655,31 @@ fn directory_size_is_the_same_before_and_after_remount() {
     fs.unmount().unwrap();
     fsck_clean(&dev);
 }
+
+#[test]
+fn read_only_mount_recovers_in_memory_and_writes_nothing() {
+    let dev = fresh(64 << 20, 1);
+    let fs = mount(&dev, FsOptions { checkpoint_interval: None, ..Default::default() });
+    let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+    fs.write_at(f.ino, 0, b"journaled, not checkpointed").unwrap();
+    fs.fsync(f.ino, false).unwrap();
+    std::mem::forget(fs); // a crash: only the journal has the file
+    let before = dev.snapshot();
+    let ro = mount(&dev, FsOptions { read_only: true, ..Default::default() });
+    let a = ro.lookup(ROOT, b"f").unwrap();
+    let mut buf = vec![0u8; a.size as usize];
+    ro.read_at(a.ino, 0, &mut buf).unwrap();
+    assert_eq!(buf, b"journaled, not checkpointed");
+    assert_eq!(ro.create(ROOT, b"g", 0o644, 0, 0).unwrap_err().to_errno(), libc::EROFS);
+    assert_eq!(ro.write_at(a.ino, 0, b"x").unwrap_err().to_errno(), libc::EROFS);
+    assert_eq!(ro.unlink(ROOT, b"f").unwrap_err().to_errno(), libc::EROFS);
+    ro.fsync(a.ino, false).unwrap();
+    ro.sync().unwrap();
+    ro.unmount().unwrap();
+    assert!(dev.snapshot() == before, "a read-only mount wrote to the device");
+    // A read-write mount afterwards still recovers the file from the journal.
+    let rw = mount(&dev, FsOptions::default());
+    assert_eq!(rw.lookup(ROOT, b"f").unwrap().size, 27);
+    rw.unmount().unwrap();
+    fsck_clean(&dev);
+}

@@ -59,6 +59,9 @@ struct Snapshot {
 impl Engine {
     /// Takes a checkpoint now. `clean` marks an unmount.
     pub fn checkpoint(&self, clean: bool) -> Result<()> {
+        if self.opts.read_only {
+            return Ok(());
+        }
         let _one = self.cp_serial.lock();
         self.check_writable()?;
         let gate = self.gate.write();

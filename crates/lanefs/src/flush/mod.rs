@@ -70,6 +70,10 @@ impl Engine {
 
     /// fsync of an mnode the caller holds.
     pub fn fsync_mnode(&self, m: &Arc<MNode>, _datasync: bool) -> Result<()> {
+        if self.opts.read_only {
+            // Nothing can be dirty: there is nothing to make durable.
+            return Ok(());
+        }
         self.check_writable()?;
         let gate = self.enter_flush(m)?;
         let mut start = m.pending_dirs();
