@@ -4,20 +4,11 @@
 //! checked: every fsync acknowledged before the crash kept its data, size and name; fsck finds
 //! the recovered image consistent.
 
+use lanefs::crashtest::rng::Rng;
 use lanefs::device::{flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, MemDevice};
 use lanefs::fsck::{check, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::Arc;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// What an acknowledged fsync promised: once `after_event` events are on the log, `path` holds
 /// `data` — or any later version of the file from before the crash (a checkpoint may have made
@@ -41,7 +32,7 @@ fn run_workload(seed: u64) -> (Vec<u8>, Arc<CrashDevice<MemDevice>>, Vec<Promise
     let base = dev.snapshot();
     let crash = Arc::new(CrashDevice::new(dev));
     let fs = Fs::open(crash.clone() as Arc<dyn BlockDevice>, opts()).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut promises = Vec::new();
     let d1 = fs.mkdir(ROOT, b"d1", 0o755, 0, 0).unwrap().ino;
     let d2 = fs.mkdir(d1, b"d2", 0o755, 0, 0).unwrap().ino;
@@ -49,7 +40,7 @@ fn run_workload(seed: u64) -> (Vec<u8>, Arc<CrashDevice<MemDevice>>, Vec<Promise
     let mut files: Vec<(u64, String, Vec<u8>)> = Vec::new();
     let mut history: History = Vec::new();
     for i in 0..60 {
-        let r = rng.next();
+        let r = rng.next_u64();
         match r % 10 {
             0..=3 => {
                 let (d, dp) = dirs[(r >> 8) as usize % dirs.len()];
@@ -136,7 +127,7 @@ fn fsynced_data_survives_a_crash_at_every_flush_point() {
         assert!(!promises.is_empty());
         let events = crash.events();
         let flushes = flush_points(&events);
-        let mut rng = Rng(seed + 1);
+        let mut rng = Rng::new(seed + 1);
         for (n, &f) in flushes.iter().enumerate() {
             let img = state_with_subset(&base, &events, Some(f), &[]).unwrap();
             verify(img, f + 1, &promises, &history, &format!("seed {seed} flush {n}/{}", flushes.len()));
@@ -146,7 +137,7 @@ fn fsynced_data_survives_a_crash_at_every_flush_point() {
             if !inflight.is_empty() {
                 for _ in 0..2 {
                     let subset: Vec<usize> =
-                        inflight.iter().copied().filter(|_| rng.next().is_multiple_of(2)).collect();
+                        inflight.iter().copied().filter(|_| rng.next_u64().is_multiple_of(2)).collect();
                     let img = state_with_subset(&base, &events, Some(f), &subset).unwrap();
                     verify(
                         img,

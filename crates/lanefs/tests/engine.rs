@@ -2,6 +2,7 @@
 //! of the host file system, and the trees (names, types, sizes, contents, permission bits, link
 //! counts, symlink targets) are compared after every step and after unmount and remount.
 
+use lanefs::crashtest::rng::Rng;
 use lanefs::device::{BlockDevice, MemDevice};
 use lanefs::fs::{FileKind, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use lanefs::fsck::{check, FsckOptions};
@@ -68,20 +69,6 @@ fn walk_fs(fs: &Fs, ino: Ino) -> Node {
             assert_eq!(n as u64, a.size);
             Node::File { mode: a.mode & 0o7777, nlink: a.nlink, data }
         }
-    }
-}
-
-/// A tiny deterministic generator.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
     }
 }
 
@@ -314,7 +301,7 @@ fn random_workload_matches_the_host_file_system_across_remounts() {
         let host = host_dir.path();
         let dev = fresh(128 << 20, 2);
         let mut fs = mount(&dev, FsOptions { checkpoint_interval: None, ..Default::default() });
-        let mut rng = Rng(0x9E37_79B9 ^ seed.wrapping_mul(0x1234_5678_9ABC));
+        let mut rng = Rng::new(0x9E37_79B9 ^ seed.wrapping_mul(0x1234_5678_9ABC));
         let mut files = Vec::new();
         let mut dirs = vec![PathBuf::from("/")];
         for i in 0..400 {

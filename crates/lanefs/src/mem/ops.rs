@@ -43,6 +43,26 @@ fn check_name(name: &[u8]) -> Result<()> {
     validate_name(name).map_err(|why| Error::errno(libc::EINVAL, why))
 }
 
+/// Inside a directory shard's critical section: why a new name cannot be added (it exists, or
+/// the directory is being removed), as the update's answer, or None if it can.
+#[allow(clippy::type_complexity)]
+fn refuse_new_name(
+    dir: &super::mnode::DirState,
+    name: &[u8],
+    old: Option<super::dir::DirEntry>,
+) -> Option<(Option<(u32, u8)>, Result<()>)> {
+    if let Some(e) = old {
+        return Some((
+            Some((e.ino, e.file_type)),
+            Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name))),
+        ));
+    }
+    if dir.dead.load(Ordering::Acquire) {
+        return Some((None, Err(enoent("directory was removed"))));
+    }
+    None
+}
+
 /// What a new inode is.
 pub struct NewInode<'a> {
     pub mode: u32,
@@ -142,14 +162,8 @@ impl Engine {
         let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
         let dtype = dtype_of(new.mode);
         let r = dir.map.update(name, |old| {
-            if old.is_some() {
-                return (
-                    old.map(|e| (e.ino, e.file_type)),
-                    Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name))),
-                );
-            }
-            if dir.dead.load(Ordering::Acquire) {
-                return (None, Err(enoent("directory was removed")));
+            if let Some(refused) = refuse_new_name(dir, name, old) {
+                return refused;
             }
             let op = self.inflight.begin();
             let stamp = self.clock.stamp_of(op.timestamp());
@@ -204,14 +218,8 @@ impl Engine {
         }
         let dtype = dtype_of(m.file_type);
         dir.map.update(name, |old| {
-            if old.is_some() {
-                return (
-                    old.map(|e| (e.ino, e.file_type)),
-                    Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name))),
-                );
-            }
-            if dir.dead.load(Ordering::Acquire) {
-                return (None, Err(enoent("directory was removed")));
+            if let Some(refused) = refuse_new_name(dir, name, old) {
+                return refused;
             }
             let op = self.inflight.begin();
             let stamp = self.clock.stamp_of(op.timestamp());
