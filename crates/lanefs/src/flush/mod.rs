@@ -352,12 +352,16 @@ struct Undo {
     xattrs_dirty: bool,
 }
 
+/// Whether `r` involves inode `ino`, as the inode it names or as a directory it changes (then a
+/// create and removal of `ino` around it cannot be absorbed: replay needs the directory).
 fn mentions(r: &Record, ino: u32) -> bool {
     match r {
-        Record::Create { ino: i, .. } | Record::Link { ino: i, .. } | Record::Unlink { ino: i, .. } => {
-            *i == ino
+        Record::Create { ino: i, dir, .. }
+        | Record::Link { ino: i, dir, .. }
+        | Record::Unlink { ino: i, dir, .. } => *i == ino || *dir == ino,
+        Record::Rename { ino: i, replaced, src_dir, dst_dir, .. } => {
+            *i == ino || *replaced == ino || *src_dir == ino || *dst_dir == ino
         }
-        Record::Rename { ino: i, replaced, .. } => *i == ino || *replaced == ino,
         _ => false,
     }
 }
