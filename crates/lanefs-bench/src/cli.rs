@@ -1,7 +1,7 @@
 //! `lanefs bench`: arguments and the command itself. The `lanefs` binary flattens
 //! [`BenchArgs`] into its `bench` subcommand and calls [`run`].
 
-use crate::compare::{Reference, Setup};
+use crate::compare::{LanefsList, Reference, Setup};
 use crate::plot::{plot, Point};
 use crate::progress::{say, Progress};
 use crate::report::{json_line, markdown_table, Machine};
@@ -52,6 +52,10 @@ pub struct BenchArgs {
         default_value = "ext4,xfs,btrfs,tmpfs,bindfs"
     )]
     pub references: Vec<Reference>,
+    /// lanefs rows of --compare, each on a fresh image in /dev/shm removed afterwards: lib (the
+    /// library, in process), mount (through FUSE), both, or none.
+    #[arg(long, value_name = "lib,mount|none", default_value = "lib,mount")]
+    pub lanefs: LanefsList,
     /// Rounds: every target runs every cell once per round [default: 3 with --compare, else 1].
     #[arg(long, value_name = "N")]
     pub rounds: Option<u32>,
@@ -162,6 +166,29 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
                 }
             }
         }
+        // The lanefs rows: subjects, divided by every reference in the ratio table.
+        for &k in &a.lanefs.0 {
+            if interrupted() {
+                return Err("interrupted".into());
+            }
+            if let Some(why) = k.unavailable() {
+                say(&format!("note: {why}"));
+                notes.push(why);
+                continue;
+            }
+            if setup.is_none() {
+                setup = Some(Setup::new()?);
+            }
+            let s = setup.as_mut().ok_or("setup vanished")?;
+            match s.add_lanefs(k) {
+                Ok(target) => entries.push(Entry { label: k.label().into(), role: Role::Subject, target }),
+                Err(e) => {
+                    let why = format!("{e} (skipped)");
+                    say(&format!("note: {why}"));
+                    notes.push(why);
+                }
+            }
+        }
     }
     for spec in &a.targets {
         let role = if a.compare { Role::Subject } else { Role::Reference };
@@ -239,13 +266,15 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         }
     }
 
-    // Unmount and detach now, so that a failure to do so is this command's error.
+    // Unmount and detach now, so that a failure to do so is this command's error: the targets
+    // first (a lanefs mount waits for its final checkpoint), then what the setup made for them.
+    let mut errors: Vec<String> = entries.iter().filter_map(|e| e.target.close().err()).collect();
     drop(entries);
     if let Some(mut s) = setup.take() {
-        let errors = s.cleanup();
-        if !errors.is_empty() {
-            return Err(format!("cleanup incomplete: {}", errors.join("; ")));
-        }
+        errors.extend(s.cleanup());
+    }
+    if !errors.is_empty() {
+        return Err(format!("cleanup incomplete: {}", errors.join("; ")));
     }
     if outcome.interrupted {
         return Err("interrupted; everything it set up was removed".into());
@@ -346,9 +375,22 @@ mod tests {
     }
 
     #[test]
-    fn lanefs_targets_fail_cleanly() {
-        let a = parse(&["--target", "mount:x.img", "--workload", "DWOL", "--seconds", "0.1"]).unwrap();
+    fn lanefs_compare_rows() {
+        assert_eq!(parse(&["--compare"]).unwrap().lanefs.0, crate::compare::Lanefs::ALL.to_vec());
+        assert!(parse(&["--compare", "--lanefs", "none"]).unwrap().lanefs.0.is_empty());
+        assert!(parse(&["--compare", "--lanefs", "zfs"]).is_err());
+    }
+
+    #[test]
+    fn mount_target_outside_lanefs_fails_cleanly() {
+        if std::env::var_os(crate::mount_target::BIN_ENV).is_some() {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let t = format!("mount:{}", d.path().join("x.img").display());
+        let a = parse(&["--target", &t, "--workload", "DWOL", "--seconds", "0.1"]).unwrap();
         let e = run(&a).unwrap_err();
-        assert!(e.contains("not available yet") && !e.contains('\n'), "{e}");
+        assert!(e.starts_with(&t) && !e.contains('\n'), "{e}");
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "nothing left behind");
     }
 }

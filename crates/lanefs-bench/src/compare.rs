@@ -90,6 +90,73 @@ impl std::str::FromStr for Reference {
     }
 }
 
+/// A lanefs subject that `--compare` measures against the references, each on a fresh image of
+/// the default geometry in /dev/shm (RAM, as the references' loop devices), removed afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lanefs {
+    /// The library API, in process (`lib:`).
+    Lib,
+    /// Through FUSE, mounted with the `lanefs mount` executable (`mount:`).
+    Mount,
+}
+
+impl Lanefs {
+    pub const ALL: [Lanefs; 2] = [Lanefs::Lib, Lanefs::Mount];
+
+    /// Its row label in the tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Lanefs::Lib => "lanefs-lib",
+            Lanefs::Mount => "lanefs-mount",
+        }
+    }
+
+    fn short(self) -> &'static str {
+        match self {
+            Lanefs::Lib => "lib",
+            Lanefs::Mount => "mount",
+        }
+    }
+
+    /// Why it cannot run here, if it cannot.
+    pub fn unavailable(self) -> Option<String> {
+        if !Path::new("/dev/shm").is_dir() {
+            return Some(format!("{}: skipped (no /dev/shm)", self.label()));
+        }
+        if self == Lanefs::Mount {
+            if let Some(why) =
+                crate::mount_target::unavailable().or_else(|| crate::mount_target::lanefs_bin().err())
+            {
+                return Some(format!("{}: skipped ({why})", self.label()));
+            }
+        }
+        None
+    }
+}
+
+/// The `--lanefs` list: `lib`, `mount`, both (the default) or `none`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LanefsList(pub Vec<Lanefs>);
+
+impl std::str::FromStr for LanefsList {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let k = match part.to_ascii_lowercase().as_str() {
+                "none" => continue,
+                "lib" | "lanefs-lib" => Lanefs::Lib,
+                "mount" | "lanefs-mount" => Lanefs::Mount,
+                _ => return Err(format!("unknown lanefs target {part:?}; known: lib, mount, none")),
+            };
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+        Ok(LanefsList(out))
+    }
+}
+
 /// Looks `name` up in PATH and the sbin directories (mkfs and losetup live there, and a
 /// non-login root shell may not have them in PATH).
 fn find_tool(name: &str) -> Option<PathBuf> {
@@ -130,7 +197,11 @@ fn undo(u: &Undo) -> Result<(), String> {
         // remove_dir, never remove_dir_all: a directory that still holds anything (a mount
         // that did not go away) stays, and the error says so.
         Undo::RemoveDir(p) => fs::remove_dir(p).map_err(|e| format!("rmdir {}: {e}", p.display())),
-        Undo::RemoveFile(p) => fs::remove_file(p).map_err(|e| format!("rm {}: {e}", p.display())),
+        // Gone already is fine: a lanefs image whose creation failed was removed at once.
+        Undo::RemoveFile(p) => match fs::remove_file(p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("rm {}: {e}", p.display())),
+            _ => Ok(()),
+        },
         Undo::DetachLoop(dev) => run("losetup", &[OsStr::new("-d"), dev.as_os_str()]).map(drop),
         Undo::Unmount(p) => {
             // A file system can stay busy for a moment after the last close (FUSE daemons,
@@ -156,25 +227,10 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// Creates a fresh `/tmp/lanefs-bench-XXXX` for the mount points.
+    /// Creates a fresh `/tmp/lanefs-bench-PID-XXXXXXXX` for the mount points.
     pub fn new() -> Result<Setup, String> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        for i in 0..100u32 {
-            let base = PathBuf::from(format!(
-                "/tmp/lanefs-bench-{}-{:08x}",
-                std::process::id(),
-                nanos.wrapping_add(i.wrapping_mul(7919))
-            ));
-            match fs::create_dir(&base) {
-                Ok(()) => return Ok(Setup { undo: vec![Undo::RemoveDir(base.clone())], base, seq: 0 }),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(format!("{}: {e}", base.display())),
-            }
-        }
-        Err("cannot create a directory under /tmp".into())
+        let base = crate::mount_target::fresh_dir(Path::new("/tmp"), "lanefs-bench")?;
+        Ok(Setup { undo: vec![Undo::RemoveDir(base.clone())], base, seq: 0 })
     }
 
     /// Why `r` cannot be set up here, if it cannot.
@@ -216,6 +272,45 @@ impl Setup {
         }
     }
 
+    /// Sets up a lanefs subject on a fresh image in /dev/shm (removed by [`Setup::cleanup`],
+    /// which runs after the target is closed). On failure the image is removed at once.
+    pub fn add_lanefs(&mut self, k: Lanefs) -> Result<Box<dyn Target>, String> {
+        let img = self.shm_image(&format!("lanefs-{}", k.short()));
+        if img.exists() {
+            return Err(format!("{}: {} exists already", k.label(), img.display()));
+        }
+        // Recorded before it exists, so that an interrupted creation is cleaned up too.
+        let undo_img = Undo::RemoveFile(img.clone());
+        let opened: Result<Box<dyn Target>, String> = match k {
+            Lanefs::Lib => crate::lib_target::LibTarget::open(&img).map(|t| Box::new(t) as Box<dyn Target>),
+            Lanefs::Mount => {
+                crate::mount_target::MountTarget::open(&img).map(|t| Box::new(t) as Box<dyn Target>)
+            }
+        };
+        match opened {
+            Ok(t) => {
+                self.undo.push(undo_img);
+                Ok(t)
+            }
+            Err(e) => {
+                if let Err(e2) = undo(&undo_img) {
+                    say(&format!("lanefs bench: cleanup: {e2}"));
+                }
+                Err(format!("{}: {e}", k.label()))
+            }
+        }
+    }
+
+    /// A fresh image path in /dev/shm named after this setup.
+    fn shm_image(&mut self, what: &str) -> PathBuf {
+        self.seq += 1;
+        PathBuf::from(format!(
+            "/dev/shm/{}-{}-{what}.img",
+            self.base.file_name().and_then(|s| s.to_str()).unwrap_or("lanefs-bench"),
+            self.seq
+        ))
+    }
+
     fn mount_dir(&mut self, name: &str, mine: &mut Vec<Undo>) -> Result<PathBuf, String> {
         let p = self.base.join(name);
         fs::create_dir(&p).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -235,12 +330,7 @@ impl Setup {
 
     fn build(&mut self, r: Reference, mine: &mut Vec<Undo>) -> Result<PathBuf, String> {
         if let Some((mkfs, mkfs_args)) = r.mkfs() {
-            self.seq += 1;
-            let img = PathBuf::from(format!(
-                "/dev/shm/{}-{}-{r}.img",
-                self.base.file_name().and_then(|s| s.to_str()).unwrap_or("lanefs-bench"),
-                self.seq
-            ));
+            let img = self.shm_image(r.name());
             let f = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -309,6 +399,37 @@ mod tests {
         assert!("zfs".parse::<Reference>().is_err());
         assert!(Reference::Ext4.tools().contains(&"losetup"));
         assert!(Reference::Bindfs.tools().contains(&"bindfs"));
+    }
+
+    #[test]
+    fn lanefs_list() {
+        assert_eq!("lib,mount".parse::<LanefsList>(), Ok(LanefsList(Lanefs::ALL.to_vec())));
+        assert_eq!("none".parse::<LanefsList>(), Ok(LanefsList(vec![])));
+        assert_eq!(
+            " Mount ,lib,mount".parse::<LanefsList>(),
+            Ok(LanefsList(vec![Lanefs::Mount, Lanefs::Lib]))
+        );
+        assert!("fuse".parse::<LanefsList>().is_err());
+    }
+
+    #[test]
+    fn lanefs_lib_subject_image_is_removed() {
+        if Lanefs::Lib.unavailable().is_some() {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        }
+        let mut s = Setup::new().unwrap();
+        let t = s.add_lanefs(Lanefs::Lib).unwrap();
+        let img = PathBuf::from(format!(
+            "/dev/shm/{}-1-lanefs-lib.img",
+            s.base.file_name().unwrap().to_str().unwrap()
+        ));
+        assert!(img.is_file(), "{}", img.display());
+        t.mkdir(Path::new("d")).unwrap();
+        t.close().unwrap();
+        drop(t);
+        assert!(s.cleanup().is_empty());
+        assert!(!img.exists() && !s.base.exists());
     }
 
     #[test]

@@ -29,19 +29,9 @@ fn err(e: lanefs::Error) -> io::Error {
 impl LibTarget {
     pub fn open(image: &Path) -> Result<LibTarget, String> {
         let spec = format!("lib:{}", image.display());
-        let fresh = !image.exists();
-        if fresh {
-            create_image(image, DEFAULT_IMAGE_BYTES).map_err(|e| format!("{spec}: {e}"))?;
-        }
+        create_if_missing(image).map_err(|e| format!("{spec}: {e}"))?;
         let dev = FileDevice::open(image, DeviceOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
-        let dev = Arc::new(dev);
-        if fresh {
-            let lanes =
-                std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1).clamp(1, 64);
-            Fs::format(&*dev, &MkfsOptions { lanes, ..Default::default() })
-                .map_err(|e| format!("{spec}: {e}"))?;
-        }
-        let fs = Fs::open(dev, FsOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
+        let fs = Fs::open(Arc::new(dev), FsOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
         Ok(LibTarget { fs: Arc::new(fs), spec })
     }
 
@@ -177,7 +167,29 @@ impl Target for LibTarget {
     }
 }
 
-/// Where `lib:` targets put their image when given a directory instead of a file.
+/// Creates `image` (sparse, [`DEFAULT_IMAGE_BYTES`]) and formats it with the default geometry
+/// (one lane per core) when it does not exist; an existing file is left alone. Returns whether
+/// it created the image. A half-made image (format failed) is removed again. Shared by `lib:`
+/// and `mount:` targets.
+pub fn create_if_missing(image: &Path) -> Result<bool, String> {
+    if image.exists() {
+        return Ok(false);
+    }
+    create_image(image, DEFAULT_IMAGE_BYTES).map_err(|e| e.to_string())?;
+    let formatted =
+        FileDevice::open(image, DeviceOptions::default()).map_err(|e| e.to_string()).and_then(|dev| {
+            let lanes =
+                std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1).clamp(1, 64);
+            Fs::format(&dev, &MkfsOptions { lanes, ..Default::default() }).map_err(|e| e.to_string())
+        });
+    if let Err(e) = formatted {
+        let _ = std::fs::remove_file(image);
+        return Err(format!("cannot format a new image: {e}"));
+    }
+    Ok(true)
+}
+
+/// Where `lib:` and `mount:` targets put their image when given a directory instead of a file.
 pub fn image_path(p: &Path) -> PathBuf {
     if p.is_dir() {
         p.join("lanefs-bench.img")

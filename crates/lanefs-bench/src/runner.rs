@@ -97,10 +97,16 @@ const STOP: u8 = 2;
 #[derive(Default)]
 struct ThreadOut {
     ops: u64,
-    /// Housekeeping time inside the timed phase (kept out of the rate).
-    excluded: Duration,
+    /// Housekeeping intervals that may touch the timed phase; only their overlap with it is kept
+    /// out of the rate (one that began in the warm-up, or ran past the end, counts only in part).
+    maintained: Vec<(Instant, Instant)>,
     latency: Histogram,
     fsync: Histogram,
+}
+
+/// How much of the intervals falls inside [start, end].
+fn overlap(intervals: &[(Instant, Instant)], start: Instant, end: Instant) -> Duration {
+    intervals.iter().map(|&(a, b)| b.min(end).saturating_duration_since(a.max(start))).sum()
 }
 
 /// Removes the run directory when dropped, so that an error or a panic cleans up as well.
@@ -209,8 +215,8 @@ pub fn run_one(
                                 phase.store(STOP, Ordering::SeqCst);
                                 return Err(e);
                             }
-                            if phase.load(Ordering::Relaxed) == TIMED {
-                                out.excluded += m0.elapsed();
+                            if phase.load(Ordering::Relaxed) != WARM {
+                                out.maintained.push((m0, Instant::now()));
                             }
                         }
                     }
@@ -229,8 +235,8 @@ pub fn run_one(
         };
         wait(cfg.warmup);
         // Warm-up over (unless a thread failed): start the clock for everyone at once.
-        let _ = phase.compare_exchange(WARM, TIMED, Ordering::SeqCst, Ordering::SeqCst);
         let t0 = Instant::now();
+        let _ = phase.compare_exchange(WARM, TIMED, Ordering::SeqCst, Ordering::SeqCst);
         wait(cfg.seconds);
         phase.store(STOP, Ordering::SeqCst);
         let elapsed = t0.elapsed();
@@ -238,8 +244,9 @@ pub fn run_one(
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("benchmark thread panicked"))))
             .collect();
-        (outs, elapsed)
+        (outs, (t0, elapsed))
     });
+    let (t0, elapsed) = elapsed;
 
     let mut latency = Histogram::new();
     let mut fsync = Histogram::new();
@@ -249,7 +256,8 @@ pub fn run_one(
         latency.merge(&o.latency);
         fsync.merge(&o.fsync);
         ops += o.ops;
-        let active = elapsed.saturating_sub(o.excluded).max(Duration::from_micros(100));
+        let active =
+            elapsed.saturating_sub(overlap(&o.maintained, t0, t0 + elapsed)).max(Duration::from_micros(100));
         rate += o.ops as f64 / active.as_secs_f64();
     }
     if interrupted() {
@@ -269,4 +277,26 @@ pub fn run_one(
         fsync: w.has_fsync().then_some(fsync),
         notes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn housekeeping_counts_only_inside_the_timed_phase() {
+        let s = Instant::now() + Duration::from_secs(10);
+        let ms = Duration::from_millis;
+        let e = s + ms(100);
+        // Begun in the warm-up, inside, run past the end, entirely before, entirely after.
+        let iv = [
+            (s - ms(50), s + ms(10)),
+            (s + ms(20), s + ms(30)),
+            (s + ms(90), e + ms(500)),
+            (s - ms(90), s - ms(80)),
+            (e + ms(1), e + ms(2)),
+        ];
+        assert_eq!(overlap(&iv, s, e), ms(10) + ms(10) + ms(10));
+        assert_eq!(overlap(&[], s, e), Duration::ZERO);
+    }
 }

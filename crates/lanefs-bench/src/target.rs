@@ -101,6 +101,13 @@ pub trait Target: Send + Sync {
     fn create(&self, path: &Path) -> io::Result<()> {
         self.open(path, OpenOptions::create_new()).map(drop)
     }
+
+    /// Undoes what opening the target set up (a `mount:` target unmounts and removes its mount
+    /// point), so that a failure is reported; idempotent. Drop does the same on every other way
+    /// out. Nothing for targets that set nothing up.
+    fn close(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Removes `path` and everything below it through the target's own calls, so that cleanup
@@ -164,9 +171,8 @@ pub fn open_target(spec: &TargetSpec) -> Result<Box<dyn Target>, String> {
         TargetSpec::Lib(p) => {
             Ok(Box::new(crate::lib_target::LibTarget::open(&crate::lib_target::image_path(p))?))
         }
-        // The FUSE adapter is being built; this arm becomes a mounting target when it lands.
-        TargetSpec::Mount(_) => {
-            Err(format!("{spec}: mount: targets are not available yet (no lanefs FUSE mount)"))
+        TargetSpec::Mount(p) => {
+            Ok(Box::new(crate::mount_target::MountTarget::open(&crate::lib_target::image_path(p))?))
         }
     }
 }
@@ -312,22 +318,10 @@ fn mount_fs_type(path: &Path) -> Option<String> {
     best.map(|(_, t)| t)
 }
 
-/// mountinfo escapes space, tab, newline and backslash as \ooo octal.
-fn unescape_mount(s: &str) -> PathBuf {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
+/// A mountinfo path field as a path (octal escapes decoded by lanefs-fuse's one implementation).
+pub(crate) fn unescape_mount(s: &str) -> PathBuf {
     use std::os::unix::ffi::OsStringExt;
-    PathBuf::from(OsString::from_vec(out))
+    PathBuf::from(OsString::from_vec(lanefs_fuse::mount::unescape_mountinfo(s)))
 }
 
 #[cfg(test)]
@@ -346,9 +340,24 @@ mod tests {
     }
 
     #[test]
-    fn mount_target_says_not_yet_and_lib_target_works() {
-        let e = open_target(&"mount:x.img".parse().unwrap()).err().unwrap();
-        assert!(e.contains("not available yet") && !e.contains('\n'), "{e}");
+    fn mount_target_without_lanefs_executable_fails_in_one_line() {
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path().join("m.img");
+        let e = crate::mount_target::MountTarget::open_with(&img, Path::new("/nonexistent/lanefs"))
+            .err()
+            .unwrap();
+        assert!(e.starts_with(&format!("mount:{}: ", img.display())) && !e.contains('\n'), "{e}");
+        assert!(!img.exists(), "no image is made for a mount that cannot happen");
+        if std::env::var_os(crate::mount_target::BIN_ENV).is_none() {
+            // This test binary is not `lanefs`: the error says how to name it.
+            let e = open_target(&format!("mount:{}", img.display()).parse().unwrap()).err().unwrap();
+            assert!(e.contains(crate::mount_target::BIN_ENV) && !e.contains('\n'), "{e}");
+            assert!(!img.exists());
+        }
+    }
+
+    #[test]
+    fn lib_target_works() {
         // lib: creates and formats a missing image, then serves the Target calls.
         let d = tempfile::tempdir().unwrap();
         let img = d.path().join("lib.img");
@@ -399,5 +408,18 @@ mod tests {
     fn mountinfo_unescape() {
         assert_eq!(unescape_mount(r"/mnt/a\040b"), PathBuf::from("/mnt/a b"));
         assert_eq!(unescape_mount(r"/x\\"), PathBuf::from(r"/x\\"));
+        // An escape that ends the field is decoded (space, tab, newline, backslash) ...
+        assert_eq!(unescape_mount(r"/mnt/a\040"), PathBuf::from("/mnt/a "));
+        assert_eq!(unescape_mount(r"/t\011\012\134"), PathBuf::from("/t\t\n\\"));
+        assert_eq!(unescape_mount(r"\040"), PathBuf::from(" "));
+        // ... and one cut short, or that is no byte (above \377), stays as it is, without a panic.
+        assert_eq!(unescape_mount(r"/mnt/a\04"), PathBuf::from(r"/mnt/a\04"));
+        assert_eq!(unescape_mount(r"/mnt/a\0"), PathBuf::from(r"/mnt/a\0"));
+        assert_eq!(unescape_mount("/mnt/a\\"), PathBuf::from("/mnt/a\\"));
+        assert_eq!(unescape_mount(r"/a\777"), PathBuf::from(r"/a\777"));
+        assert_eq!(unescape_mount(r"/a\08x"), PathBuf::from(r"/a\08x"));
+        // Bytes that are not UTF-8 come through as they are (\377).
+        use std::os::unix::ffi::OsStrExt;
+        assert_eq!(unescape_mount(r"/a\377").as_os_str().as_bytes(), b"/a\xff");
     }
 }

@@ -359,19 +359,36 @@ pub struct MountEntry {
 
 /// Decodes mountinfo's octal escapes (\040 for a space, ...).
 fn unescape(s: &str) -> String {
+    String::from_utf8_lossy(&unescape_mountinfo(s)).into_owned()
+}
+
+/// Decodes the octal escapes of a /proc/self/mountinfo field (the kernel writes space, tab,
+/// newline and backslash as `\ooo`) into the raw bytes of the path. A backslash not followed by
+/// three octal digits stays as it is. The one implementation, shared with lanefs-bench.
+pub fn unescape_mountinfo(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
+        // The escape is b[i..i + 4]; `get` also takes one that ends the field, and none that is
+        // cut short. Above \377 it is no byte: kept as it is (and no u8 overflow).
+        let value = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .map(|d| d.iter().fold(0u16, |v, c| v * 8 + u16::from(c - b'0')))
+            .and_then(|v| u8::try_from(v).ok());
+        match value {
+            Some(v) => {
+                out.push(v);
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 /// The lanefs mounts in a mountinfo text.
