@@ -336,6 +336,7 @@ fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
                          "valid_blocks": info.usage.valid_blocks},
             "free_bytes": info.free_bytes,
             "bytes_written": {"user": info.user_bytes_written, "gc": info.gc_bytes_written, "checkpoint": info.cp_bytes_written},
+            "write_amplification": write_amplification(&info),
             "lanes": lanes,
         });
         println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
@@ -373,6 +374,13 @@ fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
         g.main_segments, info.usage.free, info.usage.active, info.usage.dirty, g.reserved_segments
     );
     println!("space         {} valid blocks, {} free", info.usage.valid_blocks, size::show(info.free_bytes));
+    println!(
+        "written       {} by users, {} by the file system, {} by cleaning; write amplification {}",
+        size::show(info.user_bytes_written),
+        size::show(info.cp_bytes_written),
+        size::show(info.gc_bytes_written),
+        write_amplification(&info).map_or("-".to_string(), |w| format!("{w:.2}"))
+    );
     println!("orphans       {}", info.orphans);
     for (i, logs) in info.lanes.iter().enumerate() {
         let s: Vec<String> =
@@ -380,6 +388,12 @@ fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
         println!("lane {i:<8} {}", s.join(", "));
     }
     Ok(())
+}
+
+/// Device bytes (file system and cleaning) per user byte, over the image's life.
+fn write_amplification(info: &lanefs::inspect::ImageInfo) -> Option<f64> {
+    (info.user_bytes_written > 0)
+        .then(|| (info.cp_bytes_written + info.gc_bytes_written) as f64 / info.user_bytes_written as f64)
 }
 
 fn ok(b: bool) -> &'static str {

@@ -172,6 +172,58 @@ pub struct Engine {
     pub(crate) cp_kick: (Mutex<bool>, Condvar),
     /// Tells the background thread to end.
     pub(crate) stop: AtomicBool,
+    /// Bytes written to the device, by cause.
+    pub(crate) io: IoCounters,
+    /// File-system age at mount (seconds) and when that was: segment ages for cleaning.
+    pub(crate) age_at_mount: u64,
+    pub(crate) mounted_at: std::time::Instant,
+    /// The cleaner's state (one cleaning round at a time).
+    pub(crate) gc: crate::gc::Cleaner,
+}
+
+/// What a device write is for (write amplification is everything over user bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteKind {
+    /// fsync: data blocks and journal blocks.
+    Journal,
+    /// Dirty pages pushed out under cache pressure.
+    Writeback,
+    /// A checkpoint's data, nodes and metadata.
+    Checkpoint,
+    /// Blocks the cleaner moved.
+    Cleaning,
+}
+
+/// Bytes written by cause since mount (per CPU, summed on read).
+#[derive(Default)]
+pub(crate) struct IoCounters {
+    /// Bytes users wrote (what write amplification is measured against).
+    pub user: PerCpuCounter,
+    pub journal: PerCpuCounter,
+    pub writeback: PerCpuCounter,
+    pub checkpoint: PerCpuCounter,
+    pub cleaning: PerCpuCounter,
+    /// Cleaning bytes not yet added to the checkpoint's persistent total.
+    pub cleaning_unsaved: PerCpuCounter,
+    /// Other bytes not yet added to the checkpoint's persistent total.
+    pub other_unsaved: PerCpuCounter,
+}
+
+impl IoCounters {
+    pub fn count(&self, kind: WriteKind, bytes: u64) {
+        match kind {
+            WriteKind::Journal => self.journal.add(bytes),
+            WriteKind::Writeback => self.writeback.add(bytes),
+            WriteKind::Checkpoint => self.checkpoint.add(bytes),
+            WriteKind::Cleaning => {
+                self.cleaning_unsaved.add(bytes);
+                self.cleaning.add(bytes)
+            }
+        };
+        if kind != WriteKind::Cleaning {
+            self.other_unsaved.add(bytes);
+        }
+    }
 }
 
 /// Seconds and nanoseconds now, from the coarse clock (as the kernel stamps files): writes in
@@ -339,13 +391,26 @@ impl Engine {
 
     /// Blocks that can be allocated now without touching the cleaner's reserve. (Prefree
     /// segments do not count: the checkpoint that frees them must fit without them.)
-    fn available_blocks(&self) -> u64 {
-        self.table.free_segments().saturating_sub(self.g.reserved_segments as u64) * 512
+    pub(crate) fn available_blocks(&self) -> u64 {
+        self.table.free_segments().saturating_sub(self.reserve_segments()) * 512
+    }
+
+    /// Free segments ordinary writes leave alone ([`Geometry::cleaning_reserve`]).
+    pub(crate) fn reserve_segments(&self) -> u64 {
+        self.g.cleaning_reserve()
+    }
+
+    /// Blocks users may still fill: the main area less the cleaner's reserve, one active
+    /// segment per log of every lane (a log's open segment cannot be cleaned), the valid blocks,
+    /// and what the next checkpoint will need for what is dirty now. Invalid blocks in dirty
+    /// segments count as free: cleaning turns them into free segments.
+    pub(crate) fn unused_blocks(&self) -> u64 {
+        self.g.user_blocks().saturating_sub(self.table.valid_count()).saturating_sub(self.committed_blocks())
     }
 
     /// Blocks the next checkpoint will need for what is dirty now: a block per dirty page,
     /// and (generously) two per dirty inode for its node and directory blocks.
-    fn committed_blocks(&self) -> u64 {
+    pub(crate) fn committed_blocks(&self) -> u64 {
         let pages = self.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64;
         pages + 2 * self.dirty_inodes.sum()
     }
@@ -358,31 +423,66 @@ impl Engine {
         if self.available_blocks() > self.committed_blocks() + blocks + self.g.main_blocks() / 16 {
             return Ok(());
         }
-        // Bounded: at most two checkpoints are waited for, and only while they can free space.
-        for _ in 0..2 {
+        // Bounded: each round waits for a checkpoint (which frees prefree segments) or cleans
+        // (which makes segments prefree); it gives up when neither can make room.
+        for _ in 0..crate::gc::FOREGROUND_ROUNDS {
             if self.committed_blocks() + blocks < self.available_blocks() {
                 return Ok(());
             }
-            if self.table.pending_segments() == 0 && self.dirty_inodes.sum() == 0 {
+            // A checkpoint first: it frees prefree segments, and the blocks that dirty pages
+            // overwrite die with it, which cleaning can then give back.
+            if self.table.pending_segments() > 0 || self.dirty_inodes.sum() > 0 {
+                self.wait_for_checkpoint()?;
+                if self.committed_blocks() + blocks < self.available_blocks() {
+                    return Ok(());
+                }
+            }
+            // The space is really used: cleaning cannot find it. (Only believed while nothing
+            // is dirty: until a checkpoint, blocks that dirty data overwrites still count as
+            // valid, so with other writers active the cleaner is asked all the same.)
+            // The gate keeps a checkpoint from being half written while this looks (its moved
+            // blocks are valid before the blocks they replace die).
+            let full = {
+                let _gate = self.gate.read();
+                self.unused_blocks() < blocks && self.dirty_inodes.sum() == 0
+            };
+            if full {
                 break;
             }
-            self.wait_for_checkpoint()?;
+            let want = (self.committed_blocks() + blocks).saturating_sub(self.available_blocks());
+            if !self.clean_foreground(want)? {
+                break;
+            }
         }
         if self.committed_blocks() + blocks < self.available_blocks() {
             return Ok(());
         }
+        tracing::debug!(
+            "lanefs: ENOSPC for {blocks} blocks: free segments {}, pending {}, states {:?}, valid {}, \
+             committed {}, unused {}",
+            self.table.free_segments(),
+            self.table.pending_segments(),
+            self.table.state_counts(),
+            self.table.valid_count(),
+            self.committed_blocks(),
+            self.unused_blocks()
+        );
         Err(Error::errno(libc::ENOSPC, "file system full"))
     }
 
     /// Admits an operation that frees space (unlink, rmdir, rename over a file) but needs a few
     /// metadata blocks first: it may use the reserve, so a full file system can be emptied.
     pub(crate) fn admit_freeing(&self, blocks: u64) -> Result<()> {
-        let all = self.table.free_segments() * 512;
-        if self.committed_blocks() + blocks < all {
+        let all = || self.table.free_segments() * 512;
+        if self.committed_blocks() + blocks < all() {
             return Ok(());
         }
         self.wait_for_checkpoint()?;
-        if self.committed_blocks() + blocks < self.table.free_segments() * 512 {
+        if self.committed_blocks() + blocks < all() {
+            return Ok(());
+        }
+        let want = (self.committed_blocks() + blocks).saturating_sub(all());
+        if self.clean_foreground(want)? && self.committed_blocks() + blocks < all() {
             return Ok(());
         }
         Err(Error::errno(libc::ENOSPC, "file system full, even for metadata"))

@@ -131,6 +131,38 @@ pub struct StatFs {
     pub namelen: u32,
 }
 
+/// Bytes written to the device since mount, by cause, and the cleaner's work.
+///
+/// Write amplification is every byte the file system wrote over the bytes users wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Bytes passed to write calls.
+    pub user_bytes: u64,
+    /// fsync: data and journal blocks.
+    pub journal_bytes: u64,
+    /// Dirty pages written under cache pressure.
+    pub writeback_bytes: u64,
+    /// Checkpoints: data, nodes (including nodes the cleaner moved), NAT, SIT, summaries.
+    pub checkpoint_bytes: u64,
+    /// Data blocks the cleaner moved.
+    pub cleaning_bytes: u64,
+    /// Cleaning rounds run and segments they emptied.
+    pub cleaning_rounds: u64,
+    pub segments_cleaned: u64,
+}
+
+impl IoStats {
+    /// Device bytes written per user byte (0 when users wrote nothing).
+    pub fn write_amplification(&self) -> f64 {
+        let dev = self.journal_bytes + self.writeback_bytes + self.checkpoint_bytes + self.cleaning_bytes;
+        if self.user_bytes == 0 {
+            0.0
+        } else {
+            dev as f64 / self.user_bytes as f64
+        }
+    }
+}
+
 /// A mounted lanefs.
 pub struct Fs {
     pub(crate) engine: Arc<Engine>,
@@ -347,16 +379,15 @@ impl Fs {
         Ok(out)
     }
 
-    /// Space as statfs(2) reports it. Free space counts free and prefree segments (prefree
-    /// ones are reusable after the next checkpoint) beyond the cleaner's reserve, plus the
-    /// unwritten tails of the active segments.
+    /// Space as statfs(2) reports it. The size is the main area less the cleaner's reserve and
+    /// one open segment per log; free space is that less every valid block and what dirty
+    /// data will take, so invalid blocks count as free (cleaning gives them back) and a write
+    /// of up to `bfree` blocks does not fail with ENOSPC.
     pub fn statfs(&self) -> StatFs {
-        let g = &self.engine.g;
-        let (free, _, _, prefree) = self.engine.table.state_counts();
-        let tails: u64 = self.engine.lanes.cursors().iter().flatten().map(|c| 512 - c.next_off as u64).sum();
-        let usable = g.main_blocks().saturating_sub(g.reserved_segments as u64 * 512);
-        let free_blocks = ((free + prefree) as u64).saturating_sub(g.reserved_segments as u64) * 512 + tails;
-        let free_blocks = free_blocks.min(usable);
+        let e = &self.engine;
+        let g = &e.g;
+        let usable = g.user_blocks();
+        let free_blocks = e.unused_blocks().min(usable);
         let used_nodes = self.engine.nat.valid_nodes();
         StatFs {
             bsize: 4096,
@@ -389,6 +420,28 @@ impl Fs {
     /// fsync(2) (`datasync`: fdatasync) of a file or directory.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
         self.engine.fsync(ino32(ino)?, datasync)
+    }
+
+    /// Bytes written since mount, by cause (see [`IoStats`]).
+    pub fn io_stats(&self) -> IoStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let e = &self.engine;
+        IoStats {
+            user_bytes: e.io.user.sum(),
+            journal_bytes: e.io.journal.sum(),
+            writeback_bytes: e.io.writeback.sum(),
+            checkpoint_bytes: e.io.checkpoint.sum(),
+            cleaning_bytes: e.io.cleaning.sum(),
+            cleaning_rounds: e.gc.rounds.load(Relaxed),
+            segments_cleaned: e.gc.segments_cleaned.load(Relaxed),
+        }
+    }
+
+    /// Cleans every segment that has invalid blocks, now (the background cleaner does this
+    /// gradually when space runs short). Returns the segments emptied.
+    pub fn clean(&self) -> Result<u64> {
+        self.engine.check_writable()?;
+        self.engine.clean_all()
     }
 
     /// sync(2): everything becomes durable (a checkpoint).
@@ -474,28 +527,69 @@ fn kind_of_dtype(t: u8) -> FileKind {
     }
 }
 
-/// Checkpoints on a timer and whenever a bound is passed.
+/// How often the background thread looks at free space while it is short.
+const GC_TICK: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// User bytes per tick below which the file system counts as lightly loaded (20 MiB/s): the
+/// background cleaner runs only then, so it does not compete with a busy writer, which cleans
+/// in the foreground if it must.
+const QUIET_BYTES_PER_TICK: u64 = 4 << 20;
+
+/// Checkpoints on a timer and whenever a bound is passed; cleans in the background while free
+/// segments are short and the file system is quiet.
 fn background_checkpoints(e: Arc<Engine>, interval: Option<std::time::Duration>) {
+    let mut last_cp = std::time::Instant::now();
+    let mut last_user = e.io.user.sum();
     loop {
-        {
+        let gc_wanted = e.table.free_segments() < e.gc_threshold();
+        let until_cp = interval.map(|d| d.saturating_sub(last_cp.elapsed()));
+        let wait = match (until_cp, gc_wanted) {
+            (Some(d), true) => Some(d.min(GC_TICK)),
+            (Some(d), false) => Some(d),
+            (None, true) => Some(GC_TICK),
+            (None, false) => None,
+        };
+        let kicked = {
             let (m, cv) = &e.cp_kick;
             let mut kicked = m.lock();
             if !*kicked && !e.stop.load(Ordering::Acquire) {
-                match interval {
+                match wait {
                     Some(d) => {
                         cv.wait_for(&mut kicked, d);
                     }
                     None => cv.wait(&mut kicked),
                 }
             }
-            *kicked = false;
-        }
+            std::mem::take(&mut *kicked)
+        };
         if e.stop.load(Ordering::Acquire) || e.failed.load(Ordering::Acquire) {
             return;
         }
-        if let Err(err) = e.checkpoint(false) {
-            tracing::error!("lanefs: checkpoint failed, file system stopped: {err}");
-            return;
+        let due = kicked || interval.is_some_and(|d| last_cp.elapsed() >= d);
+        let user = e.io.user.sum();
+        let quiet = user.wrapping_sub(last_user) < QUIET_BYTES_PER_TICK;
+        last_user = user;
+        let r = if due {
+            last_cp = std::time::Instant::now();
+            e.checkpoint(false)
+        } else if gc_wanted && quiet {
+            match e.clean_background() {
+                Ok(plan) if plan.victims > 0 => {
+                    last_cp = std::time::Instant::now();
+                    Ok(())
+                }
+                Ok(_) => Ok(()),
+                Err(err) => Err(err),
+            }
+        } else {
+            Ok(())
+        };
+        if let Err(err) = r {
+            if e.failed.load(Ordering::Acquire) {
+                tracing::error!("lanefs: checkpoint failed, file system stopped: {err}");
+                return;
+            }
+            tracing::warn!("lanefs: background cleaning: {err}");
         }
     }
 }

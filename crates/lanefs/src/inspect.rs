@@ -4,7 +4,7 @@ use crate::checkpoint;
 use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::format::checkpoint::{LogCursor, CP_FLAG_CLEAN};
-use crate::format::layout::{Geometry, LogType, BLOCKS_PER_SEG, BLOCK_SIZE, LOG_TYPES};
+use crate::format::layout::{Geometry, LogType, BLOCK_SIZE, LOG_TYPES};
 use std::collections::HashSet;
 
 /// Segment counts by state, as of the checkpoint.
@@ -59,15 +59,9 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
             usage.dirty += 1;
         }
     }
-    // Free space: free segments beyond the cleaner's reserve, plus the unwritten tail of every
-    // active segment.
-    let tails: u64 = cp
-        .lanes
-        .iter()
-        .flat_map(|l| l.logs.iter())
-        .map(|c| (BLOCKS_PER_SEG - c.next_off as u32) as u64)
-        .sum();
-    let free_blocks = (usage.free.saturating_sub(g.reserved_segments) as u64) * BLOCKS_PER_SEG as u64 + tails;
+    // Free space as statfs reports it: what users can fill, less the valid blocks (invalid ones
+    // count as free: the cleaner gives them back).
+    let free_blocks = g.user_blocks().saturating_sub(usage.valid_blocks);
     Ok(ImageInfo {
         uuid: sbr.sb.uuid_str(),
         label: sbr.sb.label_str(),

@@ -16,6 +16,7 @@ pub mod format;
 pub mod fs;
 pub mod fs_seek;
 pub mod fsck;
+pub mod gc;
 pub mod inspect;
 pub mod journal;
 pub mod mem;
@@ -28,4 +29,6 @@ pub mod seg;
 pub mod sync;
 
 pub use error::{Error, Result};
-pub use fs::{Attr, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, MkfsOptions, SetAttr, StatFs, ROOT};
+pub use fs::{
+    Attr, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, IoStats, MkfsOptions, SetAttr, StatFs, ROOT,
+};

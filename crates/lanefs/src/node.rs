@@ -66,12 +66,26 @@ pub struct InodeTree {
     /// Block of the inode node; 0 if the inode was never written.
     pub inode_addr: u32,
     nodes: BTreeMap<NodePos, TreeNode>,
+    /// Nodes the next [`write_inode`] rewrites even if their content is unchanged: the
+    /// cleaner moves them out of a victim segment this way.
+    relocate: std::collections::BTreeSet<NodePos>,
 }
 
 impl InodeTree {
     /// The tree of an inode not yet written (its id freshly allocated).
     pub fn empty(ino: u32) -> InodeTree {
-        InodeTree { ino, inode_addr: 0, nodes: BTreeMap::new() }
+        InodeTree { ino, inode_addr: 0, nodes: BTreeMap::new(), relocate: Default::default() }
+    }
+
+    /// Asks the next [`write_inode`] to move node `nid` (at position `node_ofs`) to a new
+    /// block. Returns false if the tree holds no such node there. (The inode node itself moves
+    /// on every write.)
+    pub fn relocate(&mut self, nid: u32, node_ofs: u32) -> bool {
+        let pos = self.nodes.iter().find(|(p, n)| n.nid == nid && p.node_ofs() == node_ofs).map(|(p, _)| *p);
+        match pos {
+            Some(p) => self.relocate.insert(p),
+            None => false,
+        }
     }
 
     /// Direct and indirect nodes in the tree.
@@ -166,7 +180,8 @@ pub fn read_inode(
             map.insert(slot as u64, a);
         }
     }
-    let mut tree = InodeTree { ino, inode_addr: e.block_addr, nodes: BTreeMap::new() };
+    let mut tree =
+        InodeTree { ino, inode_addr: e.block_addr, nodes: BTreeMap::new(), relocate: Default::default() };
     let mut level: Vec<(NodePos, u32)> = (0..INODE_NIDS as u8)
         .filter(|&r| inode.nids[r as usize] != 0)
         .map(|r| (NodePos::root(r), inode.nids[r as usize]))
@@ -394,7 +409,7 @@ pub fn write_inode(
     // 4. Encode what changed (infallible after check_inode, but not assumed).
     let changed: Vec<NodePos> = contents
         .iter()
-        .filter(|(pos, c)| old.nodes.get(pos).is_none_or(|n| n.slots != **c))
+        .filter(|(pos, c)| old.relocate.contains(pos) || old.nodes.get(pos).is_none_or(|n| n.slots != **c))
         .map(|(p, _)| *p)
         .collect();
     let footer = |nid: u32, node_ofs: u32| NodeFooter {
@@ -484,7 +499,7 @@ pub fn write_inode(
             (pos, TreeNode { nid: nids[&pos], addr, slots })
         })
         .collect();
-    let tree = InodeTree { ino, inode_addr: inode_addr as u32, nodes };
+    let tree = InodeTree { ino, inode_addr: inode_addr as u32, nodes, relocate: Default::default() };
     debug_assert_eq!(out.len(), changed.len() + 1);
     debug_assert!(tree.nodes.values().all(|n| w.nat.get(n.nid) == NatEntry { block_addr: n.addr, ino }));
     Ok((tree, out))

@@ -51,6 +51,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     let g = sb.geometry;
     let cpr = read_checkpoint(&*dev, &g)?;
     let cp = cpr.cp;
+    let age = cp.elapsed_secs;
     let nat = NatTable::load(&*dev, &g, &cp)?;
     let sit = read_sit(&*dev, &g, &cp)?;
     let active: Vec<(u32, u32, LogType)> = cp
@@ -192,6 +193,10 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         failure: Mutex::new(String::new()),
         cp_kick: (Mutex::new(false), Condvar::new()),
         stop: AtomicBool::new(false),
+        io: Default::default(),
+        age_at_mount: age,
+        mounted_at: std::time::Instant::now(),
+        gc: Default::default(),
     });
     if touched {
         for r in &records {

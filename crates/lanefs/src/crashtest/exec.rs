@@ -223,6 +223,9 @@ impl Exec<'_> {
                 self.hist.lock().acked.push(Acked { ev_end, op, promises });
                 Ok(())
             }
+            // Cleaning makes nothing durable that the oracle may count on (it checkpoints only
+            // when it finds a victim): no promise, only crash states in the middle of it.
+            Op::Clean => e(fs.clean().map(|_| ())),
             Op::Sleep(ms) => {
                 std::thread::sleep(std::time::Duration::from_millis((*ms).min(1000)));
                 Ok(())

@@ -473,6 +473,78 @@ pub fn mt_lanes_workload(id: String, rng: &mut Rng) -> Workload {
     Workload { id, setup: Setup::Ace, threads, knobs: Knobs::default(), fault: None }
 }
 
+/// Cleaning under crashes: a few files of 1 to 2 MiB (so that data segments fill and close),
+/// then overwrites of random ranges, deletes and re-creates, fsyncs, and the cleaner run two or
+/// three times in between, so that crash states fall inside the checkpoints that move blocks.
+pub fn gc_workload(id: String, rng: &mut Rng) -> Workload {
+    let setup = Setup::Ace;
+    let mut ops = Vec::new();
+    let count = 3 + rng.index(2);
+    let mut sizes = Vec::new();
+    let mut tag = 0u8;
+    let mut next_tag = || {
+        tag = tag % 250 + 1;
+        tag
+    };
+    for k in 0..count {
+        let p = format!("/g{k}");
+        let size = (1 << 20) + rng.below(1 << 20);
+        ops.push(Op::Create(p.clone()));
+        let mut off = 0;
+        while off < size {
+            let len = (256 << 10).min(size - off);
+            ops.push(Op::Write { path: p.clone(), off, len, tag: next_tag() });
+            off += len;
+        }
+        if rng.chance(1, 2) {
+            ops.push(Op::Fsync(p));
+        }
+        sizes.push(size);
+    }
+    ops.push(Op::Sync);
+    let cleans = 2 + rng.index(2);
+    let n = 24 + rng.index(24);
+    for i in 0..n {
+        let k = rng.index(count);
+        let p = format!("/g{k}");
+        match rng.below(12) {
+            0..=5 => {
+                let len = 4096 + rng.below(384 << 10);
+                let off = rng.below(sizes[k].saturating_sub(len).max(1));
+                ops.push(Op::Write { path: p, off, len, tag: next_tag() });
+            }
+            6 | 7 => ops.push(Op::Fsync(p)),
+            8 => ops.push(Op::Fdatasync(p)),
+            9 => {
+                // Replace the file: its blocks die and a new one takes their place.
+                ops.push(Op::Unlink(p.clone()));
+                ops.push(Op::Create(p.clone()));
+                let len = 64 << 10 | rng.below(512 << 10);
+                ops.push(Op::Write { path: p.clone(), off: 0, len, tag: next_tag() });
+                sizes[k] = len;
+                if rng.chance(1, 2) {
+                    ops.push(Op::Fsync(p));
+                }
+            }
+            10 => ops.push(Op::Fsync("/".into())),
+            _ => ops.push(Op::Truncate { path: p, size: rng.below(sizes[k] + 1) }),
+        }
+        if let Some(Op::Truncate { size, .. }) = ops.last() {
+            sizes[k] = (*size).max(4096);
+        }
+        if i % (n / cleans).max(1) == n / cleans / 2 {
+            ops.push(Op::Clean);
+        }
+    }
+    ops.push(Op::Clean);
+    ops.push(Op::Fsync(format!("/g{}", rng.index(count))));
+    let mut knobs = Knobs::default();
+    if rng.chance(1, 3) {
+        knobs.cache_bytes = 512 << 10;
+    }
+    Workload { id, setup, threads: vec![ops], knobs, fault: None }
+}
+
 /// Thread 0 renames its files between /A and /B (and writes and fsyncs them now and then);
 /// thread 1 fsyncs /A or /B and creates, writes and fsyncs files of its own in both.
 pub fn mt_rename_workload(id: String, rng: &mut Rng) -> Workload {

@@ -16,6 +16,8 @@
 //!   directory, fsyncing concurrently; `mt-rename`: cross-directory renames racing with fsyncs
 //!   of either directory. The oracle credits an fsync only with operations that returned
 //!   before it was called.
+//! - `gc`: files of a few MiB overwritten, replaced and truncated, with the segment cleaner run
+//!   in between, so that crash states fall inside the checkpoints that move blocks.
 //! - `faults`: a random mix with one device fault ([`workload::Fault`]): EIO on a write or a
 //!   flush, a short write, a torn block. The call that hit it must fail; every state of the
 //!   log, including the device as the run left it, must recover and keep every fsync
@@ -59,17 +61,19 @@ pub enum Family {
     Random,
     MtLanes,
     MtRename,
+    Gc,
     Faults,
     Corrupt,
 }
 
 impl Family {
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::Seq1,
         Family::Seq2,
         Family::Random,
         Family::MtLanes,
         Family::MtRename,
+        Family::Gc,
         Family::Faults,
         Family::Corrupt,
     ];
@@ -81,6 +85,7 @@ impl Family {
             Family::Random => "random",
             Family::MtLanes => "mt-lanes",
             Family::MtRename => "mt-rename",
+            Family::Gc => "gc",
             Family::Faults => "faults",
             Family::Corrupt => "corrupt",
         }
@@ -100,6 +105,8 @@ impl Family {
             (Family::Random, true) => 3_000,
             (Family::MtLanes, true) | (Family::MtRename, true) => 1_200,
             (Family::Faults, true) => 1_500,
+            (Family::Gc, true) => 1_500,
+            (Family::Gc, false) => 100_000,
             (Family::Seq2, false) => 450_000,
             (Family::Random, false) => 300_000,
             (Family::MtLanes, false) | (Family::MtRename, false) => 100_000,
@@ -241,6 +248,7 @@ fn generate(f: Family, key: u64, bases: &Bases) -> Result<Option<Workload>, Stri
         Family::Random => gen::random_workload(id, &mut rng),
         Family::MtLanes => gen::mt_lanes_workload(id, &mut rng),
         Family::MtRename => gen::mt_rename_workload(id, &mut rng),
+        Family::Gc => gen::gc_workload(id, &mut rng),
         Family::Faults => {
             let mut w = gen::fault_base(id, &mut rng);
             // A dry run counts the device calls, so the fault lands inside the workload.

@@ -85,6 +85,8 @@ pub enum Op {
     Fsync(String),
     Fdatasync(String),
     Sync,
+    /// Runs the segment cleaner to the end (`Fs::clean`): moves and checkpoints, no promise.
+    Clean,
     /// Waits this many milliseconds (at most 1000): lets a background checkpoint start, to
     /// reproduce races. Never generated.
     Sleep(u64),
@@ -129,12 +131,13 @@ impl Op {
             Op::Fsync(_) => "fsync",
             Op::Fdatasync(_) => "fdatasync",
             Op::Sync => "sync",
+            Op::Clean => "clean",
             Op::Sleep(_) => "sleep",
         }
     }
 
     /// Every kind name.
-    pub const KINDS: [&'static str; 14] = [
+    pub const KINDS: [&'static str; 15] = [
         "create",
         "mkdir",
         "link",
@@ -149,6 +152,7 @@ impl Op {
         "fsync",
         "fdatasync",
         "sync",
+        "clean",
     ];
 
     /// Whether the operation is a persistence point (fsync, fdatasync, sync).
@@ -179,6 +183,7 @@ impl fmt::Display for Op {
             Op::Fsync(p) => write!(f, "fsync {p}"),
             Op::Fdatasync(p) => write!(f, "fdatasync {p}"),
             Op::Sync => write!(f, "sync"),
+            Op::Clean => write!(f, "clean"),
             Op::Sleep(ms) => write!(f, "sleep {ms}"),
         }
     }
@@ -254,6 +259,7 @@ pub fn parse_op(line: &str) -> Result<Op, String> {
         "fsync" => Op::Fsync(path(w.next(), line)?),
         "fdatasync" => Op::Fdatasync(path(w.next(), line)?),
         "sync" => Op::Sync,
+        "clean" => Op::Clean,
         "sleep" => Op::Sleep(num::<u64>(w.next(), line)?.min(1000)),
         other => return Err(format!("unknown operation `{other}`")),
     };

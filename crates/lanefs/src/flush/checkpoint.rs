@@ -16,7 +16,7 @@
 //! journal heads are where each lane's chain stood at the snapshot.
 
 use crate::checkpoint::{commit, CommitSet};
-use crate::engine::Engine;
+use crate::engine::{Engine, WriteKind};
 use crate::error::Result;
 use crate::format::checkpoint::{LaneCheckpoint, CP_FLAG_CLEAN};
 use crate::format::node::{Inode, NodeBody, NodeFooter, INODE_ADDRS, INODE_NIDS, NEW_ADDR};
@@ -45,6 +45,9 @@ struct InodeSnap {
     /// For directories: names whose entry changed, with the entry at the snapshot.
     names: Vec<NameChange>,
     xattrs_changed: bool,
+    /// Blocks the cleaner asked to move, still mapped at the snapshot and not rewritten by
+    /// it: (logical index, address).
+    relocate: Vec<(u64, u32)>,
 }
 
 struct Snapshot {
@@ -107,12 +110,17 @@ impl Engine {
             m.attr_dirty.store(false, Ordering::Release);
             let xattrs_changed = std::mem::take(&mut m.meta.lock().xattrs_cp_dirty);
             let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
-            let map = {
+            let (map, mut relocate) = {
                 let mut disk = m.disk.lock();
                 disk.unjournaled.clear();
                 disk.truncated_from = None;
-                disk.cur_map.clone()
+                (disk.cur_map.clone(), std::mem::take(&mut disk.relocate))
             };
+            relocate.sort_unstable();
+            relocate.dedup();
+            relocate.retain(|(idx, a)| {
+                map.get(idx) == Some(a) && pages.binary_search_by_key(idx, |(i, _)| *i).is_err()
+            });
             let mut names = Vec::new();
             if let Some(d) = m.dir() {
                 let mut touched: Vec<Vec<u8>> = Vec::new();
@@ -156,7 +164,19 @@ impl Engine {
                 None => m.size.load(Ordering::Acquire),
             };
             let (mtime, ctime, parent) = (m.mtime(), m.ctime(), m.parent.load(Ordering::Acquire));
-            inodes.push(InodeSnap { m, meta, size, mtime, ctime, parent, pages, map, names, xattrs_changed });
+            inodes.push(InodeSnap {
+                m,
+                meta,
+                size,
+                mtime,
+                ctime,
+                parent,
+                pages,
+                map,
+                names,
+                xattrs_changed,
+                relocate,
+            });
         }
         let orphans = self.orphans.lock().iter().copied().collect();
         let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
@@ -168,30 +188,37 @@ impl Engine {
 
     fn write_snapshot(&self, snap: Snapshot, clean: bool) -> Result<()> {
         let (lane, cpu) = self.lane();
-        let (cp_ver, mtime) = {
-            let cp = self.cp.lock();
-            (cp.cp.version + 1, cp.cp.elapsed_secs)
-        };
+        let cp_ver = self.cp.lock().cp.version + 1;
+        let mtime = self.elapsed_secs();
         let w = NodeWriter { g: &self.g, nat: &self.nat, lanes: &self.lanes, lane, cpu, cp_ver, mtime };
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut moves: Vec<(u64, Vec<u8>)> = Vec::new();
         for s in &snap.inodes {
-            self.write_inode_snap(&w, s, &mut writes)?;
-            if writes.len() >= 1024 {
-                self.write_all(&writes)?;
+            self.write_inode_snap(&w, s, &mut writes, &mut moves)?;
+            if writes.len() + moves.len() >= 1024 {
+                self.write_all(&writes, WriteKind::Checkpoint)?;
+                self.write_all(&moves, WriteKind::Cleaning)?;
                 writes.clear();
+                moves.clear();
             }
         }
+        self.write_all(&moves, WriteKind::Cleaning)?;
+        drop(moves);
         for m in &snap.deleted {
             self.drop_deleted(&w, m)?;
         }
-        self.write_all(&writes)?;
+        self.write_all(&writes, WriteKind::Checkpoint)?;
         drop(writes);
 
         let nat = self.nat.take_dirty_blocks();
-        let sit = self.table.take_dirty_sit_blocks().into_iter().map(|(_, b)| b).collect();
+        let sit: Vec<_> = self.table.take_dirty_sit_blocks().into_iter().map(|(_, b)| b).collect();
         let mut summaries = self.lanes.take_closed_summaries();
         summaries.extend(self.lanes.active_summaries());
         let cursors = self.lanes.cursors();
+        // NAT, SIT, summaries and the pack (whose size depends on lanes and orphans; one block
+        // is close enough for the counters).
+        let meta_blocks = (nat.len() + sit.len() + summaries.len() * 2 + 1) as u64;
+        self.io.count(WriteKind::Checkpoint, meta_blocks * crate::device::BLOCK_SIZE as u64);
         let cps = self.cp.lock();
         let mut cp = cps.cp.clone();
         cp.version = cp_ver;
@@ -201,7 +228,10 @@ impl Engine {
         cp.valid_nodes = self.nat.valid_nodes();
         cp.valid_inodes = self.nat.valid_inodes();
         cp.next_nid = self.nat.next_nid_hint();
+        cp.elapsed_secs = mtime;
         cp.user_bytes_written = cp.user_bytes_written.saturating_add(self.user_bytes.take());
+        cp.gc_bytes_written = cp.gc_bytes_written.saturating_add(self.io.cleaning_unsaved.take());
+        cp.cp_bytes_written = cp.cp_bytes_written.saturating_add(self.io.other_unsaved.take());
         cp.lanes = cursors
             .into_iter()
             .zip(&snap.heads)
@@ -211,8 +241,9 @@ impl Engine {
         let pack = cps.pack;
         drop(cps);
         let written = commit(&*self.dev, &self.g, &mut cp, pack, &CommitSet { nat, sit, summaries })?;
-        self.table.checkpoint_done();
+        self.table.checkpoint_done(|segs| self.discard_segments(segs));
         self.nat.checkpoint_done();
+        self.gc_checkpoint_done();
         let mut cps = self.cp.lock();
         cps.cp = cp;
         cps.pack = written;
@@ -231,6 +262,7 @@ impl Engine {
         w: &NodeWriter,
         s: &InodeSnap,
         writes: &mut Vec<(u64, Vec<u8>)>,
+        moves: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<()> {
         let m = &s.m;
         let ino = m.ino;
@@ -247,6 +279,14 @@ impl Engine {
             let a = put(*idx, buf.to_vec(), writes)?;
             fresh.push((*idx, a));
         }
+        // Blocks the cleaner moves, read before the inode's lock is taken. A block's content
+        // cannot change while it is valid, and nothing can free it while the gate is held.
+        let moved = if s.relocate.is_empty() {
+            Vec::new()
+        } else {
+            let addrs: Vec<u64> = s.relocate.iter().map(|&(_, a)| a as u64).collect();
+            crate::checkpoint::read_blocks(&*self.dev, &addrs)?
+        };
         let mut tree_map = s.map.clone();
         if m.file_type == S_IFLNK && !tree_map.contains_key(&0) {
             let mut b = s.meta.symlink.clone();
@@ -284,6 +324,24 @@ impl Engine {
                 // Truncated or remapped since the snapshot: the block belongs to this
                 // checkpoint's tree only, and dies once that tree is superseded.
                 disk.garbage.push(a);
+            }
+        }
+        // Cleaning: copy each block the snapshot still mapped and this checkpoint did not
+        // rewrite, if it is still mapped there now (a write or truncate since the snapshot
+        // wins). Moved data goes to the cold log: it outlived at least one segment.
+        for (&(idx, old), bytes) in s.relocate.iter().zip(moved.chunks(crate::device::BLOCK_SIZE)) {
+            if tree_map.get(&idx) != Some(&old) || disk.cur_map.get(&idx) != Some(&old) {
+                continue;
+            }
+            let log = if m.is_dir() { LogType::HotData } else { LogType::ColdData };
+            let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 };
+            let a = self.lanes.alloc(w.lane, log, owner, w.mtime)?;
+            moves.push((a, bytes.to_vec()));
+            tree_map.insert(idx, a as u32);
+            disk.cur_map.insert(idx, a as u32);
+            // A block only the journal knew dies now; a tree block below, with the old tree.
+            if disk.tree_map.get(&idx) != Some(&old) {
+                self.table.invalidate(old as u64)?;
             }
         }
         // Garbage from before is in no tree, but may be in this one (a truncate after the

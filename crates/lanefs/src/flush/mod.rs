@@ -20,7 +20,7 @@
 pub mod checkpoint;
 pub mod writeback;
 
-use crate::engine::{Engine, JOURNAL_LOG};
+use crate::engine::{Engine, WriteKind, JOURNAL_LOG};
 use crate::error::{Error, Result};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::journal::{Record, Transaction};
@@ -298,7 +298,7 @@ impl Engine {
             writes.extend(blocks);
             // Within a lane, journal blocks complete in chain order: the chain lock is held
             // until the batch is written.
-            if let Err(e) = self.write_all(&writes) {
+            if let Err(e) = self.write_all(&writes, WriteKind::Journal) {
                 *chain = before;
                 return Err(e);
             }
@@ -327,19 +327,21 @@ impl Engine {
         r
     }
 
-    /// Writes (address, bytes) pairs in bounded batches.
-    pub(crate) fn write_all(&self, writes: &[(u64, Vec<u8>)]) -> Result<()> {
+    /// Writes (address, bytes) pairs in bounded batches, counted as `kind`.
+    pub(crate) fn write_all(&self, writes: &[(u64, Vec<u8>)], kind: WriteKind) -> Result<()> {
         let reqs: Vec<crate::device::WriteReq> =
             writes.iter().map(|(a, d)| crate::device::WriteReq { addr: *a, data: d }).collect();
         for chunk in reqs.chunks(256) {
             self.dev.write_batch(chunk)?;
+            self.io.count(kind, chunk.iter().map(|r| r.data.len() as u64).sum());
         }
         Ok(())
     }
 
-    /// File-system age in seconds (segment mtimes for cleaning).
+    /// File-system age in seconds (segment mtimes for cleaning): the age the last checkpoint
+    /// recorded at mount plus the time mounted since.
     pub(crate) fn elapsed_secs(&self) -> u64 {
-        self.cp.lock().cp.elapsed_secs
+        self.age_at_mount + self.mounted_at.elapsed().as_secs()
     }
 }
 

@@ -58,7 +58,7 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = self.write_all(&writes) {
+        if let Err(e) = self.write_all(&writes, crate::engine::WriteKind::Writeback) {
             pages.restore_dirty(&dirty);
             for (_, a, _) in placed {
                 self.table.invalidate(a as u64)?;

@@ -133,7 +133,11 @@ pub struct Checkpoint {
     /// Where the next free node id search starts.
     pub next_nid: u32,
     pub user_bytes_written: u64,
+    /// Bytes the cleaner moved.
     pub gc_bytes_written: u64,
+    /// Bytes written by the file system other than by cleaning: data, nodes, journals and
+    /// checkpoint metadata (write amplification is this plus `gc_bytes_written` over
+    /// `user_bytes_written`).
     pub cp_bytes_written: u64,
     /// Operation timestamp at which the checkpoint's snapshot was taken: journal records
     /// stamped at or before it are already part of the checkpoint and are not replayed.

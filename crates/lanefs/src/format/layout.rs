@@ -240,6 +240,22 @@ impl Geometry {
     pub fn main_blocks(&self) -> u64 {
         self.main_segments as u64 * BLOCKS_PER_SEG as u64
     }
+
+    /// Free segments ordinary writes leave alone. A checkpoint may need a fresh segment in
+    /// every log it writes (each log fills whole segments) and the cleaner needs room to move
+    /// blocks before it frees any: the format's reserve, but never fewer than one segment per
+    /// log type plus two (small images).
+    pub fn cleaning_reserve(&self) -> u64 {
+        (self.reserved_segments as u64).max(LOG_TYPES as u64 + 2)
+    }
+
+    /// Blocks users can fill: the main area less the cleaning reserve and one open segment per
+    /// log of every lane (a log's open segment cannot be cleaned). Invalid blocks inside this
+    /// count as free: the cleaner gives them back.
+    pub fn user_blocks(&self) -> u64 {
+        let open = self.lanes as u64 * LOG_TYPES as u64;
+        self.main_blocks().saturating_sub((self.cleaning_reserve() + open) * BLOCKS_PER_SEG as u64)
+    }
 }
 
 #[cfg(test)]

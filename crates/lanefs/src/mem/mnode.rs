@@ -64,6 +64,9 @@ pub struct DiskState {
     pub xattr_nid: u32,
     /// A directory's on-disk dentry layout (loaded with the directory).
     pub dentries: Option<crate::diskdir::DiskDir>,
+    /// Data blocks the cleaner asked to move: (logical index, address it saw). The next
+    /// checkpoint copies each one still mapped there to a new block.
+    pub relocate: Vec<(u64, u32)>,
 }
 
 impl DiskState {

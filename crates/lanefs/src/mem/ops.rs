@@ -638,6 +638,7 @@ impl Engine {
         }
         m.touch(now());
         self.user_bytes.add(data.len() as u64);
+        self.io.user.add(data.len() as u64);
         self.mark_dirty(m);
         Ok(())
     }

@@ -99,7 +99,7 @@ impl LaneSet {
         let mut a = l.logs[log as usize].lock();
         if a.next_off == BLOCKS_PER_SEG {
             let segno = self.next_free(l)?;
-            self.table.activate(segno, l.id, log, mtime);
+            self.table.activate_cached(segno, l.id, log, mtime);
             let old = std::mem::replace(
                 &mut *a,
                 ActiveLog { segno, next_off: 0, summary: SegmentSummary::empty(segno) },
@@ -121,10 +121,45 @@ impl LaneSet {
     fn next_free(&self, l: &Lane) -> Result<u32> {
         let mut cache = l.cache.lock();
         if cache.is_empty() {
-            *cache = self.table.take_free(FREE_BATCH);
+            // Near the end of space a lane takes one segment at a time, so that free segments
+            // are not stranded in other lanes' caches.
+            let lanes = self.lanes.len() as u64;
+            let batch =
+                if self.table.free_segments() > 4 * FREE_BATCH as u64 * lanes { FREE_BATCH } else { 1 };
+            *cache = self.table.take_free(batch);
             cache.reverse(); // pop from the end in ascending order
         }
-        cache.pop().ok_or(Error::NoSpace)
+        if let Some(s) = cache.pop() {
+            return Ok(s);
+        }
+        drop(cache);
+        // The map is empty: take one from another lane's cache (never wait on it: that lane
+        // may be the caller, filling a segment while holding its own log).
+        for other in self.lanes.iter().filter(|o| o.id != l.id) {
+            if let Some(mut c) = other.cache.try_lock() {
+                if let Some(s) = c.pop() {
+                    return Ok(s);
+                }
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// The summary of `segno` if this set holds it in memory (an active segment, or one filled
+    /// since the last checkpoint whose summary is not written yet); None: it is on disk.
+    pub fn summary_in_memory(&self, segno: u32) -> Option<SegmentSummary> {
+        if let Some(s) = self.closed.lock().iter().find(|s| s.segno == segno) {
+            return Some(s.clone());
+        }
+        for l in &self.lanes {
+            for a in &l.logs {
+                let a = a.lock();
+                if a.segno == segno {
+                    return Some(a.summary.clone());
+                }
+            }
+        }
+        None
     }
 
     /// Moves every log whose active segment satisfies `touched` to a fresh segment and closes
@@ -139,7 +174,7 @@ impl LaneSet {
                     continue;
                 }
                 let segno = self.next_free(l)?;
-                self.table.activate(segno, l.id, *log, mtime);
+                self.table.activate_cached(segno, l.id, *log, mtime);
                 let old = std::mem::replace(
                     &mut *a,
                     ActiveLog { segno, next_off: 0, summary: SegmentSummary::empty(segno) },

@@ -20,7 +20,7 @@ mod lanes;
 mod table;
 
 pub use lanes::{Lane, LaneSet};
-pub use table::{SegState, SegmentTable};
+pub use table::{SegState, SegmentTable, Victim, VictimPolicy};
 
 /// Free segments a lane takes from the global map at once.
 pub const FREE_BATCH: usize = 4;
@@ -85,6 +85,7 @@ mod tests {
         }
         assert_eq!(all.len() as u64, 8 * per_thread as u64);
         assert_eq!(table.total_valid(), all.len() as u64);
+        assert_eq!(table.valid_count(), all.len() as u64, "the per-CPU count agrees with the bitmaps");
         for &a in &all {
             assert!(table.is_valid(a));
         }
@@ -114,10 +115,10 @@ mod tests {
         assert!(table.invalidate(addrs[0]).is_err(), "double invalidation must be refused");
         assert_eq!(table.free_count(), free_before);
         // Not yet handed to a checkpoint: a checkpoint completing now does not free it.
-        table.checkpoint_done();
+        table.checkpoint_done(|_| {});
         assert_eq!(table.state(first_seg), SegState::Prefree);
         let dirty = table.take_dirty_sit_blocks();
-        table.checkpoint_done();
+        table.checkpoint_done(|_| {});
         assert_eq!(table.state(first_seg), SegState::Free);
         assert_eq!(table.free_count(), free_before + 1);
         table.check_invariants().unwrap();
@@ -141,6 +142,107 @@ mod tests {
         }
         assert_eq!(n, capacity);
         assert_eq!(table.free_count(), 0);
+        table.check_invariants().unwrap();
+    }
+
+    /// Fills `segs` whole segments of lane 0's hot data log; returns their block addresses.
+    fn fill(lanes: &LaneSet, segs: u32, mtime: u64) -> Vec<Vec<u64>> {
+        let owner = SummaryEntry { kind: SummaryKind::Data, nid: 9, ofs: 0 };
+        (0..segs)
+            .map(|_| {
+                (0..BLOCKS_PER_SEG).map(|_| lanes.alloc(0, LogType::HotData, owner, mtime).unwrap()).collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn greedy_victims_come_fewest_valid_first_and_skip_full_and_active() {
+        let (g, table, lanes) = setup(1);
+        let segs = fill(&lanes, 4, 1);
+        // The log moved on after each full segment: the first three are dirty, the last is
+        // the active one (full, but still the log's segment until the next block).
+        for (k, dead) in [(0usize, 10u32), (1, 300), (2, 0)] {
+            for &a in &segs[k][..dead as usize] {
+                table.invalidate(a).unwrap();
+            }
+        }
+        let v = table.victims(VictimPolicy::Greedy, 10, &[]);
+        let order: Vec<u32> = v.iter().map(|v| v.segno).collect();
+        let seg = |k: usize| g.seg_of(segs[k][0]).unwrap().0;
+        assert_eq!(order, vec![seg(1), seg(0)], "fewest valid first; full segments are no victims");
+        assert_eq!(v[0].valid_blocks, 512 - 300);
+        assert_eq!(v[0].valid.len(), 212);
+        assert!(v[0].valid.iter().all(|&o| table.is_valid(g.seg_start(seg(1)) + o as u64)));
+        assert_eq!(table.victims(VictimPolicy::Greedy, 1, &[]).len(), 1, "bounded by max");
+        assert!(table.victims(VictimPolicy::Greedy, 10, &[seg(0), seg(1)]).is_empty());
+    }
+
+    #[test]
+    fn cost_benefit_prefers_old_segments_over_slightly_emptier_young_ones() {
+        let (g, table, lanes) = setup(1);
+        let old = fill(&lanes, 1, 1);
+        let young = fill(&lanes, 2, 1000);
+        for &a in &old[0][..100] {
+            table.invalidate(a).unwrap();
+        }
+        for &a in &young[0][..150] {
+            table.invalidate(a).unwrap();
+        }
+        let seg = |v: &Vec<u64>| g.seg_of(v[0]).unwrap().0;
+        let greedy = table.victims(VictimPolicy::Greedy, 1, &[]);
+        assert_eq!(greedy[0].segno, seg(&young[0]));
+        let cb = table.victims(VictimPolicy::CostBenefit { now: 1001 }, 1, &[]);
+        assert_eq!(cb[0].segno, seg(&old[0]), "an old segment is worth cleaning before a young one");
+    }
+
+    #[test]
+    fn freed_segments_are_discarded_before_anyone_can_take_them() {
+        let (g, table, lanes) = setup(1);
+        let segs = fill(&lanes, 2, 1);
+        let first = g.seg_of(segs[0][0]).unwrap().0;
+        for &a in &segs[0] {
+            table.invalidate(a).unwrap();
+        }
+        let _ = table.take_dirty_sit_blocks();
+        let free_before = table.free_segments();
+        let mut seen = Vec::new();
+        let n = table.checkpoint_done(|s| {
+            // Still not free while being discarded.
+            assert!(s.iter().all(|&x| table.state(x) == SegState::Prefree));
+            seen.extend_from_slice(s);
+        });
+        assert_eq!((n, seen), (1, vec![first]));
+        assert_eq!(table.state(first), SegState::Free);
+        assert_eq!(table.free_segments(), free_before + 1);
+        table.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_lane_with_an_empty_map_takes_a_segment_from_another_lanes_cache() {
+        let (g, table, lanes) = setup(2);
+        let owner = SummaryEntry { kind: SummaryKind::Data, nid: 3, ofs: 0 };
+        // Lane 0 fills segments until the map is empty (its cache may hold some).
+        let total = table.free_segments();
+        let mut n = 0u64;
+        while table.free_count() > 0 {
+            lanes.alloc(0, LogType::HotData, owner, 1).unwrap();
+            n += 1;
+            assert!(n <= (total + 1) * 512, "the free map never emptied");
+        }
+        // Lane 1 can still get every segment lane 0 cached: none is stranded.
+        let cached = table.free_segments();
+        let mut got = 0u64;
+        loop {
+            match lanes.alloc(1, LogType::ColdData, owner, 1) {
+                Ok(_) => got += 1,
+                Err(crate::Error::NoSpace) => break,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(got <= (cached + 1) * 512);
+        }
+        assert_eq!(table.free_segments(), 0);
+        assert!(got >= cached * 512, "lane 1 got {got} blocks of {cached} free segments");
+        assert!(g.main_segments > 0);
         table.check_invariants().unwrap();
     }
 }

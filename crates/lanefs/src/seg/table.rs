@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use crate::format::layout::{Geometry, LogType, SIT_ENTRIES_PER_BLOCK};
 use crate::format::sit::{SitBlock, SitEntry, NO_LOG};
+use crate::sync::PerCpuCounter;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,6 +32,32 @@ pub struct SegmentTable {
     /// published after every change so admission checks read a word, not the map's lock.
     free_now: AtomicU64,
     pending: AtomicU64,
+    /// Free segments held in lanes' caches (free, but not in the map).
+    cached: AtomicU64,
+    /// Valid blocks: the count at mount plus blocks made valid minus blocks made invalid since,
+    /// kept per CPU so the write path never shares a line (summed only when space is short).
+    valid_base: u64,
+    validated: PerCpuCounter,
+    invalidated: PerCpuCounter,
+}
+
+/// How the cleaner ranks victims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VictimPolicy {
+    /// Fewest valid blocks first: the most space for the least copying, now (foreground).
+    Greedy,
+    /// Benefit over cost, `(1 - u) * age / (1 + u)` (Rosenblum and Ousterhout): old, mostly
+    /// empty segments first, so cold data is not copied again and again (background).
+    CostBenefit { now: u64 },
+}
+
+/// A segment the cleaner may empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Victim {
+    pub segno: u32,
+    pub valid_blocks: u16,
+    /// Offsets of the valid blocks at selection time.
+    pub valid: Vec<u32>,
 }
 
 struct FreeMap {
@@ -75,6 +102,7 @@ impl SegmentTable {
             .map(|(i, _)| i as u32)
             .collect();
         let sit_words = (g.sit_blocks as usize).div_ceil(64);
+        let valid_base = segs.iter().map(|s| s.entry.valid_blocks as u64).sum();
         Ok(SegmentTable {
             geometry: g,
             segs: segs.into_iter().map(Mutex::new).collect(),
@@ -82,6 +110,10 @@ impl SegmentTable {
             free: Mutex::new(FreeMap { free, prefree: Vec::new(), committing: Vec::new() }),
             free_now: AtomicU64::new(0),
             pending: AtomicU64::new(0),
+            cached: AtomicU64::new(0),
+            valid_base,
+            validated: PerCpuCounter::new(),
+            invalidated: PerCpuCounter::new(),
         })
         .inspect(|t| t.publish(&t.free.lock()))
     }
@@ -95,9 +127,14 @@ impl SegmentTable {
         self.pending.store((fm.prefree.len() + fm.committing.len()) as u64, Ordering::Release);
     }
 
-    /// Segments free now (no lock).
+    /// Segments free now, in the map or in lanes' caches (no lock).
     pub fn free_segments(&self) -> u64 {
-        self.free_now.load(Ordering::Acquire)
+        self.free_now.load(Ordering::Acquire) + self.cached.load(Ordering::Acquire)
+    }
+
+    /// Valid blocks in the main area (a sum over CPUs: exact when nothing is changing).
+    pub fn valid_count(&self) -> u64 {
+        self.valid_base.wrapping_add(self.validated.sum()).wrapping_sub(self.invalidated.sum())
     }
 
     /// Segments that become free once the next checkpoints are durable (no lock).
@@ -143,6 +180,7 @@ impl SegmentTable {
         }
         seg.entry.mtime = seg.entry.mtime.max(mtime);
         drop(seg);
+        self.validated.add(1);
         self.mark_sit_dirty(s);
         Ok(())
     }
@@ -158,6 +196,7 @@ impl SegmentTable {
         if !seg.entry.clear_valid(off) {
             return Err(Error::InvalidArgument(format!("block {addr} invalidated twice")));
         }
+        self.invalidated.add(1);
         let emptied = seg.entry.valid_blocks == 0 && seg.state == SegState::Dirty;
         if emptied {
             seg.state = SegState::Prefree;
@@ -182,6 +221,7 @@ impl SegmentTable {
                 None => break,
             }
         }
+        self.cached.fetch_add(out.len() as u64, Ordering::AcqRel);
         self.publish(&fm);
         out
     }
@@ -193,11 +233,18 @@ impl SegmentTable {
             debug_assert_eq!(self.state(s), SegState::Free);
             fm.free.insert(s);
         }
+        self.cached.fetch_sub(segs.len() as u64, Ordering::AcqRel);
         self.publish(&fm);
     }
 
+    /// Makes segment `segno`, taken from a lane's cache, the active segment of a lane's log.
+    pub fn activate_cached(&self, segno: u32, lane: u32, log: LogType, mtime: u64) {
+        self.cached.fetch_sub(1, Ordering::AcqRel);
+        self.activate(segno, lane, log, mtime);
+    }
+
     /// Makes free segment `segno` the active segment of a lane's log.
-    pub fn activate(&self, segno: u32, lane: u32, log: LogType, mtime: u64) {
+    fn activate(&self, segno: u32, lane: u32, log: LogType, mtime: u64) {
         let mut seg = self.seg(segno).lock();
         assert_eq!(seg.state, SegState::Free, "activating segment {segno} that is not free");
         assert_eq!(seg.entry.valid_blocks, 0);
@@ -224,7 +271,9 @@ impl SegmentTable {
             self.publish(&fm);
             seg.state = SegState::Dirty;
         }
-        seg.entry.set_valid(off);
+        if seg.entry.set_valid(off) {
+            self.validated.add(1);
+        }
         seg.entry.mtime = seg.entry.mtime.max(mtime);
         drop(seg);
         self.mark_sit_dirty(s);
@@ -277,19 +326,73 @@ impl SegmentTable {
     }
 
     /// Called once a checkpoint is durable: segments emptied before its SIT was taken become
-    /// free.
-    pub fn checkpoint_done(&self) {
+    /// free. `discard` sees each of them first, while no lane can take it yet (TRIM: a discard
+    /// racing with a new write into the segment would destroy that write); the segments it
+    /// returns an error for stay free all the same (a discard is advice to the device).
+    /// Returns how many segments became free.
+    pub fn checkpoint_done(&self, discard: impl FnOnce(&[u32])) -> usize {
+        let pre = {
+            let mut fm = self.free.lock();
+            let pre = std::mem::take(&mut fm.committing);
+            // Counted as pending until they are in the free map.
+            self.pending.fetch_add(pre.len() as u64, Ordering::AcqRel);
+            pre
+        };
+        let freeable: Vec<u32> =
+            pre.iter().copied().filter(|&s| self.seg(s).lock().state == SegState::Prefree).collect();
+        if !freeable.is_empty() {
+            discard(&freeable);
+        }
         let mut fm = self.free.lock();
-        let pre = std::mem::take(&mut fm.committing);
-        for s in pre {
+        for &s in &freeable {
             let mut seg = self.seg(s).lock();
-            if seg.state == SegState::Prefree {
-                seg.state = SegState::Free;
-                seg.entry.log_type = NO_LOG;
-                fm.free.insert(s);
-            }
+            debug_assert_eq!(seg.state, SegState::Prefree, "segment {s} changed while being freed");
+            debug_assert_eq!(seg.entry.valid_blocks, 0);
+            seg.state = SegState::Free;
+            seg.entry.log_type = NO_LOG;
+            fm.free.insert(s);
         }
         self.publish(&fm);
+        freeable.len()
+    }
+
+    /// Up to `max` victims for the cleaner: dirty (full, inactive) segments holding at least
+    /// one invalid block, best first by `policy`. Segments listed in `skip` are left out.
+    pub fn victims(&self, policy: VictimPolicy, max: usize, skip: &[u32]) -> Vec<Victim> {
+        if max == 0 {
+            return Vec::new();
+        }
+        let full = crate::format::layout::BLOCKS_PER_SEG as u64;
+        // (score, segno): a lower score is a better victim.
+        let mut ranked: Vec<(u128, u32)> = Vec::new();
+        for (i, s) in self.segs.iter().enumerate() {
+            let s = s.lock();
+            let v = s.entry.valid_blocks as u64;
+            if s.state != SegState::Dirty || v >= full || skip.contains(&(i as u32)) {
+                continue;
+            }
+            let score = match policy {
+                VictimPolicy::Greedy => v as u128,
+                VictimPolicy::CostBenefit { now } => {
+                    // Maximise (1-u)*age/(1+u) = (full-v)*age/(full+v); rank by its negation,
+                    // scaled to integers (age + 1 so that young empty segments still rank).
+                    let age = now.saturating_sub(s.entry.mtime) as u128 + 1;
+                    let benefit = (((full - v) as u128 * age) << 20) / (full + v) as u128;
+                    u128::MAX - benefit
+                }
+            };
+            ranked.push((score, i as u32));
+        }
+        ranked.sort_unstable();
+        ranked.truncate(max);
+        ranked
+            .into_iter()
+            .map(|(_, segno)| {
+                let e = self.entry(segno);
+                let valid = (0..full as u32).filter(|&o| e.is_valid(o)).collect();
+                Victim { segno, valid_blocks: e.valid_blocks, valid }
+            })
+            .collect()
     }
 
     /// Free segments (not counting lane caches or prefree).

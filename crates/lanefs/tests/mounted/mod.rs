@@ -92,7 +92,7 @@ impl Mounted {
         self.cp.next_nid = self.nat.next_nid_hint();
         self.pack =
             commit(dev, &self.g, &mut self.cp, self.pack, &CommitSet { nat, sit, summaries }).unwrap();
-        self.table.checkpoint_done();
+        self.table.checkpoint_done(|_| {});
         self.nat.checkpoint_done();
         nat_written
     }

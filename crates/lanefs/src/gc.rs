@@ -1,0 +1,286 @@
+//! Segment cleaning: turning dirty segments with invalid blocks back into free ones.
+//!
+//! Job. A log never overwrites in place, so every overwrite and delete leaves an invalid block
+//! behind in some full segment. The cleaner picks victim segments from the SIT, finds the owner
+//! of each valid block through the segment summary (SSA), and asks for that block to be moved:
+//! a data block is recorded in its inode's relocation list, a node block is marked for
+//! rewriting in its inode's tree, the inode's own node and xattr node simply by making the
+//! inode dirty. The next checkpoint then writes every such block to a new place through the
+//! normal write path (data to the data logs, cold; nodes to the node logs), which invalidates
+//! the old copy; the victim, now empty, becomes prefree when the checkpoint takes the SIT and
+//! free once that checkpoint is durable, as DESIGN.md requires.
+//!
+//! Why the move happens inside the checkpoint and not here: the checkpoint's write phase is the
+//! one place that already rewrites trees and decides block validity while fsync and writeback
+//! wait at the gate, so a move needs no lock of its own. Foreground writers never wait for the
+//! cleaner: it takes no range lock and touches no page. A move is a compare-and-swap on the
+//! inode's mapping (the block is installed only if the file still maps that index to the old
+//! address), so a concurrent write, truncate or delete simply wins, and the old block dies
+//! with the rest of the superseded data. A crash at any point loses only the intent: nothing on
+//! disk changes until the checkpoint commits.
+//!
+//! Policies: foreground cleaning (an allocation would otherwise fail with ENOSPC) is greedy —
+//! fewest valid blocks first; background cleaning (free segments below a threshold and the file
+//! system quiet) uses cost-benefit on the SIT's utilisation and age.
+//!
+//! Invariants: a round never plans to move more blocks than the free segments can take
+//! (victims' valid blocks plus the nodes they dirty, within the free space less what dirty
+//! data already claims); each round is bounded in victims and in blocks read; only one round
+//! runs at a time.
+
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::format::layout::{BLOCKS_PER_SEG, LOG_TYPES};
+use crate::format::ssa::{SegmentSummary, SummaryKind};
+use crate::format::tree::XATTR_NODE_OFS;
+use crate::seg::{Victim, VictimPolicy};
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Cleaning rounds an allocation may wait for before it gets ENOSPC.
+pub const FOREGROUND_ROUNDS: usize = 24;
+
+/// Victims one round considers at most (bounds the SSA reads and the checkpoint's work).
+const MAX_VICTIMS: usize = 64;
+
+/// Blocks of slack a round leaves free beyond its plan (node blocks of directories touched
+/// meanwhile, a pack's worth of metadata).
+const SLACK_BLOCKS: u64 = 64;
+
+/// The cleaner's state and counters.
+#[derive(Default)]
+pub struct Cleaner {
+    /// One round at a time (foreground callers queue here; the background one skips).
+    round: Mutex<()>,
+    /// Rounds run and segments they emptied, since mount.
+    pub rounds: AtomicU64,
+    pub segments_cleaned: AtomicU64,
+    /// Blocks the cleaner asked to move (data and nodes), since mount.
+    pub blocks_planned: AtomicU64,
+    /// Victims planned but not yet seen emptied by a checkpoint.
+    pending_victims: Mutex<Vec<u32>>,
+}
+
+/// What one round planned.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RoundPlan {
+    pub victims: usize,
+    /// Valid blocks asked to move.
+    pub blocks: u64,
+    /// Invalid blocks the victims will give back.
+    pub gain: u64,
+}
+
+impl Engine {
+    /// Free segments below which background cleaning starts.
+    pub(crate) fn gc_threshold(&self) -> u64 {
+        (self.g.main_segments as u64 / 8).max(self.reserve_segments() + 2)
+    }
+
+    /// Foreground cleaning: makes room for `want` more blocks if dirty segments hold enough
+    /// invalid ones. Returns false when no round could be planned (nothing left to clean within
+    /// the free space). Call it outside the pass-through semaphore and the gate: it waits for a
+    /// checkpoint.
+    pub(crate) fn clean_foreground(&self, want: u64) -> Result<bool> {
+        let before = self.table.free_segments();
+        let round = self.gc.round.lock();
+        // Someone else cleaned while this caller waited: let it look again.
+        if self.table.free_segments() > before {
+            return Ok(true);
+        }
+        let plan = self.plan_round(VictimPolicy::Greedy, want + BLOCKS_PER_SEG as u64)?;
+        if plan.victims == 0 {
+            return Ok(false);
+        }
+        self.wait_for_checkpoint()?;
+        drop(round);
+        Ok(true)
+    }
+
+    /// Background cleaning: one cost-benefit round and a checkpoint, if free segments are
+    /// below the threshold. Returns what it planned (nothing when another round is running).
+    pub(crate) fn clean_background(&self) -> Result<RoundPlan> {
+        if self.table.free_segments() >= self.gc_threshold() {
+            return Ok(RoundPlan::default());
+        }
+        let Some(_round) = self.gc.round.try_lock() else { return Ok(RoundPlan::default()) };
+        let want = (self.gc_threshold() - self.table.free_segments()) * BLOCKS_PER_SEG as u64;
+        let plan = self.plan_round(VictimPolicy::CostBenefit { now: self.elapsed_secs() }, want)?;
+        if plan.victims > 0 {
+            self.checkpoint(false)?;
+        }
+        Ok(plan)
+    }
+
+    /// Cleans until no victim is left that gives back space (tests, `sync`-like callers).
+    /// Returns the segments freed.
+    pub fn clean_all(&self) -> Result<u64> {
+        let before = self.gc.segments_cleaned.load(Ordering::Relaxed);
+        // Blocks that dirty data overwrote die with a checkpoint: take it first, so that the
+        // victims show all their invalid blocks.
+        if self.dirty_inodes.sum() > 0 {
+            self.checkpoint(false)?;
+        }
+        // Bounded: each round empties at least one victim or stops.
+        for _ in 0..self.g.main_segments {
+            let _round = self.gc.round.lock();
+            let plan = self.plan_round(VictimPolicy::Greedy, u64::MAX / 2)?;
+            if plan.victims == 0 {
+                break;
+            }
+            self.checkpoint(false)?;
+        }
+        Ok(self.gc.segments_cleaned.load(Ordering::Relaxed) - before)
+    }
+
+    /// Chooses victims worth at least `want` blocks of gain (or as many as fit) and records the
+    /// moves their valid blocks need. The caller holds the round lock and then has a checkpoint
+    /// taken, which performs the moves.
+    fn plan_round(&self, policy: VictimPolicy, want: u64) -> Result<RoundPlan> {
+        self.check_writable()?;
+        // No checkpoint runs while the owners are looked up: summaries of segments filled
+        // since the last checkpoint are in memory until it writes them, and the trees the
+        // moves are recorded in stay the ones the next checkpoint rewrites.
+        let _gate = self.gate.read();
+        let _op = self.pass.shared();
+        // Room for the moves: free segments (the reserve included: this is what it is for)
+        // less one per log (the checkpoint may open a fresh segment in each) and less what
+        // dirty data already claims.
+        let spare = self.table.free_segments().saturating_sub(LOG_TYPES as u64);
+        let mut budget = (spare * BLOCKS_PER_SEG as u64).saturating_sub(self.committed_blocks());
+        budget = budget.saturating_sub(SLACK_BLOCKS);
+        let mut plan = RoundPlan::default();
+        let mut cleaned_segs = Vec::new();
+        for v in self.table.victims(policy, MAX_VICTIMS, &[]) {
+            if plan.gain >= want {
+                break;
+            }
+            let summary = self.summary_of(v.segno)?;
+            let cost = move_cost(&v, &summary);
+            if cost > budget {
+                // Greedy order: later victims hold more valid blocks, so they cost more too.
+                break;
+            }
+            let moved = self.plan_victim(&v, &summary)?;
+            budget -= cost;
+            plan.victims += 1;
+            plan.blocks += moved;
+            plan.gain += BLOCKS_PER_SEG as u64 - v.valid_blocks as u64;
+            cleaned_segs.push(v.segno);
+        }
+        tracing::debug!("lanefs gc: {policy:?} round {plan:?}, {budget} blocks of budget left");
+        if plan.victims > 0 {
+            self.gc.rounds.fetch_add(1, Ordering::Relaxed);
+            self.gc.blocks_planned.fetch_add(plan.blocks, Ordering::Relaxed);
+            self.gc.pending_victims.lock().extend(cleaned_segs);
+        }
+        Ok(plan)
+    }
+
+    /// The summary of a segment, from memory if it was filled since the last checkpoint.
+    fn summary_of(&self, segno: u32) -> Result<SegmentSummary> {
+        match self.lanes.summary_in_memory(segno) {
+            Some(s) => Ok(s),
+            None => crate::checkpoint::read_summary(&*self.dev, &self.g, segno),
+        }
+    }
+
+    /// Records a move for every block of victim `v` that is still valid. Returns how many.
+    fn plan_victim(&self, v: &Victim, summary: &SegmentSummary) -> Result<u64> {
+        let start = self.g.seg_start(v.segno);
+        let mut planned = 0u64;
+        for &off in &v.valid {
+            let addr = start + off as u64;
+            if !self.table.is_valid(addr) {
+                continue;
+            }
+            let e = summary.entries[off as usize];
+            let ok = match e.kind {
+                SummaryKind::Data => self.plan_data_move(e.nid, e.ofs as u64, addr as u32)?,
+                SummaryKind::Node => self.plan_node_move(e.nid, e.ofs, addr as u32)?,
+                // Journal blocks are never valid; an unsummarised valid block is something
+                // fsck will name. Neither can be moved.
+                SummaryKind::Journal | SummaryKind::None => false,
+            };
+            if ok {
+                planned += 1;
+            } else {
+                tracing::debug!("lanefs gc: block {addr} ({e:?}) has no owner to move it");
+            }
+        }
+        Ok(planned)
+    }
+
+    fn plan_data_move(&self, ino: u32, idx: u64, addr: u32) -> Result<bool> {
+        let Ok(m) = self.mnode(ino) else { return Ok(false) };
+        {
+            let mut disk = m.disk.lock();
+            if disk.cur_map.get(&idx) == Some(&addr) {
+                disk.relocate.push((idx, addr));
+            } else if disk.tree_map.get(&idx) != Some(&addr) && !disk.garbage.contains(&addr) {
+                return Ok(false);
+            }
+            // Otherwise the block is superseded: the inode's next checkpoint drops it.
+        }
+        self.mark_dirty(&m);
+        Ok(true)
+    }
+
+    fn plan_node_move(&self, nid: u32, node_ofs: u32, addr: u32) -> Result<bool> {
+        let e = self.nat.get(nid);
+        if e.is_free() || e.block_addr != addr {
+            return Ok(false);
+        }
+        let Ok(m) = self.mnode(e.ino) else { return Ok(false) };
+        if node_ofs == XATTR_NODE_OFS {
+            m.meta.lock().xattrs_cp_dirty = true;
+        } else if node_ofs != 0 {
+            let mut disk = m.disk.lock();
+            let found = disk.tree.as_mut().is_some_and(|t| t.relocate(nid, node_ofs));
+            if !found {
+                return Ok(false);
+            }
+        }
+        // The inode node itself is rewritten whenever its inode is checkpointed.
+        self.mark_dirty(&m);
+        Ok(true)
+    }
+
+    /// After a checkpoint: counts the planned victims that it emptied.
+    pub(crate) fn gc_checkpoint_done(&self) {
+        let mut pending = self.gc.pending_victims.lock();
+        if pending.is_empty() {
+            return;
+        }
+        // Victims a move missed (a concurrent change won) are picked again by a later round.
+        for s in std::mem::take(&mut *pending) {
+            if self.table.valid_blocks(s) == 0 {
+                self.gc.segments_cleaned.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Tells the device that freed segments hold nothing (TRIM; a hole in an image file).
+    /// Failures are logged, not returned: discard is advice.
+    pub(crate) fn discard_segments(&self, segs: &[u32]) {
+        for &s in segs {
+            if let Err(e) = self.dev.discard(self.g.seg_start(s), BLOCKS_PER_SEG as u64) {
+                tracing::warn!("lanefs: discard of segment {s} failed: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Blocks a victim's moves will take: each valid block, plus for every inode owning data in it
+/// an inode node and the direct nodes that map the moved blocks (assume one each), plus for
+/// every node block its inode's node.
+fn move_cost(v: &Victim, summary: &SegmentSummary) -> u64 {
+    let mut inodes = BTreeSet::new();
+    for &off in &v.valid {
+        let e = summary.entries[off as usize];
+        inodes.insert(e.nid);
+    }
+    v.valid_blocks as u64 + 2 * inodes.len() as u64
+}
