@@ -210,7 +210,9 @@ impl Engine {
         cp.orphans = snap.orphans.clone();
         let pack = cps.pack;
         drop(cps);
+        let nat = self.stage_nat(&mut cp, nat)?;
         let written = commit(&*self.dev, &self.g, &mut cp, pack, &CommitSet { nat, sit, summaries })?;
+        self.apply_nat(cp.version)?;
         self.table.checkpoint_done();
         self.nat.checkpoint_done();
         let mut cps = self.cp.lock();
