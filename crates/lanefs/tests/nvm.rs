@@ -70,6 +70,11 @@ fn check_files(fs: &Fs, files: &[(String, Vec<u8>)]) {
     }
 }
 
+/// Records in the region's last NAT log (0 without a region).
+fn last_log_records(region: &Path) -> u32 {
+    std::fs::read(region).map(|r| u32::from_le_bytes(r[4104..4108].try_into().unwrap())).unwrap_or(0)
+}
+
 fn nat_area(dev: &dyn BlockDevice) -> std::ops::Range<u64> {
     let g = read_superblock(dev).unwrap().sb.geometry;
     g.nat_blkaddr..g.nat_blkaddr + 2 * g.nat_blocks as u64
@@ -124,12 +129,19 @@ fn checkpoints_with_a_region_write_no_nat_block() {
         populate(&fs, "b", 20, 4);
         fs.unmount().unwrap();
         let area = nat_area(&*dev);
+        let written = crash.with_events(|ev| {
+            ev[start..].iter().filter(|e| matches!(e.kind, EventKind::Write { .. })).count()
+        });
         let nat_writes = crash.with_events(|ev| {
             ev[start..]
                 .iter()
                 .filter(|e| matches!(&e.kind, EventKind::Write { addr, .. } if area.contains(addr)))
                 .count()
         });
+        eprintln!(
+            "region {with_region}: {written} blocks written, {nat_writes} of them NAT blocks, {} region records",
+            last_log_records(&region)
+        );
         if with_region {
             assert_eq!(nat_writes, 0, "NAT blocks written with the NAT in the region");
         } else {

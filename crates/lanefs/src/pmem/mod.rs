@@ -265,6 +265,12 @@ impl PmemRegion {
     /// Creates a new region of `size` bytes at `path`, bound to the image with `uuid`, and
     /// opens it. Fails if `path` exists. The file appears complete or not at all.
     pub fn create(path: &Path, size: u64, uuid: [u8; 16], opts: &RegionOptions) -> Result<PmemRegion> {
+        if size > MAX_REGION_SIZE || !size.is_multiple_of(header::REGION_ALIGN) {
+            return Err(Error::InvalidArgument(format!(
+                "{}: a region size must be a whole number of 4 KiB pages up to {MAX_REGION_SIZE} (not {size})",
+                path.display()
+            )));
+        }
         header::check_size(path, size)?;
         let name =
             path.file_name().ok_or_else(|| Error::region(path, RegionFault::Io, "the path names no file"))?;

@@ -1,6 +1,7 @@
 //! The region NAT protocol: seed, stage, apply, read, and every crash state in between.
 
 use super::nat::{NatLayout, NvmNat};
+use super::tests::{fault_of, scratch};
 use super::*;
 use crate::format::layout::Geometry;
 use crate::format::{NatBlock, NatEntry};
@@ -11,10 +12,6 @@ const UUID: [u8; 16] = *b"nat-region-test!";
 fn geometry() -> Geometry {
     // 64 MiB, two lanes: a NAT of a few dozen blocks, which fits a 1 MiB region.
     Geometry::compute(16384, 2).unwrap()
-}
-
-fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap()
 }
 
 type Nat = BTreeMap<u32, NatBlock>;
@@ -44,13 +41,6 @@ fn dirty(g: &Geometry, old: &Nat, new: &Nat) -> Vec<NatBlock> {
 fn open(path: &Path, record: bool) -> NvmNat {
     let r = PmemRegion::open(path, Some(UUID), &RegionOptions { record, ..Default::default() }).unwrap();
     NvmNat::new(r, &geometry()).unwrap()
-}
-
-fn fault_of(e: &Error) -> RegionFault {
-    match e {
-        Error::Region { fault, .. } => *fault,
-        e => panic!("not a region error: {e}"),
-    }
 }
 
 #[test]
