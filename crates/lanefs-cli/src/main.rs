@@ -69,9 +69,17 @@ enum Cmd {
         io: IoArg,
     },
     /// Micro-benchmark of the device layer: one batch of discontiguous blocks against one
-    /// pwrite per block, on PATH (an image file or block device; overwritten).
+    /// pwrite per block, on PATH (an image file or block device; overwritten). With --pmem:
+    /// the cost of persisting --bytes in a persistent-memory region at PATH (created if
+    /// missing; its data area is overwritten), for every persistence method this CPU has.
     Devbench {
         path: PathBuf,
+        /// Benchmark persists in a persistent-memory region instead of block writes.
+        #[arg(long)]
+        pmem: bool,
+        /// Bytes per persist (with --pmem).
+        #[arg(long, default_value_t = 256)]
+        bytes: usize,
         #[arg(long, value_enum, default_value = "auto")]
         io: IoArg,
         /// Blocks per batch.
@@ -153,7 +161,10 @@ fn main() -> ExitCode {
         }
         Cmd::Fsck { image, repair, io } => fsck(&image, repair, io.into()),
         Cmd::Inspect { image, json, io } => exit(inspect(&image, json, io.into()), "inspect"),
-        Cmd::Devbench { path, io, batch, iterations, size, json } => {
+        Cmd::Devbench { path, pmem: true, bytes, iterations, json, .. } => {
+            exit(pmem_bench(&path, bytes, iterations, json), "devbench")
+        }
+        Cmd::Devbench { path, pmem: false, io, batch, iterations, size, json, .. } => {
             exit(devbench(&path, io.into(), batch, iterations, size, json), "devbench")
         }
         Cmd::Mount { image, mountpoint, nvm, threads, options, foreground } => {
@@ -435,6 +446,31 @@ fn devbench(
             r.pwrite_blocks_per_sec,
             r.ratio
         );
+    }
+    Ok(())
+}
+
+fn pmem_bench(path: &Path, bytes: usize, iterations: usize, json: bool) -> Result<(), String> {
+    let rs = lanefs::pmem::bench::persist_bench(path, bytes, iterations, &[]).map_err(|e| e.to_string())?;
+    if json {
+        let rows: Vec<_> = rs
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "method": r.method.to_string(), "region": r.description, "bytes": r.bytes,
+                    "iterations": r.iterations, "persist_mean_ns": r.mean_ns, "persist_p50_ns": r.p50_ns,
+                    "persist_p99_ns": r.p99_ns, "write_and_persist_ns": r.write_and_persist_ns,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "path": path.display().to_string(), "results": rows }));
+    } else {
+        if let Some(r) = rs.first() {
+            println!("{}: {}", path.display(), r.description);
+        }
+        for r in &rs {
+            println!("{r}");
+        }
     }
     Ok(())
 }

@@ -48,6 +48,13 @@ pub struct FsOptions {
     /// Never write the device: recovery replays into memory only, every change fails with
     /// EROFS, fsync and sync do nothing, and no checkpoint is taken (a `-o ro` mount).
     pub read_only: bool,
+    /// Persistent-memory region (`--nvm FILE`) holding the NAT; see `crate::pmem`. Created with
+    /// `nvm_size` bytes when missing and the image's NAT is still on the device.
+    pub nvm: Option<std::path::PathBuf>,
+    /// Size of a region created by mount (`--nvm-size`).
+    pub nvm_size: u64,
+    /// How the region is mapped and persisted (tests and benchmarks force a method).
+    pub nvm_region: crate::pmem::RegionOptions,
 }
 
 impl Default for FsOptions {
@@ -58,6 +65,9 @@ impl Default for FsOptions {
             journal_blocks_limit: 16384,
             logged_ops_limit: 1 << 20,
             read_only: false,
+            nvm: None,
+            nvm_size: crate::pmem::DEFAULT_REGION_SIZE,
+            nvm_region: crate::pmem::RegionOptions::default(),
         }
     }
 }
@@ -140,6 +150,8 @@ pub struct Engine {
     pub(crate) dev: Arc<dyn BlockDevice>,
     pub(crate) g: Geometry,
     pub(crate) nat: NatTable,
+    /// The persistent-memory region holding the NAT (`FsOptions::nvm`), when mounted with one.
+    pub(crate) nvm: Option<crate::pmem::nat::NvmNat>,
     pub(crate) table: Arc<SegmentTable>,
     pub(crate) lanes: LaneSet,
     pub(crate) cells: Cells<MNode>,

@@ -5,6 +5,7 @@
 //! is reported precisely instead of panicking.
 
 use std::fmt;
+use std::path::PathBuf;
 
 /// Which on-disk structure a format error was found in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +36,30 @@ impl fmt::Display for Structure {
     }
 }
 
+/// What is wrong with a persistent-memory region file (`--nvm FILE`, see `crate::pmem`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegionFault {
+    /// The file does not exist (and was not to be created).
+    Missing,
+    /// The file does not start with a region header, or one of an unsupported version.
+    NotRegion,
+    /// The header fails its checksum or holds impossible values.
+    Corrupt,
+    /// The region is bound to another image (UUID mismatch).
+    WrongImage,
+    /// The region is bound to the image but does not hold its current state (an older copy,
+    /// or one created after the image moved its NAT into another region).
+    Stale,
+    /// The file is shorter than its header says.
+    Truncated,
+    /// The region (or a size asked for) is below what is needed.
+    TooSmall,
+    /// Another process holds the region.
+    InUse,
+    /// The file could not be created, read, mapped or synced.
+    Io,
+}
+
 /// Everything that can go wrong, from I/O to a corrupt image.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -51,6 +76,9 @@ pub enum Error {
     InvalidArgument(String),
     #[error("no space left on device")]
     NoSpace,
+    /// A persistent-memory region that cannot be used, naming its file.
+    #[error("persistent-memory region {}: {reason}", path.display())]
+    Region { path: PathBuf, fault: RegionFault, reason: String },
     /// A POSIX error for the caller, with what it was about.
     #[error("{what}: {}", errno_text(*errno))]
     Errno { errno: i32, what: String },
@@ -80,6 +108,11 @@ impl Error {
         Error::Errno { errno, what: what.into() }
     }
 
+    /// A region error for the file at `path`.
+    pub fn region(path: impl Into<PathBuf>, fault: RegionFault, reason: impl Into<String>) -> Self {
+        Error::Region { path: path.into(), fault, reason: reason.into() }
+    }
+
     /// The errno a POSIX caller should see.
     pub fn to_errno(&self) -> i32 {
         match self {
@@ -88,6 +121,17 @@ impl Error {
             Error::Corrupt { .. } | Error::NotLanefs(_) => libc::EUCLEAN,
             Error::InvalidArgument(_) => libc::EINVAL,
             Error::NoSpace => libc::ENOSPC,
+            Error::Region { fault, .. } => match fault {
+                RegionFault::Missing => libc::ENOENT,
+                RegionFault::InUse => libc::EBUSY,
+                RegionFault::TooSmall => libc::EINVAL,
+                RegionFault::Io => libc::EIO,
+                RegionFault::NotRegion
+                | RegionFault::Corrupt
+                | RegionFault::WrongImage
+                | RegionFault::Stale
+                | RegionFault::Truncated => libc::EUCLEAN,
+            },
         }
     }
 }

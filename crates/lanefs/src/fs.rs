@@ -206,6 +206,11 @@ impl Fs {
         &self.recovery
     }
 
+    /// The persistent-memory region holding the NAT, when mounted with one (`FsOptions::nvm`).
+    pub fn nvm(&self) -> Option<&crate::pmem::nat::NvmNat> {
+        self.engine.nvm.as_ref()
+    }
+
     pub(crate) fn attr(&self, m: &MNode) -> Attr {
         let meta = m.meta.lock().clone();
         let blocks = self.engine.allocated_blocks(m);

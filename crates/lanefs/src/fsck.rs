@@ -173,6 +173,13 @@ impl<'a> Fsck<'a> {
             )),
         }
         let mut cp = cpr.cp;
+        if cp.flags & crate::format::checkpoint::CP_FLAG_NVM_NAT != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "checkpoint {} keeps the NAT in a persistent-memory region: checking such an image \
+                 (fsck --nvm) is not supported yet",
+                cp.version
+            )));
+        }
         self.report.stats.checkpoint_version = cp.version;
         self.report.stats.checkpoint_pack = cpr.pack;
         let nat = checkpoint::read_nat(dev, &g, &cp)?;

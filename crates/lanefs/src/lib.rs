@@ -24,6 +24,7 @@ pub mod mkfs;
 pub mod nat;
 pub mod node;
 pub mod oplog;
+pub mod pmem;
 pub mod recovery;
 pub mod seg;
 pub mod sync;

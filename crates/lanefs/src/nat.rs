@@ -106,8 +106,12 @@ pub struct NatTable {
 impl NatTable {
     /// Loads the NAT of checkpoint `cp`, with one free-id cache per available CPU.
     pub fn load(dev: &dyn BlockDevice, g: &Geometry, cp: &Checkpoint) -> Result<NatTable> {
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        Self::load_with_slots(dev, g, cp, cpus)
+        Self::load_with_slots(dev, g, cp, Self::default_slots())
+    }
+
+    /// One free-id cache per available CPU.
+    pub fn default_slots() -> usize {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     }
 
     /// Loads the NAT of checkpoint `cp` with `slots` per-CPU free-id caches.
@@ -118,10 +122,22 @@ impl NatTable {
         slots: usize,
     ) -> Result<NatTable> {
         let blocks = crate::checkpoint::read_nat(dev, g, cp)?;
-        let table = NatTable::empty(g, slots, cp.next_nid);
+        Ok(Self::from_blocks(g, blocks, slots, cp.next_nid))
+    }
+
+    /// A table holding `blocks` (each decoded and checked against `g`, as `read_nat` and the
+    /// persistent-memory NAT give them; absent blocks are all free), with `slots` per-CPU
+    /// free-id caches and the scanner at `next_nid`.
+    pub fn from_blocks(
+        g: &Geometry,
+        blocks: std::collections::BTreeMap<u32, NatBlock>,
+        slots: usize,
+        next_nid: u32,
+    ) -> NatTable {
+        let table = NatTable::empty(g, slots, next_nid);
         let (mut nodes, mut inodes) = (0u64, 0u64);
         for (index, nb) in blocks {
-            // read_nat decoded the block against the geometry: index and entries are in range.
+            // The caller decoded the block against the geometry: index and entries are in range.
             assert!(index < g.nat_blocks && nb.entries.len() == PER_BLOCK);
             let words = new_words();
             for (slot, e) in nb.entries.iter().enumerate() {
@@ -134,13 +150,13 @@ impl NatTable {
                     table.free_counts[index as usize].fetch_sub(1, Ordering::Relaxed);
                 }
             }
-            // read_nat yields each index once, so the slot is still empty.
+            // A map yields each index once, so the slot is still empty.
             let fresh = table.blocks[index as usize].set(words).is_ok();
             debug_assert!(fresh, "NAT block {index} loaded twice");
         }
         table.valid_nodes.store(nodes, Ordering::Relaxed);
         table.valid_inodes.store(inodes, Ordering::Relaxed);
-        Ok(table)
+        table
     }
 
     /// An all-free table (a fresh image before its root is set) with `slots` caches, whose

@@ -10,13 +10,15 @@
 //! checkpoint makes the result the base of the next mount. Reads of the chains' data are batched
 //! per transaction.
 
-use crate::checkpoint::{read_blocks, read_checkpoint, read_sit, read_summary, read_superblock};
+use crate::checkpoint::{read_blocks, read_checkpoint, read_nat, read_sit, read_summary, read_superblock};
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::engine::{CpState, Engine, FsOptions, GroupCommit, StampClock, JOURNAL_LOG};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::format::checkpoint::CP_FLAG_NVM_NAT;
 use crate::format::layout::LogType;
 use crate::format::node::{Timespec, NEW_ADDR};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
+use crate::format::{Checkpoint, Superblock};
 use crate::journal::{merge_by_stamp, read_chain, ChainRead, ChainWriter, Record};
 use crate::mem::mnode::{ts_to_ns, MNode, Meta, S_IFDIR};
 use crate::mem::pages::CacheStats;
@@ -24,6 +26,8 @@ use crate::mem::Cells;
 use crate::nat::NatTable;
 use crate::oplog::dirlog::LoggedOp;
 use crate::oplog::InFlight;
+use crate::pmem::nat::NvmNat;
+use crate::pmem::PmemRegion;
 use crate::seg::{LaneSet, SegmentTable};
 use crate::sync::{PassSem, PerCpu, PerCpuCounter};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -52,7 +56,8 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     let cpr = read_checkpoint(&*dev, &g)?;
     let cp = cpr.cp;
     let age = cp.elapsed_secs;
-    let nat = NatTable::load(&*dev, &g, &cp)?;
+    // The region first: it may hold the NAT.
+    let (nat, nvm) = load_nat(&*dev, &sb, &cp, &opts)?;
     let sit = read_sit(&*dev, &g, &cp)?;
     let active: Vec<(u32, u32, LogType)> = cp
         .lanes
@@ -168,6 +173,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         dev,
         g,
         nat,
+        nvm,
         table,
         lanes,
         cells: Cells::new(),
@@ -214,6 +220,48 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         engine.checkpoint(false)?;
     }
     Ok((engine, report))
+}
+
+/// The NAT of checkpoint `cp` and the region the engine keeps it in (see the protocol in
+/// `crate::pmem`): from the region when the pack is flagged, else from the device — seeding
+/// the region (created if missing) when the mount has one. A read-only mount writes nothing
+/// and keeps no region.
+fn load_nat(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    cp: &Checkpoint,
+    opts: &FsOptions,
+) -> Result<(NatTable, Option<NvmNat>)> {
+    let g = &sb.geometry;
+    let flagged = cp.flags & CP_FLAG_NVM_NAT != 0;
+    let table = |blocks| NatTable::from_blocks(g, blocks, NatTable::default_slots(), cp.next_nid);
+    let Some(path) = &opts.nvm else {
+        if flagged {
+            return Err(Error::InvalidArgument(format!(
+                "the image keeps its NAT in a persistent-memory region (checkpoint {}): mount it with --nvm FILE",
+                cp.version
+            )));
+        }
+        return Ok((table(read_nat(dev, g, cp)?), None));
+    };
+    if flagged {
+        // Never a fresh region here: the NAT is in the one the image was checkpointed with.
+        let nvm = NvmNat::new(PmemRegion::open(path, Some(sb.uuid), &opts.nvm_region)?, g)?;
+        let blocks = nvm.read(cp.version)?;
+        if opts.read_only {
+            return Ok((table(blocks), None));
+        }
+        nvm.settle(cp.version)?;
+        return Ok((table(blocks), Some(nvm)));
+    }
+    let blocks = read_nat(dev, g, cp)?;
+    if opts.read_only {
+        return Ok((table(blocks), None));
+    }
+    let (region, _) = PmemRegion::open_or_create(path, opts.nvm_size, sb.uuid, &opts.nvm_region)?;
+    let nvm = NvmNat::new(region, g)?;
+    nvm.seed(&blocks, cp.version)?;
+    Ok((table(blocks), Some(nvm)))
 }
 
 /// Data blocks (address, crc) that records of `t` newer than the checkpoint map.

@@ -67,12 +67,12 @@ pub fn create_image(path: impl AsRef<Path>, size_bytes: u64) -> io::Result<()> {
 const EXT4_SUPER_MAGIC: u64 = 0xEF53;
 const XFS_SUPER_MAGIC: u64 = 0x5846_5342;
 const BTRFS_SUPER_MAGIC: u64 = 0x9123_683E;
-const TMPFS_MAGIC: u64 = 0x0102_1994;
+pub(crate) const TMPFS_MAGIC: u64 = 0x0102_1994;
 const OVERLAYFS_SUPER_MAGIC: u64 = 0x794C_7630;
 const F2FS_SUPER_MAGIC: u64 = 0xF2F5_2010;
 const NFS_SUPER_MAGIC: u64 = 0x6969;
 
-fn fs_name(magic: u64) -> String {
+pub(crate) fn fs_name(magic: u64) -> String {
     match magic {
         EXT4_SUPER_MAGIC => "ext4".into(),
         XFS_SUPER_MAGIC => "xfs".into(),

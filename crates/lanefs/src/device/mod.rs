@@ -35,6 +35,7 @@ pub use crash::{
     FaultPlan, WriteFault,
 };
 pub use file::{create_image, DeviceOptions, FileDevice, IoChoice};
+pub(crate) use file::{fs_name, TMPFS_MAGIC};
 pub use mem::MemDevice;
 
 /// Opens an image file or block device as a shareable [`BlockDevice`] (see [`FileDevice::open`]).

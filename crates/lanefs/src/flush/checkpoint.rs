@@ -240,7 +240,9 @@ impl Engine {
         cp.orphans = snap.orphans.clone();
         let pack = cps.pack;
         drop(cps);
+        let nat = self.stage_nat(&mut cp, nat)?;
         let written = commit(&*self.dev, &self.g, &mut cp, pack, &CommitSet { nat, sit, summaries })?;
+        self.apply_nat(cp.version)?;
         self.table.checkpoint_done(|segs| self.discard_segments(segs));
         self.nat.checkpoint_done();
         self.gc_checkpoint_done();

@@ -18,6 +18,7 @@
 //! from exact sets whatever other fsyncs run meanwhile.
 
 pub mod checkpoint;
+mod nvm;
 pub mod writeback;
 
 use crate::engine::{Engine, WriteKind, JOURNAL_LOG};

@@ -20,6 +20,9 @@ pub const CP_PAYLOAD_MAGIC: u32 = u32::from_le_bytes(*b"LNCD");
 
 /// Set when the checkpoint was taken by a clean unmount (no roll-forward needed).
 pub const CP_FLAG_CLEAN: u32 = 1;
+/// Set when the checkpoint's NAT is in a persistent-memory region (`crate::pmem`), not in the
+/// NAT blocks: the device's NAT copies are stale, and mounting needs the region.
+pub const CP_FLAG_NVM_NAT: u32 = 2;
 
 const FIXED_LEN: usize = 96;
 const LANE_LEN: usize = LOG_TYPES * 6 + 4 + 8;

@@ -28,6 +28,24 @@ impl NatEntry {
     pub fn from_word(w: u64) -> NatEntry {
         NatEntry { block_addr: w as u32, ino: (w >> 32) as u32 }
     }
+    /// Whether this can be the entry of node id `nid` in an image of geometry `g`: a live
+    /// entry names a possible id, a main-area block and a possible owner; a free one no owner.
+    pub fn check(&self, nid: u64, g: &Geometry) -> std::result::Result<(), String> {
+        if !self.is_free() {
+            if nid == 0 || nid > g.max_nid as u64 {
+                return Err(format!("entry for impossible node id {nid}"));
+            }
+            if !g.in_main(self.block_addr as u64) {
+                return Err(format!("node {nid} at {} outside the main area", self.block_addr));
+            }
+            if self.ino == 0 || self.ino > g.max_nid {
+                return Err(format!("node {nid} owned by impossible inode {}", self.ino));
+            }
+        } else if self.ino != 0 {
+            return Err(format!("free node id {nid} names owner {}", self.ino));
+        }
+        Ok(())
+    }
 }
 
 /// One NAT block: 510 consecutive entries.
@@ -71,19 +89,7 @@ impl NatBlock {
         for slot in 0..NAT_ENTRIES_PER_BLOCK {
             let en = NatEntry { block_addr: d.u32()?, ino: d.u32()? };
             let nid = index as u64 * NAT_ENTRIES_PER_BLOCK as u64 + slot as u64;
-            if !en.is_free() {
-                if nid == 0 || nid > g.max_nid as u64 {
-                    return Err(d.err(format!("entry for impossible node id {nid}")));
-                }
-                if !g.in_main(en.block_addr as u64) {
-                    return Err(d.err(format!("node {nid} at {} outside the main area", en.block_addr)));
-                }
-                if en.ino == 0 || en.ino > g.max_nid {
-                    return Err(d.err(format!("node {nid} owned by impossible inode {}", en.ino)));
-                }
-            } else if en.ino != 0 {
-                return Err(d.err(format!("free node id {nid} names owner {}", en.ino)));
-            }
+            en.check(nid, g).map_err(|why| d.err(why))?;
             entries.push(en);
         }
         Ok(NatBlock { index, entries })

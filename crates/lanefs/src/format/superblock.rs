@@ -130,7 +130,12 @@ impl Superblock {
 
     /// The UUID in the usual 8-4-4-4-12 form.
     pub fn uuid_str(&self) -> String {
-        let h: String = self.uuid.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+        uuid_str(&self.uuid)
     }
+}
+
+/// A UUID in the usual 8-4-4-4-12 form.
+pub fn uuid_str(uuid: &[u8; 16]) -> String {
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }

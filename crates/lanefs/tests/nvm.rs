@@ -1,0 +1,318 @@
+//! The NAT in a persistent-memory region (`FsOptions::nvm`, issue 7 step 2): mounts, crashes
+//! and refusals through the library. The protocol's own crash states are enumerated in
+//! `src/pmem/nat_tests.rs`.
+
+use lanefs::checkpoint::{read_checkpoint, read_superblock};
+use lanefs::device::{BlockDevice, CrashDevice, EventKind, FaultPlan, MemDevice};
+use lanefs::error::RegionFault;
+use lanefs::format::checkpoint::CP_FLAG_NVM_NAT;
+use lanefs::pmem::MIN_REGION_SIZE;
+use lanefs::{Error, Fs, FsOptions, MkfsOptions, ROOT};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap()
+}
+
+fn opts(nvm: Option<&Path>) -> FsOptions {
+    FsOptions {
+        checkpoint_interval: None,
+        nvm: nvm.map(Path::to_path_buf),
+        nvm_size: MIN_REGION_SIZE,
+        ..Default::default()
+    }
+}
+
+fn image() -> MemDevice {
+    let dev = MemDevice::new(64 << 20);
+    Fs::format(&dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
+    dev
+}
+
+fn mount(dev: &Arc<dyn BlockDevice>, nvm: Option<&Path>) -> lanefs::Result<Fs> {
+    Fs::open(dev.clone(), opts(nvm))
+}
+
+fn flags(dev: &dyn BlockDevice) -> u32 {
+    let g = read_superblock(dev).unwrap().sb.geometry;
+    read_checkpoint(dev, &g).unwrap().cp.flags
+}
+
+fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
+    let a = fs.resolve(path).unwrap();
+    let mut b = vec![0u8; a.size as usize];
+    assert_eq!(fs.read_at(a.ino, 0, &mut b).unwrap(), b.len());
+    b
+}
+
+fn data(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+}
+
+/// Creates `n` files under a new directory `d` and fsyncs them; returns their contents.
+fn populate(fs: &Fs, d: &str, n: usize, seed: u8) -> Vec<(String, Vec<u8>)> {
+    let dir = fs.mkdir(ROOT, d.as_bytes(), 0o755, 0, 0).unwrap().ino;
+    let mut out = Vec::new();
+    for i in 0..n {
+        let f = fs.create(dir, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+        let b = data(seed.wrapping_add(i as u8), 3000 + 1500 * i);
+        fs.write_at(f, 0, &b).unwrap();
+        fs.fsync(f, false).unwrap();
+        out.push((format!("/{d}/f{i}"), b));
+    }
+    out
+}
+
+fn check_files(fs: &Fs, files: &[(String, Vec<u8>)]) {
+    for (p, b) in files {
+        assert_eq!(&read_all(fs, p), b, "{p}");
+    }
+}
+
+/// Records in the region's last NAT log (0 without a region).
+fn last_log_records(region: &Path) -> u32 {
+    std::fs::read(region).map(|r| u32::from_le_bytes(r[4104..4108].try_into().unwrap())).unwrap_or(0)
+}
+
+fn nat_area(dev: &dyn BlockDevice) -> std::ops::Range<u64> {
+    let g = read_superblock(dev).unwrap().sb.geometry;
+    g.nat_blkaddr..g.nat_blkaddr + 2 * g.nat_blocks as u64
+}
+
+#[test]
+fn files_survive_checkpoints_and_remounts_with_the_nat_in_the_region() {
+    let d = scratch();
+    let region = d.path().join("r.nvm");
+    let dev: Arc<dyn BlockDevice> = Arc::new(image());
+    // First without a region: the device NAT has entries to seed the region from.
+    let fs = mount(&dev, None).unwrap();
+    let mut files = populate(&fs, "z", 6, 0);
+    fs.unmount().unwrap();
+    let fs = mount(&dev, Some(&region)).unwrap();
+    assert!(region.exists(), "created on first use");
+    assert!(fs.nvm().unwrap().describe().contains("NAT of"));
+    check_files(&fs, &files);
+    files.extend(populate(&fs, "a", 8, 1));
+    fs.sync().unwrap();
+    assert_ne!(flags(&*dev) & CP_FLAG_NVM_NAT, 0, "the checkpoint says where its NAT is");
+    files.extend(populate(&fs, "b", 5, 2));
+    fs.unlink(fs.resolve("/a").unwrap().ino, b"f3").unwrap();
+    files.retain(|(p, _)| p != "/a/f3");
+    fs.unmount().unwrap();
+
+    let fs = mount(&dev, Some(&region)).unwrap();
+    check_files(&fs, &files);
+    assert!(fs.resolve("/a/f3").is_err());
+    // Many checkpoints in a row: each log replaces the previous one.
+    for round in 0..5u8 {
+        files.extend(populate(&fs, &format!("c{round}"), 3, 10 + round));
+        fs.sync().unwrap();
+    }
+    drop(fs);
+    let fs = mount(&dev, Some(&region)).unwrap();
+    check_files(&fs, &files);
+}
+
+#[test]
+fn checkpoints_with_a_region_write_no_nat_block() {
+    for with_region in [false, true] {
+        let d = scratch();
+        let region = d.path().join("r.nvm");
+        let crash = Arc::new(CrashDevice::new(image()));
+        let dev: Arc<dyn BlockDevice> = crash.clone();
+        let nvm = with_region.then_some(region.as_path());
+        let fs = mount(&dev, nvm).unwrap();
+        let start = crash.event_count();
+        populate(&fs, "a", 20, 3);
+        fs.sync().unwrap();
+        populate(&fs, "b", 20, 4);
+        fs.unmount().unwrap();
+        let area = nat_area(&*dev);
+        let written = crash.with_events(|ev| {
+            ev[start..].iter().filter(|e| matches!(e.kind, EventKind::Write { .. })).count()
+        });
+        let nat_writes = crash.with_events(|ev| {
+            ev[start..]
+                .iter()
+                .filter(|e| matches!(&e.kind, EventKind::Write { addr, .. } if area.contains(addr)))
+                .count()
+        });
+        eprintln!(
+            "region {with_region}: {written} blocks written, {nat_writes} of them NAT blocks, {} region records",
+            last_log_records(&region)
+        );
+        if with_region {
+            assert_eq!(nat_writes, 0, "NAT blocks written with the NAT in the region");
+        } else {
+            assert!(nat_writes >= 2, "the control run writes NAT blocks ({nat_writes})");
+        }
+    }
+}
+
+#[test]
+fn a_flagged_image_needs_its_region() {
+    let d = scratch();
+    let region = d.path().join("r.nvm");
+    let dev: Arc<dyn BlockDevice> = Arc::new(image());
+    let fs = mount(&dev, Some(&region)).unwrap();
+    let files = populate(&fs, "a", 3, 5);
+    fs.unmount().unwrap();
+
+    // Without a region: the device NAT is stale, so the mount is refused.
+    let e = mount(&dev, None).err().unwrap();
+    assert!(e.to_string().contains("--nvm"), "{e}");
+    // A region path that does not exist is not created: the NAT is elsewhere.
+    let other = d.path().join("elsewhere.nvm");
+    let e = mount(&dev, Some(&other)).err().unwrap();
+    assert!(matches!(e, Error::Region { fault: RegionFault::Missing, .. }), "{e}");
+    assert!(e.to_string().contains(&other.display().to_string()), "{e}");
+    assert!(!other.exists());
+    // The region of another image.
+    let dev2: Arc<dyn BlockDevice> = Arc::new(image());
+    let e = mount(&dev2, Some(&region)).err().unwrap();
+    assert!(matches!(e, Error::Region { fault: RegionFault::WrongImage, .. }), "{e}");
+    // A corrupt region header.
+    let good = std::fs::read(&region).unwrap();
+    let mut bad = good.clone();
+    bad[100] ^= 1;
+    std::fs::write(&region, &bad).unwrap();
+    let e = mount(&dev, Some(&region)).err().unwrap();
+    assert!(matches!(e, Error::Region { fault: RegionFault::Corrupt, .. }), "{e}");
+    // A region recreated since (bound to the image, but empty).
+    std::fs::remove_file(&region).unwrap();
+    let uuid = read_superblock(&*dev).unwrap().sb.uuid;
+    drop(lanefs::pmem::PmemRegion::create(&region, MIN_REGION_SIZE, uuid, &Default::default()).unwrap());
+    let e = mount(&dev, Some(&region)).err().unwrap();
+    assert!(matches!(e, Error::Region { fault: RegionFault::Stale, .. }), "{e}");
+    // The right one again.
+    std::fs::write(&region, &good).unwrap();
+    let fs = mount(&dev, Some(&region)).unwrap();
+    check_files(&fs, &files);
+    drop(fs);
+    // fsck says plainly that it cannot check such an image yet.
+    let e = lanefs::fsck::check(&*dev, &Default::default()).err().unwrap();
+    assert!(e.to_string().contains("persistent-memory region"), "{e}");
+}
+
+#[test]
+fn too_small_region_is_refused_naming_the_file() {
+    let d = scratch();
+    let region = d.path().join("r.nvm");
+    let dev = MemDevice::new(1 << 30);
+    Fs::format(&dev, &MkfsOptions::default()).unwrap();
+    let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+    let e = mount(&dev, Some(&region)).err().unwrap();
+    assert!(matches!(e, Error::Region { fault: RegionFault::TooSmall, .. }), "{e}");
+    assert!(e.to_string().contains("--nvm-size"), "{e}");
+    // The refused mount left a valid 1 MiB region, which stays too small; a new one of the
+    // default size fits.
+    assert!(mount(&dev, Some(&region)).is_err());
+    std::fs::remove_file(&region).unwrap();
+    let fs = Fs::open(
+        dev.clone(),
+        FsOptions { nvm_size: lanefs::pmem::DEFAULT_REGION_SIZE, ..opts(Some(&region)) },
+    )
+    .unwrap();
+    populate(&fs, "a", 2, 6);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn crash_after_fsync_recovers_from_region_and_journal() {
+    let d = scratch();
+    let region = d.path().join("r.nvm");
+    let copy = d.path().join("copy.nvm");
+    let mem = Arc::new(image());
+    let dev: Arc<dyn BlockDevice> = mem.clone();
+    let fs = mount(&dev, Some(&region)).unwrap();
+    let mut files = populate(&fs, "a", 6, 7);
+    fs.sync().unwrap();
+    files.extend(populate(&fs, "b", 6, 8));
+    // Rewrite a checkpointed file and fsync: journal only.
+    let f = fs.resolve("/a/f1").unwrap().ino;
+    let b = data(99, 9000);
+    fs.write_at(f, 0, &b).unwrap();
+    fs.fsync(f, false).unwrap();
+    files.iter_mut().find(|(p, _)| p == "/a/f1").unwrap().1 = b;
+    // Crash: the device and the region as they are now (the region only changes inside
+    // checkpoints, none of which runs now).
+    let img = mem.snapshot();
+    std::fs::copy(&region, &copy).unwrap();
+    drop(fs);
+
+    let dev2: Arc<dyn BlockDevice> = Arc::new(MemDevice::from_bytes(img));
+    let fs = mount(&dev2, Some(&copy)).unwrap();
+    assert!(fs.recovery().transactions > 0, "{:?}", fs.recovery());
+    check_files(&fs, &files);
+    drop(fs);
+    let fs = mount(&dev2, Some(&copy)).unwrap();
+    check_files(&fs, &files);
+}
+
+#[test]
+fn a_checkpoint_that_fails_before_its_pack_leaves_the_previous_nat() {
+    let d = scratch();
+    let region = d.path().join("r.nvm");
+    let crash = Arc::new(CrashDevice::new(image()));
+    let dev: Arc<dyn BlockDevice> = crash.clone();
+    let fs = mount(&dev, Some(&region)).unwrap();
+    let mut files = populate(&fs, "a", 4, 9);
+    fs.sync().unwrap();
+    files.extend(populate(&fs, "b", 4, 10));
+    // Renames and unlinks change NAT entries at the next checkpoint.
+    let a = fs.resolve("/a").unwrap().ino;
+    fs.unlink(a, b"f0").unwrap();
+    files.retain(|(p, _)| p != "/a/f0");
+    fs.fsync(a, false).unwrap();
+    let before = flags(&*dev);
+    let version = {
+        let g = read_superblock(&*dev).unwrap().sb.geometry;
+        read_checkpoint(&*dev, &g).unwrap().cp.version
+    };
+    // The checkpoint's first flush (after its node blocks, before its pack) fails: the region
+    // has a committed log for a pack that never lands.
+    crash.set_fault_plan(FaultPlan::new().fail_flush(1));
+    assert!(fs.sync().is_err());
+    drop(fs);
+    crash.set_fault_plan(FaultPlan::new());
+    assert_eq!(flags(&*dev), before);
+    // COMMIT word (offset 4096 + 8): the log of the next checkpoint, not empty.
+    let r = std::fs::read(&region).unwrap();
+    let commit = u64::from_le_bytes(r[4104..4112].try_into().unwrap());
+    assert_eq!(commit >> 32, (version + 1) & 0xFFFF_FFFF);
+    assert!(commit as u32 > 0, "the failed checkpoint logged NAT changes");
+    let fs = mount(&dev, Some(&region)).unwrap();
+    check_files(&fs, &files);
+    assert!(fs.resolve("/a/f0").is_err());
+    fs.unmount().unwrap();
+    let fs = mount(&dev, Some(&region)).unwrap();
+    check_files(&fs, &files);
+}
+
+#[test]
+fn read_only_mount_reads_the_region_and_writes_nothing() {
+    let d = scratch();
+    let region = d.path().join("r.nvm");
+    let mem = Arc::new(image());
+    let dev: Arc<dyn BlockDevice> = mem.clone();
+    let fs = mount(&dev, Some(&region)).unwrap();
+    let files = populate(&fs, "a", 3, 11);
+    fs.sync().unwrap();
+    let more = populate(&fs, "b", 2, 12);
+    let img = mem.snapshot();
+    let r_before = std::fs::read(&region).unwrap();
+    drop(fs);
+    // A crashed image (journal to replay), mounted read-only with its region.
+    let ro_mem = Arc::new(MemDevice::from_bytes(img.clone()));
+    let ro_dev: Arc<dyn BlockDevice> = ro_mem.clone();
+    let copy: PathBuf = d.path().join("copy.nvm");
+    std::fs::write(&copy, &r_before).unwrap();
+    let fs = Fs::open(ro_dev, FsOptions { read_only: true, ..opts(Some(&copy)) }).unwrap();
+    check_files(&fs, &files);
+    check_files(&fs, &more);
+    assert!(fs.nvm().is_none());
+    drop(fs);
+    assert_eq!(std::fs::read(&copy).unwrap(), r_before, "read-only mount changed the region");
+    assert!(ro_mem.snapshot() == img, "read-only mount changed the image");
+}
