@@ -281,3 +281,72 @@ fn freed_segments_are_punched_out_of_the_image_file() {
     fs.unmount().unwrap();
     fsck_clean(&path);
 }
+
+/// A block enters a file's mapping only once it is written: readers that miss the page cache
+/// (a tiny cache, evicted by the writer) must never see a moved block, or a block an fsync or
+/// checkpoint placed, before its bytes are there. The writer rewrites pages with the bytes they
+/// already hold, so every read must return the original pattern.
+#[test]
+fn readers_never_see_a_moved_or_placed_block_before_it_is_written() {
+    let (_dir, path) = image(64 * MIB, 1);
+    let dev = FileDevice::open(&path, DeviceOptions::default()).unwrap();
+    let fs = Arc::new(
+        Fs::open(
+            Arc::new(dev) as Arc<dyn BlockDevice>,
+            FsOptions { cache_bytes: 256 << 10, checkpoint_interval: None, ..Default::default() },
+        )
+        .unwrap(),
+    );
+    let size = 8 * MIB as usize;
+    let data = Arc::new(pattern(77, size));
+    let f = fs.create(ROOT, b"static", 0o644, 0, 0).unwrap().ino;
+    for (k, chunk) in data.chunks(MIB as usize).enumerate() {
+        fs.write_at(f, k as u64 * MIB, chunk).unwrap();
+    }
+    fs.sync().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pages = (size / 4096) as u64;
+    let writer = {
+        let (fs, data, stop) = (fs.clone(), data.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rng = Rng::new(5);
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                let p = rng.below(pages) as usize;
+                fs.write_at(f, p as u64 * 4096, &data[p * 4096..(p + 1) * 4096]).unwrap();
+                if n % 16 == 0 {
+                    fs.fsync(f, true).unwrap();
+                }
+                n += 1;
+            }
+        })
+    };
+    let cleaner = {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut cleaned = 0;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                cleaned += fs.clean().unwrap();
+            }
+            cleaned
+        })
+    };
+    let mut rng = Rng::new(9);
+    let mut buf = vec![0u8; 4096];
+    let reads = 60_000 * scale();
+    for i in 0..reads {
+        let p = rng.below(pages) as usize;
+        assert_eq!(fs.read_at(f, p as u64 * 4096, &mut buf).unwrap(), 4096);
+        if buf[..] != data[p * 4096..(p + 1) * 4096] {
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            panic!("read {i}: page {p} does not hold its bytes (a block was read before it was written)");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    writer.join().unwrap();
+    let cleaned = cleaner.join().unwrap();
+    assert!(cleaned > 0, "the cleaner moved nothing while the reader read");
+    let fs = Arc::into_inner(fs).unwrap();
+    fs.unmount().unwrap();
+    fsck_clean(&path);
+}

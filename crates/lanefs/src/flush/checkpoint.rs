@@ -50,6 +50,17 @@ struct InodeSnap {
     relocate: Vec<(u64, u32)>,
 }
 
+/// One inode's new data blocks, written before they are installed.
+#[derive(Default)]
+struct DataPlan {
+    /// Dirty pages: (index, new block).
+    fresh: Vec<(u64, u32)>,
+    /// A symlink's target, written for the first time.
+    symlink: Option<u32>,
+    /// Cleaner moves: (index, old block, new block).
+    moved: Vec<(u64, u32, u32)>,
+}
+
 struct Snapshot {
     seq: u64,
     stamp: u64,
@@ -191,19 +202,32 @@ impl Engine {
         let cp_ver = self.cp.lock().cp.version + 1;
         let mtime = self.elapsed_secs();
         let w = NodeWriter { g: &self.g, nat: &self.nat, lanes: &self.lanes, lane, cpu, cp_ver, mtime };
+        // Node and dentry blocks: no reader looks for them by a file's mapping, so they are
+        // written in large batches after the data they name.
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut moves: Vec<(u64, Vec<u8>)> = Vec::new();
-        for s in &snap.inodes {
-            self.write_inode_snap(&w, s, &mut writes, &mut moves)?;
-            if writes.len() + moves.len() >= 1024 {
+        let mut next = 0;
+        // Bounded: each pass takes at least one inode.
+        while next < snap.inodes.len() {
+            // Data first, in batches: a block enters a file's mapping (where a reader that
+            // misses the page cache would look for it) only after it is written.
+            let first = next;
+            let (mut data, mut moves) = (Vec::new(), Vec::new());
+            let mut plans = Vec::new();
+            while next < snap.inodes.len() && (next == first || data.len() + moves.len() < 1024) {
+                plans.push(self.prepare_data(&w, &snap.inodes[next], &mut data, &mut moves)?);
+                next += 1;
+            }
+            self.write_all(&data, WriteKind::Checkpoint)?;
+            self.write_all(&moves, WriteKind::Cleaning)?;
+            drop((data, moves));
+            for (s, plan) in snap.inodes[first..next].iter().zip(plans) {
+                self.install_inode(&w, s, plan, &mut writes)?;
+            }
+            if writes.len() >= 1024 {
                 self.write_all(&writes, WriteKind::Checkpoint)?;
-                self.write_all(&moves, WriteKind::Cleaning)?;
                 writes.clear();
-                moves.clear();
             }
         }
-        self.write_all(&moves, WriteKind::Cleaning)?;
-        drop(moves);
         for m in &snap.deleted {
             self.drop_deleted(&w, m)?;
         }
@@ -258,42 +282,70 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes one inode's data, dentry blocks and nodes from its snapshot.
-    fn write_inode_snap(
+    /// Allocates and queues one inode's data blocks: its dirty pages, a new symlink's target,
+    /// and the blocks the cleaner moves (read now; a valid block cannot change, and nothing
+    /// frees it while the gate is held). Nothing names the new blocks yet.
+    fn prepare_data(
         &self,
         w: &NodeWriter,
         s: &InodeSnap,
-        writes: &mut Vec<(u64, Vec<u8>)>,
+        data: &mut Vec<(u64, Vec<u8>)>,
         moves: &mut Vec<(u64, Vec<u8>)>,
+    ) -> Result<DataPlan> {
+        let m = &s.m;
+        let ino = m.ino;
+        let alloc = |idx: u64, log: LogType| -> Result<u32> {
+            let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 };
+            Ok(self.lanes.alloc(w.lane, log, owner, w.mtime)? as u32)
+        };
+        let data_log = if m.is_dir() { LogType::HotData } else { LogType::WarmData };
+        let mut plan = DataPlan::default();
+        for (idx, buf) in &s.pages {
+            let a = alloc(*idx, data_log)?;
+            data.push((a as u64, buf.to_vec()));
+            plan.fresh.push((*idx, a));
+        }
+        if m.file_type == S_IFLNK && !s.map.contains_key(&0) {
+            let mut b = s.meta.symlink.clone();
+            b.resize(PAGE_SIZE, 0);
+            let a = alloc(0, data_log)?;
+            data.push((a as u64, b));
+            plan.symlink = Some(a);
+        }
+        if !s.relocate.is_empty() {
+            let addrs: Vec<u64> = s.relocate.iter().map(|&(_, a)| a as u64).collect();
+            let bytes = crate::checkpoint::read_blocks(&*self.dev, &addrs)?;
+            // Moved data goes to the cold log: it outlived at least one segment.
+            let log = if m.is_dir() { LogType::HotData } else { LogType::ColdData };
+            for (&(idx, old), b) in s.relocate.iter().zip(bytes.chunks(crate::device::BLOCK_SIZE)) {
+                let a = alloc(idx, log)?;
+                moves.push((a as u64, b.to_vec()));
+                plan.moved.push((idx, old, a));
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Installs one inode's written data blocks in its mappings, writes its changed dentry
+    /// blocks and nodes (queued in `writes`), and retires the blocks they replace.
+    fn install_inode(
+        &self,
+        w: &NodeWriter,
+        s: &InodeSnap,
+        plan: DataPlan,
+        writes: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<()> {
         let m = &s.m;
         let ino = m.ino;
-        let data_log = if m.is_dir() { LogType::HotData } else { LogType::WarmData };
-        // New blocks for dirty pages (and for a symlink's target, written once).
-        let mut fresh: Vec<(u64, u32)> = Vec::new();
         let put = |idx: u64, bytes: Vec<u8>, writes: &mut Vec<(u64, Vec<u8>)>| -> Result<u32> {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 };
-            let addr = self.lanes.alloc(w.lane, data_log, owner, w.mtime)?;
+            let addr = self.lanes.alloc(w.lane, LogType::HotData, owner, w.mtime)?;
             writes.push((addr, bytes));
             Ok(addr as u32)
         };
-        for (idx, buf) in &s.pages {
-            let a = put(*idx, buf.to_vec(), writes)?;
-            fresh.push((*idx, a));
-        }
-        // Blocks the cleaner moves, read before the inode's lock is taken. A block's content
-        // cannot change while it is valid, and nothing can free it while the gate is held.
-        let moved = if s.relocate.is_empty() {
-            Vec::new()
-        } else {
-            let addrs: Vec<u64> = s.relocate.iter().map(|&(_, a)| a as u64).collect();
-            crate::checkpoint::read_blocks(&*self.dev, &addrs)?
-        };
+        let fresh = plan.fresh;
         let mut tree_map = s.map.clone();
-        if m.file_type == S_IFLNK && !tree_map.contains_key(&0) {
-            let mut b = s.meta.symlink.clone();
-            b.resize(PAGE_SIZE, 0);
-            let a = put(0, b, writes)?;
+        if let Some(a) = plan.symlink {
             tree_map.insert(0, a);
         }
         let mut disk = m.disk.lock();
@@ -308,7 +360,9 @@ impl Engine {
                 tree_map.insert(idx, a);
             }
             disk.cur_map = tree_map.clone();
+            disk.map_gen += 1;
         }
+        disk.map_gen += 1;
         let pages = m.pages().map(|(p, _)| p);
         for &(idx, a) in &fresh {
             tree_map.insert(idx, a);
@@ -328,19 +382,16 @@ impl Engine {
                 disk.garbage.push(a);
             }
         }
-        // Cleaning: copy each block the snapshot still mapped and this checkpoint did not
-        // rewrite, if it is still mapped there now (a write or truncate since the snapshot
-        // wins). Moved data goes to the cold log: it outlived at least one segment.
-        for (&(idx, old), bytes) in s.relocate.iter().zip(moved.chunks(crate::device::BLOCK_SIZE)) {
+        // Cleaning: a moved copy replaces the block if the file still maps it there and this
+        // checkpoint did not rewrite it (a write, truncate or dentry change since wins; the
+        // copy is then dead at once).
+        for (idx, old, a) in plan.moved {
             if tree_map.get(&idx) != Some(&old) || disk.cur_map.get(&idx) != Some(&old) {
+                self.table.invalidate(a as u64)?;
                 continue;
             }
-            let log = if m.is_dir() { LogType::HotData } else { LogType::ColdData };
-            let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 };
-            let a = self.lanes.alloc(w.lane, log, owner, w.mtime)?;
-            moves.push((a, bytes.to_vec()));
-            tree_map.insert(idx, a as u32);
-            disk.cur_map.insert(idx, a as u32);
+            tree_map.insert(idx, a);
+            disk.cur_map.insert(idx, a);
             // A block only the journal knew dies now; a tree block below, with the old tree.
             if disk.tree_map.get(&idx) != Some(&old) {
                 self.table.invalidate(old as u64)?;
@@ -446,6 +497,7 @@ impl Engine {
         let mut disk = m.disk.lock();
         let tree_map = std::mem::take(&mut disk.tree_map);
         let cur_map = std::mem::take(&mut disk.cur_map);
+        disk.map_gen += 1;
         for (&idx, &a) in &cur_map {
             if tree_map.get(&idx) != Some(&a) && a != NEW_ADDR {
                 self.table.invalidate(a as u64)?;

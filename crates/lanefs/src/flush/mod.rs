@@ -100,6 +100,12 @@ impl Engine {
         let stamp = self.clock.now();
         let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages);
+        if let (Ok(()), Some((p, _))) = (&result, m.pages()) {
+            // Written: the pages may be evicted now (a reader then finds the blocks).
+            for (idx, _) in &pages {
+                p.settle(*idx);
+            }
+        }
         if result.is_ok() {
             // Written (not yet flushed): a dependent fsync that takes these directories' flush
             // locks after us flushes the device after our write completed, which covers it.
@@ -247,7 +253,9 @@ impl Engine {
             let pm = m.pages().map(|(p, _)| p);
             let mut gone = Vec::new();
             for (&idx, &(addr, _)) in &map {
-                if pm.is_some_and(|p| p.settle(idx)) {
+                // The page stays in flight (cached, not evictable) until its block is written:
+                // a reader that missed the cache would read the new address too early.
+                if pm.is_some_and(|p| p.is_cached(idx)) {
                     disk.remap(idx, addr);
                 } else {
                     gone.push((idx, addr));

@@ -64,6 +64,9 @@ pub struct DiskState {
     pub xattr_nid: u32,
     /// A directory's on-disk dentry layout (loaded with the directory).
     pub dentries: Option<crate::diskdir::DiskDir>,
+    /// Bumped whenever a mapped block is replaced or dropped (after which it may be freed
+    /// and reused): a reader that read a block outside the lock checks it is unchanged.
+    pub map_gen: u64,
     /// Data blocks the cleaner asked to move: (logical index, address it saw). The next
     /// checkpoint copies each one still mapped there to a new block.
     pub relocate: Vec<(u64, u32)>,
@@ -73,6 +76,7 @@ impl DiskState {
     /// Points logical block `idx` at `addr` (0: hole). The replaced block is garbage unless the
     /// checkpoint tree still holds it (then the next checkpoint drops it).
     pub fn remap(&mut self, idx: u64, addr: u32) {
+        self.map_gen += 1;
         let old = if addr == 0 { self.cur_map.remove(&idx) } else { self.cur_map.insert(idx, addr) };
         if let Some(old) = old {
             self.forget_block(idx, old);
@@ -81,6 +85,7 @@ impl DiskState {
 
     /// Drops every mapping at or after `from`.
     pub fn truncate(&mut self, from: u64) {
+        self.map_gen += 1;
         let gone = self.cur_map.split_off(&from);
         for (idx, addr) in gone {
             self.forget_block(idx, addr);

@@ -543,11 +543,16 @@ impl Engine {
         let end = end.min(size);
         let first = off / PAGE_SIZE as u64;
         let last = (end - 1) / PAGE_SIZE as u64;
-        // Pages not cached: find their blocks, then read them all in one batch.
+        // Pages not cached: find their blocks, then read them all in one batch, outside the
+        // inode's lock. An fsync, checkpoint or cleaning move may replace a block meanwhile, and
+        // a replaced block may be freed and reused: the batch counts only if the mapping did
+        // not change under it (else again; the last try reads under the lock).
         let mut missing: Vec<(u64, u32)> = Vec::new();
-        let mut cached: Vec<Option<crate::mem::pages::PageBuf>> =
-            Vec::with_capacity((last - first + 1) as usize);
-        {
+        let mut cached: Vec<Option<crate::mem::pages::PageBuf>> = Vec::new();
+        let mut fetched = Vec::new();
+        for attempt in 0..4 {
+            missing.clear();
+            cached.clear();
             let disk = m.disk.lock();
             for idx in first..=last {
                 let p = pages.get(idx);
@@ -560,11 +565,18 @@ impl Engine {
                 }
                 cached.push(p);
             }
+            let addrs: Vec<u64> = missing.iter().map(|x| x.1 as u64).collect();
+            if attempt == 3 {
+                fetched = crate::checkpoint::read_blocks(&*self.dev, &addrs)?;
+                break;
+            }
+            let gen = disk.map_gen;
+            drop(disk);
+            fetched = crate::checkpoint::read_blocks(&*self.dev, &addrs)?;
+            if missing.is_empty() || m.disk.lock().map_gen == gen {
+                break;
+            }
         }
-        let fetched = crate::checkpoint::read_blocks(
-            &*self.dev,
-            &missing.iter().map(|x| x.1 as u64).collect::<Vec<_>>(),
-        )?;
         let keep = (self.cache.cached_pages.load(Ordering::Relaxed).max(0) as u64) * (PAGE_SIZE as u64)
             < self.opts.cache_bytes;
         for (k, (idx, _)) in missing.iter().enumerate() {
@@ -644,11 +656,28 @@ impl Engine {
     }
 
     /// Current contents of page `idx` from the device (zeros for a hole or past the end).
+    ///
+    /// The block is read outside the inode's lock, so an fsync, checkpoint or cleaning move
+    /// may replace it meanwhile, and once replaced it may be freed and reused: the read counts
+    /// only if the mapping did not change under it. After a few such misses it reads under the
+    /// lock.
     fn load_page(&self, m: &MNode, idx: u64) -> Result<[u8; PAGE_SIZE]> {
-        let addr = m.disk.lock().cur_map.get(&idx).copied();
         let mut b = [0u8; PAGE_SIZE];
-        if let Some(a) = addr.filter(|&a| a != NEW_ADDR) {
+        for _ in 0..3 {
+            let (addr, gen) = {
+                let disk = m.disk.lock();
+                (disk.cur_map.get(&idx).copied(), disk.map_gen)
+            };
+            let Some(a) = addr.filter(|&a| a != NEW_ADDR) else { return Ok([0u8; PAGE_SIZE]) };
             self.dev.read_block(a as u64, &mut b)?;
+            if m.disk.lock().map_gen == gen {
+                return Ok(b);
+            }
+        }
+        let disk = m.disk.lock();
+        match disk.cur_map.get(&idx).copied().filter(|&a| a != NEW_ADDR) {
+            Some(a) => self.dev.read_block(a as u64, &mut b)?,
+            None => b = [0u8; PAGE_SIZE],
         }
         Ok(b)
     }

@@ -126,6 +126,11 @@ impl PageMap {
         out
     }
 
+    /// Whether page `idx` is cached (a truncate or punch removes it).
+    pub fn is_cached(&self, idx: u64) -> bool {
+        self.shard(idx).lock().contains_key(&idx)
+    }
+
     /// Ends page `idx`'s flight; returns whether the page still exists (a truncate or punch
     /// removed it otherwise, and its new block must not be mapped).
     pub fn settle(&self, idx: u64) -> bool {
