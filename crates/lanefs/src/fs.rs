@@ -535,6 +535,9 @@ fn kind_of_dtype(t: u8) -> FileKind {
 /// How often the background thread looks at free space while it is short.
 const GC_TICK: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// How often it looks at free space otherwise.
+const GC_IDLE_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// User bytes per tick below which the file system counts as lightly loaded (20 MiB/s): the
 /// background cleaner runs only then, so it does not compete with a busy writer, which cleans
 /// in the foreground if it must.
@@ -548,22 +551,15 @@ fn background_checkpoints(e: Arc<Engine>, interval: Option<std::time::Duration>)
     loop {
         let gc_wanted = e.table.free_segments() < e.gc_threshold();
         let until_cp = interval.map(|d| d.saturating_sub(last_cp.elapsed()));
-        let wait = match (until_cp, gc_wanted) {
-            (Some(d), true) => Some(d.min(GC_TICK)),
-            (Some(d), false) => Some(d),
-            (None, true) => Some(GC_TICK),
-            (None, false) => None,
-        };
+        // Free space changes without a kick (a sync from another thread, deletes): look again
+        // at least every GC_IDLE_LOOK.
+        let tick = if gc_wanted { GC_TICK } else { GC_IDLE_LOOK };
+        let wait = until_cp.map_or(tick, |d| d.min(tick));
         let kicked = {
             let (m, cv) = &e.cp_kick;
             let mut kicked = m.lock();
             if !*kicked && !e.stop.load(Ordering::Acquire) {
-                match wait {
-                    Some(d) => {
-                        cv.wait_for(&mut kicked, d);
-                    }
-                    None => cv.wait(&mut kicked),
-                }
+                cv.wait_for(&mut kicked, wait);
             }
             std::mem::take(&mut *kicked)
         };

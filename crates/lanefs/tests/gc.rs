@@ -350,3 +350,36 @@ fn readers_never_see_a_moved_or_placed_block_before_it_is_written() {
     fs.unmount().unwrap();
     fsck_clean(&path);
 }
+
+/// With free segments short and nobody writing, the background cleaner empties segments by
+/// itself (cost-benefit victims), and the content stays exact.
+#[test]
+fn an_idle_file_system_cleans_in_the_background() {
+    let (_dir, path) = image(64 * MIB, 1);
+    let fs = mount(&path);
+    let free = fs.statfs().bfree * 4096;
+    let mut model = Model { files: fill(&fs, "b", free * 80 / 100, 4, 21) };
+    // Overwrite a third of every file (blocks die all over the segments), then checkpoint.
+    let mut rng = Rng::new(3);
+    for (_, ino, data) in &mut model.files {
+        for _ in 0..(data.len() / 4096 / 3) {
+            let p = rng.below((data.len() / 4096) as u64) as usize;
+            let bytes = pattern(p as u64 + 500, 4096);
+            fs.write_at(*ino, p as u64 * 4096, &bytes).unwrap();
+            data[p * 4096..(p + 1) * 4096].copy_from_slice(&bytes);
+        }
+    }
+    fs.sync().unwrap();
+    let before = fs.io_stats();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while fs.io_stats().segments_cleaned == before.segments_cleaned {
+        assert!(std::time::Instant::now() < deadline, "no background cleaning in 20 s: {:?}", fs.io_stats());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let after = fs.io_stats();
+    assert!(after.cleaning_rounds > before.cleaning_rounds);
+    assert_eq!(after.user_bytes, before.user_bytes, "nobody wrote meanwhile");
+    model.verify(&fs, "after background cleaning");
+    fs.unmount().unwrap();
+    fsck_clean(&path);
+}
