@@ -2,12 +2,13 @@
 //! [`BenchArgs`] into its `bench` subcommand and calls [`run`].
 
 use crate::compare::{LanefsList, Reference, Setup};
+use crate::fill::{Filled, MAX_FILL};
 use crate::plot::{plot, Point};
 use crate::progress::{say, Progress};
 use crate::report::{json_line, markdown_table, Machine};
 use crate::runner::{install_signal_handlers, interrupted, RunConfig};
 use crate::session::{aggregate, compare_table, ratio_table, run_matrix, Entry, Matrix, Role};
-use crate::target::{open_target, TargetSpec};
+use crate::target::{open_target_with, Target, TargetOptions, TargetSpec};
 use crate::workload::WorkloadList;
 use std::io::Write;
 use std::path::PathBuf;
@@ -59,6 +60,15 @@ pub struct BenchArgs {
     /// Rounds: every target runs every cell once per round [default: 3 with --compare, else 1].
     #[arg(long, value_name = "N")]
     pub rounds: Option<u32>,
+    /// Before the runs, fill each target with filler files (in lanefs-bench-fill/, removed
+    /// afterwards) until this fraction of its capacity is in use, counting what is in use
+    /// already: 0 (default) writes nothing, at most 0.97.
+    #[arg(long, value_name = "F", default_value_t = 0.0)]
+    pub fill: f64,
+    /// Page cache of lib: targets (e.g. 16M; dirty pages beyond half of it are written back)
+    /// [default: lanefs's own, 256M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub lib_cache: Option<u64>,
     /// Fraction of the default file-set sizes (smoke runs only).
     #[arg(long, value_name = "F", default_value_t = 1.0, hide = true)]
     pub scale: f64,
@@ -83,6 +93,12 @@ impl BenchArgs {
         }
         if !(self.scale.is_finite() && self.scale > 0.0 && self.scale <= 100.0) {
             return Err("--scale must be above 0 and at most 100".into());
+        }
+        if !(self.fill.is_finite() && (0.0..=MAX_FILL).contains(&self.fill)) {
+            return Err(format!("--fill must be a fraction from 0 to {MAX_FILL} (e.g. 0.8 for 80 % in use)"));
+        }
+        if self.lib_cache.is_some_and(|c| c < 1 << 20) {
+            return Err("--lib-cache must be at least 1M".into());
         }
         if self.rounds == Some(0) {
             return Err("--rounds must be at least 1".into());
@@ -109,6 +125,23 @@ impl BenchArgs {
             },
         }
     }
+}
+
+/// A size with an optional binary unit: 512K, 16M, 1G (as `lanefs mkfs --size`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (try 16M, 1G)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M, G or T)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
 }
 
 /// Writes to stdout, ignoring failure: a closed terminal or a pipe closed by `head` must not turn
@@ -192,10 +225,24 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     }
     for spec in &a.targets {
         let role = if a.compare { Role::Subject } else { Role::Reference };
-        entries.push(Entry { label: spec.to_string(), role, target: open_target(spec)? });
+        let target = open_target_with(spec, &TargetOptions { lib_cache: a.lib_cache })?;
+        entries.push(Entry { label: spec.to_string(), role, target });
     }
     if entries.is_empty() {
         return Err("no target to run: every reference was skipped".into());
+    }
+    if a.fill > 0.0 {
+        // Each target in turn; a failure leaves none filled (the filled ones are dropped, which
+        // removes their filler) and closes the rest as every other error does.
+        let mut filled = Vec::with_capacity(entries.len());
+        for e in entries.drain(..) {
+            if interrupted() {
+                return Err("interrupted".into());
+            }
+            let target: Box<dyn Target> = Box::new(Filled::new(e.target, a.fill)?);
+            filled.push(Entry { target, ..e });
+        }
+        entries = filled;
     }
 
     let progress = Progress::new(m.runs(entries.len()));
@@ -332,6 +379,9 @@ mod tests {
         assert_eq!(a.seconds, 1.5);
         assert_eq!(a.json, Some(PathBuf::from("out.jsonl")));
         assert_eq!(a.plot, Some(PathBuf::from("p.png")));
+        assert_eq!((a.fill, a.lib_cache), (0.0, None));
+        let a2 = parse(&["--target", "lib:/x.img", "--fill", "0.97", "--lib-cache", "16M"]).unwrap();
+        assert_eq!((a2.fill, a2.lib_cache), (0.97, Some(16 << 20)));
         let m = a.matrix();
         assert_eq!(m.rounds, 1);
         assert_eq!(m.cfg.warmup, RunConfig::default_warmup(1.5));
@@ -364,6 +414,10 @@ mod tests {
             &["--target", "dir:/x", "--plot", "p.svg"],
             &["--compare", "--references", "zfs"],
             &["--compare", "--rounds", "0"],
+            &["--target", "dir:/x", "--fill", "0.99"],
+            &["--target", "dir:/x", "--fill", "x"],
+            &["--target", "dir:/x", "--lib-cache", "512K"],
+            &["--target", "dir:/x", "--lib-cache", "16Q"],
         ] {
             let e = parse(bad).unwrap_err();
             assert!(!e.is_empty(), "{bad:?}");

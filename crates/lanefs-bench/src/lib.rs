@@ -14,11 +14,13 @@
 //! - [`session`]: many runs interleaved across targets; the compare and ratio tables.
 //! - [`compare`]: sets up and removes the references (ext4/xfs/btrfs on loop devices over
 //!   /dev/shm, tmpfs, bindfs over tmpfs).
+//! - [`fill`]: `--fill F`, filler files that take a target to a utilisation before the runs.
 //! - [`report`], [`plot`]: JSON lines, markdown, PNG.
 //! - [`cli`]: the `lanefs bench` arguments and command.
 
 pub mod cli;
 pub mod compare;
+pub mod fill;
 pub mod hist;
 pub mod lib_target;
 pub mod mount_target;
@@ -33,5 +35,7 @@ pub mod workload;
 pub use cli::{run, BenchArgs};
 pub use hist::Histogram;
 pub use runner::{run_one, RunConfig, RunResult};
-pub use target::{open_target, File, OpenOptions, Stat, Target, TargetSpec};
+pub use target::{
+    open_target, open_target_with, File, IoCounters, OpenOptions, Stat, Target, TargetOptions, TargetSpec,
+};
 pub use workload::Workload;

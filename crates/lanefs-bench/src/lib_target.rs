@@ -5,7 +5,7 @@
 //! skip the inode table on every read and write. A missing image is created (sparse, 8 GiB) and
 //! formatted; an existing lanefs image is mounted as it is.
 
-use crate::target::{File, OpenOptions, Stat, Target};
+use crate::target::{File, IoCounters, OpenOptions, Stat, Target};
 use lanefs::device::{create_image, DeviceOptions, FileDevice};
 use lanefs::{FileKind, Fs, FsOptions, Handle, Ino, MkfsOptions, ROOT};
 use std::ffi::OsString;
@@ -20,6 +20,8 @@ pub const DEFAULT_IMAGE_BYTES: u64 = 8 << 30;
 pub struct LibTarget {
     fs: Arc<Fs>,
     spec: String,
+    /// Page cache when it is not lanefs's default (shown in the file system type).
+    cache: Option<u64>,
 }
 
 fn err(e: lanefs::Error) -> io::Error {
@@ -28,11 +30,22 @@ fn err(e: lanefs::Error) -> io::Error {
 
 impl LibTarget {
     pub fn open(image: &Path) -> Result<LibTarget, String> {
+        Self::open_with(image, None)
+    }
+
+    /// As [`LibTarget::open`], with a page cache of `cache` bytes instead of lanefs's default
+    /// ([`FsOptions::cache_bytes`]; dirty pages beyond half of it are written back).
+    pub fn open_with(image: &Path, cache: Option<u64>) -> Result<LibTarget, String> {
         let spec = format!("lib:{}", image.display());
         create_if_missing(image).map_err(|e| format!("{spec}: {e}"))?;
         let dev = FileDevice::open(image, DeviceOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
-        let fs = Fs::open(Arc::new(dev), FsOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
-        Ok(LibTarget { fs: Arc::new(fs), spec })
+        let mut opts = FsOptions::default();
+        let cache = cache.filter(|&c| c != opts.cache_bytes);
+        if let Some(c) = cache {
+            opts.cache_bytes = c;
+        }
+        let fs = Fs::open(Arc::new(dev), opts).map_err(|e| format!("{spec}: {e}"))?;
+        Ok(LibTarget { fs: Arc::new(fs), spec, cache })
     }
 
     /// The inode of the directory holding `path`, and the last component.
@@ -98,7 +111,11 @@ impl Target for LibTarget {
     }
 
     fn fs_type(&self) -> String {
-        "lanefs-lib".into()
+        match self.cache {
+            None => "lanefs-lib".into(),
+            Some(c) if c % (1 << 20) == 0 => format!("lanefs-lib (cache {} MiB)", c >> 20),
+            Some(c) => format!("lanefs-lib (cache {} KiB)", c >> 10),
+        }
     }
 
     fn open(&self, path: &Path, o: OpenOptions) -> io::Result<Box<dyn File>> {
@@ -158,6 +175,25 @@ impl Target for LibTarget {
             out.extend(page.into_iter().map(|e| OsString::from_vec(e.name)));
         }
         Ok(out)
+    }
+
+    fn space(&self) -> io::Result<(u64, u64)> {
+        let s = self.fs.statfs();
+        Ok((s.blocks * s.bsize as u64, s.bavail * s.bsize as u64))
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.fs.sync().map_err(err)
+    }
+
+    fn io_counters(&self) -> Option<IoCounters> {
+        let s = self.fs.io_stats();
+        Some(IoCounters {
+            user_bytes: s.user_bytes,
+            device_bytes: s.journal_bytes + s.writeback_bytes + s.checkpoint_bytes + s.cleaning_bytes,
+            cleaning_bytes: s.cleaning_bytes,
+            segments_cleaned: s.segments_cleaned,
+        })
     }
 
     fn stat(&self, path: &Path) -> io::Result<Stat> {

@@ -388,6 +388,12 @@ impl Target for MountTarget {
     fn create(&self, path: &Path) -> io::Result<()> {
         self.dir.create(path)
     }
+    fn space(&self) -> io::Result<(u64, u64)> {
+        self.dir.space()
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.dir.sync()
+    }
 
     /// Unmounts (waiting for the final checkpoint) and removes the mount point; idempotent.
     fn close(&self) -> Result<(), String> {

@@ -100,11 +100,22 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
         "fs_type": r.fs_type,
         "date": m.date,
         "notes": r.notes,
+        "fill": r.fill.map_or(Value::Null, |f| json!(round(f, 4))),
+        "user_bytes": r.io.map_or(Value::Null, |c| json!(c.user_bytes)),
+        "device_bytes": r.io.map_or(Value::Null, |c| json!(c.device_bytes)),
+        "cleaning_bytes": r.io.map_or(Value::Null, |c| json!(c.cleaning_bytes)),
+        "segments_cleaned": r.io.map_or(Value::Null, |c| json!(c.segments_cleaned)),
+        "write_amplification": wa(r).map_or(Value::Null, |x| json!(round(x, 3))),
     });
     if let Some(n) = round_no {
         v["round"] = json!(n);
     }
     v
+}
+
+/// The run's write amplification, when the target counts its writes and users wrote something.
+fn wa(r: &RunResult) -> Option<f64> {
+    r.io.and_then(|c| c.write_amplification())
 }
 
 /// A latency in µs for a table: more digits for small values, "-" when absent.
@@ -125,20 +136,42 @@ pub fn fmt_rate(x: f64) -> String {
     }
 }
 
-/// One row per run.
+/// One row per run. A `used` column (the fraction of the target in use at the start of the run)
+/// when the targets report their space, and `WA` (write amplification over warm-up and timed
+/// phase) when some row has it.
 pub fn markdown_table(results: &[RunResult]) -> String {
-    let mut s = String::from(
-        "| target | fs | workload | threads | ops/s | p50 µs | p99 µs | fsync p50 µs | fsync p99 µs | notes |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|---|\n",
-    );
+    let with_wa = results.iter().any(|r| wa(r).is_some());
+    let with_fill = results.iter().any(|r| r.fill.is_some());
+    let mut head = String::from("| target | fs | workload | threads | ops/s |");
+    let mut rule = String::from("|---|---|---|---:|---:|");
+    if with_fill {
+        head += " used |";
+        rule += "---:|";
+    }
+    if with_wa {
+        head += " WA |";
+        rule += "---:|";
+    }
+    head += " p50 µs | p99 µs | fsync p50 µs | fsync p99 µs | notes |\n";
+    rule += "---:|---:|---:|---:|---|\n";
+    let mut s = head + &rule;
     for r in results {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} |",
             r.target,
             r.fs_type,
             r.workload,
             r.threads,
-            fmt_rate(r.ops_per_sec),
+            fmt_rate(r.ops_per_sec)
+        );
+        if with_fill {
+            s += &format!(" {} |", r.fill.map_or("-".into(), |f| format!("{:.1}%", 100.0 * f)));
+        }
+        if with_wa {
+            s += &format!(" {} |", wa(r).map_or("-".into(), |x| format!("{x:.2}")));
+        }
+        s += &format!(
+            " {} | {} | {} | {} | {} |\n",
             fmt_us(r.latency.quantile_us(0.5)),
             fmt_us(r.latency.quantile_us(0.99)),
             fmt_us(r.fsync.as_ref().and_then(|h| h.quantile_us(0.5))),
@@ -171,6 +204,8 @@ mod tests {
             latency: latency.clone(),
             fsync: fsync.then_some(latency),
             notes: vec![],
+            fill: None,
+            io: None,
         }
     }
 
@@ -220,6 +255,47 @@ mod tests {
         assert!(v["fsync_p50_us"].is_null());
         assert!(v["fsync_p99_us"].is_null());
         assert_eq!(v["round"], 3);
+    }
+
+    #[test]
+    fn write_counters_and_fill() {
+        use crate::target::IoCounters;
+        // Not a lib: target: the fields are there, null.
+        let v = json_line(&result(Workload::Dwal, false), &machine(), None);
+        for k in [
+            "fill",
+            "user_bytes",
+            "device_bytes",
+            "cleaning_bytes",
+            "segments_cleaned",
+            "write_amplification",
+        ] {
+            assert!(v.get(k).is_some_and(|x| x.is_null()), "{k}: {v}");
+        }
+        let mut r = result(Workload::Dwal, false);
+        r.fill = Some(0.95123);
+        r.io = Some(IoCounters {
+            user_bytes: 1000,
+            device_bytes: 1500,
+            cleaning_bytes: 300,
+            segments_cleaned: 2,
+        });
+        let v = json_line(&r, &machine(), None);
+        assert_eq!(v["fill"], 0.9512);
+        assert_eq!(v["user_bytes"], 1000);
+        assert_eq!(v["device_bytes"], 1500);
+        assert_eq!(v["cleaning_bytes"], 300);
+        assert_eq!(v["segments_cleaned"], 2);
+        assert_eq!(v["write_amplification"], 1.5);
+        let t = markdown_table(&[r.clone(), result(Workload::Dwol, false)]);
+        assert!(t.starts_with("| target | fs | workload | threads | ops/s | used | WA | p50"), "{t}");
+        assert!(t.contains("| DWAL | 2 | 1000 | 95.1% | 1.50 |"), "{t}");
+        assert!(t.contains("| DWOL | 2 | 1000 | - | - |"), "{t}");
+        // Users wrote nothing: no amplification to speak of.
+        r.io = Some(IoCounters { user_bytes: 0, device_bytes: 4096, ..Default::default() });
+        assert!(json_line(&r, &machine(), None)["write_amplification"].is_null());
+        let t = markdown_table(&[r]);
+        assert!(t.contains(" used |") && !t.contains(" WA |"), "{t}");
     }
 
     #[test]

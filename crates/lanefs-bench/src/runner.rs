@@ -1,15 +1,18 @@
 //! One run: a workload with N threads against one target for S seconds.
 //!
-//! Sequence: make a fresh run directory, prepare the files, build each thread's worker (all
+//! Sequence: sync the target (what earlier runs left dirty is not this run's) and note how full
+//! it is, make a fresh run directory, prepare the files, build each thread's worker (all
 //! untimed), then release the threads together. They run a warm-up (caches, allocator, journal
 //! reach a steady state; nothing recorded), then the timed phase; the main thread flips the phase
-//! for all of them at once and measures the phase's length itself. An op is counted when it
-//! started inside the timed phase. Finally the run directory is removed through the target, also
-//! when the run failed or was interrupted.
+//! for all of them at once and measures the phase's length itself. The target's write counters
+//! ([`Target::io_counters`], lanefs through the library) are read when the threads are released
+//! and after the last op, so their difference covers warm-up and timed phase. An op is counted
+//! when it started inside the timed phase. Finally the run directory is removed through the
+//! target, also when the run failed or was interrupted.
 
 use crate::hist::Histogram;
 use crate::progress::say;
-use crate::target::{remove_tree, Target};
+use crate::target::{remove_tree, IoCounters, Target};
 use crate::workload::{prepare, Env, Step, Workload};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -88,6 +91,11 @@ pub struct RunResult {
     /// Sync latency (fsync, or O_DSYNC writes for oltp) for workloads that sync.
     pub fsync: Option<Histogram>,
     pub notes: Vec<String>,
+    /// Fraction of the target's capacity in use when the run started ([`Target::space`]).
+    pub fill: Option<f64>,
+    /// The target's write counters over the warm-up and the timed phase (lanefs through the
+    /// library only): from the release of the threads to the end of the last op.
+    pub io: Option<IoCounters>,
 }
 
 const WARM: u8 = 0;
@@ -166,6 +174,14 @@ pub fn run_one(
         return Err("interrupted".into());
     }
     let ctx = |e: std::io::Error| format!("{label} {w} {threads}T: {e}");
+    // What earlier runs left dirty (their removed files included) is settled first: it is not
+    // this run's fill, and its writing is not this run's device traffic.
+    t.sync().map_err(|e| format!("{label} {w} {threads}T: sync before the run: {e}"))?;
+    let fill = t
+        .space()
+        .ok()
+        .filter(|&(total, _)| total > 0)
+        .map(|(total, free)| total.saturating_sub(free) as f64 / total as f64);
     let dir = RunDir { target: t, path: make_run_dir(t)?, armed: true };
     let env =
         Env { target: t, dir: dir.path.clone(), threads, scale: cfg.scale, notes: Mutex::new(Vec::new()) };
@@ -225,6 +241,9 @@ pub fn run_one(
             })
             .collect();
         barrier.wait();
+        // Workers built their state before the barrier: the counters cover warm-up and
+        // timed phase (and whatever background writing happens meanwhile).
+        let io0 = t.io_counters();
         let wait = |secs: f64| {
             let end = Instant::now() + Duration::from_secs_f64(secs);
             while Instant::now() < end && phase.load(Ordering::Relaxed) != STOP && !interrupted() {
@@ -244,9 +263,13 @@ pub fn run_one(
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("benchmark thread panicked"))))
             .collect();
-        (outs, (t0, elapsed))
+        let io = match (io0, t.io_counters()) {
+            (Some(a), Some(b)) => Some(b.since(&a)),
+            _ => None,
+        };
+        (outs, (t0, elapsed, io))
     });
-    let (t0, elapsed) = elapsed;
+    let (t0, elapsed, io) = elapsed;
 
     let mut latency = Histogram::new();
     let mut fsync = Histogram::new();
@@ -276,6 +299,8 @@ pub fn run_one(
         latency,
         fsync: w.has_fsync().then_some(fsync),
         notes,
+        fill,
+        io,
     })
 }
 

@@ -297,6 +297,8 @@ mod tests {
             latency: h.clone(),
             fsync: w.has_fsync().then_some(h),
             notes: vec![],
+            fill: None,
+            io: None,
         }
     }
 

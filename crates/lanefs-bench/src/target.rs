@@ -102,11 +102,63 @@ pub trait Target: Send + Sync {
         self.open(path, OpenOptions::create_new()).map(drop)
     }
 
+    /// Capacity and free space of the file system under the root, in bytes: `(total, free)`,
+    /// where `total - free` is what is in use. Kernel file systems report statvfs(2) as df
+    /// does (capacity = used + available to unprivileged users); lanefs reports `Fs::statfs`
+    /// (invalid blocks count as free: the cleaner gives them back).
+    fn space(&self) -> io::Result<(u64, u64)> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this target does not report its space"))
+    }
+
+    /// Makes everything written so far durable (syncfs(2); a checkpoint for lanefs). Files
+    /// that must be durable through any target are fsynced one by one as well: a FUSE mount
+    /// does not pass syncfs on to its daemon.
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// The file system's own write counters, where it has them (lanefs through the library):
+    /// what users wrote against what reached the device. None for every other target.
+    fn io_counters(&self) -> Option<IoCounters> {
+        None
+    }
+
     /// Undoes what opening the target set up (a `mount:` target unmounts and removes its mount
     /// point), so that a failure is reported; idempotent. Drop does the same on every other way
     /// out. Nothing for targets that set nothing up.
     fn close(&self) -> Result<(), String> {
         Ok(())
+    }
+}
+
+/// Bytes written since the file system was mounted, by cause (lanefs's `IoStats`, reduced to
+/// what a benchmark reports). Counters only grow; [`IoCounters::since`] gives one run's share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoCounters {
+    /// Bytes passed to write calls.
+    pub user_bytes: u64,
+    /// Bytes written to the device for any cause: journal, writeback, checkpoints, cleaning.
+    pub device_bytes: u64,
+    /// The part of `device_bytes` that the cleaner moved.
+    pub cleaning_bytes: u64,
+    /// Segments the cleaner emptied.
+    pub segments_cleaned: u64,
+}
+
+impl IoCounters {
+    /// What was counted between `earlier` and `self`.
+    pub fn since(&self, earlier: &IoCounters) -> IoCounters {
+        IoCounters {
+            user_bytes: self.user_bytes.saturating_sub(earlier.user_bytes),
+            device_bytes: self.device_bytes.saturating_sub(earlier.device_bytes),
+            cleaning_bytes: self.cleaning_bytes.saturating_sub(earlier.cleaning_bytes),
+            segments_cleaned: self.segments_cleaned.saturating_sub(earlier.segments_cleaned),
+        }
+    }
+
+    /// Device bytes per user byte; None when users wrote nothing.
+    pub fn write_amplification(&self) -> Option<f64> {
+        (self.user_bytes > 0).then(|| self.device_bytes as f64 / self.user_bytes as f64)
     }
 }
 
@@ -164,13 +216,26 @@ impl std::fmt::Display for TargetSpec {
     }
 }
 
+/// How targets are opened, beyond their spec.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TargetOptions {
+    /// Page cache of `lib:` targets in bytes; None: lanefs's default.
+    pub lib_cache: Option<u64>,
+}
+
 /// Opens a target for benchmarking.
 pub fn open_target(spec: &TargetSpec) -> Result<Box<dyn Target>, String> {
+    open_target_with(spec, &TargetOptions::default())
+}
+
+/// Opens a target for benchmarking with `opts`.
+pub fn open_target_with(spec: &TargetSpec, opts: &TargetOptions) -> Result<Box<dyn Target>, String> {
     match spec {
         TargetSpec::Dir(p) => Ok(Box::new(DirTarget::new(p)?)),
-        TargetSpec::Lib(p) => {
-            Ok(Box::new(crate::lib_target::LibTarget::open(&crate::lib_target::image_path(p))?))
-        }
+        TargetSpec::Lib(p) => Ok(Box::new(crate::lib_target::LibTarget::open_with(
+            &crate::lib_target::image_path(p),
+            opts.lib_cache,
+        )?)),
         TargetSpec::Mount(p) => {
             Ok(Box::new(crate::mount_target::MountTarget::open(&crate::lib_target::image_path(p))?))
         }
@@ -256,11 +321,31 @@ impl Target for DirTarget {
     fn readdir(&self, path: &Path) -> io::Result<Vec<OsString>> {
         fs::read_dir(self.at(path))?.map(|e| e.map(|e| e.file_name())).collect()
     }
+    fn space(&self) -> io::Result<(u64, u64)> {
+        space_of(&self.root)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let d = fs::File::open(&self.root)?;
+        rustix::fs::syncfs(&d).map_err(io::Error::from)
+    }
+
     fn stat(&self, path: &Path) -> io::Result<Stat> {
         // stat(2), not lstat: path lookup through the whole chain is what MRPL/MRPM measure.
         let m = fs::metadata(self.at(path))?;
         Ok(Stat { size: m.len(), is_dir: m.is_dir() })
     }
+}
+
+/// statvfs(2) of `path` as `(total, free)` bytes, counted as df(1) does: free is what an
+/// unprivileged user can still write (f_bavail), total is that plus what is in use, so that a
+/// root reserve (ext4's 5 %) is neither capacity nor free space.
+pub fn space_of(path: &Path) -> io::Result<(u64, u64)> {
+    let s = rustix::fs::statvfs(path)?;
+    let unit = if s.f_frsize > 0 { s.f_frsize } else { s.f_bsize };
+    let used = s.f_blocks.saturating_sub(s.f_bfree);
+    let free = s.f_bavail.min(s.f_blocks);
+    Ok(((used + free) * unit, free * unit))
 }
 
 /// The file system type of `path`: the statfs magic number by name, refined for FUSE with the

@@ -190,8 +190,11 @@ impl std::str::FromStr for WorkloadList {
 const BLOCK: usize = 4096;
 /// Per-thread region of the shared file in DWOM and DRBM (FxMark's PRIVATE_REGION_SIZE).
 const REGION: u64 = 8 << 20;
-/// Appending workloads truncate their file when it reaches this size.
+/// Appending workloads truncate their file when it reaches this size (or less on a nearly full
+/// file system: see [`append_wrap`]).
 const APPEND_WRAP: u64 = 64 << 20;
+/// The least an appending workload's file grows to before it wraps.
+const MIN_APPEND_WRAP: u64 = 1 << 20;
 const DIR_ENTRIES: usize = 1000;
 const NAME_POOL: usize = 10_000;
 const TREE_DEPTH: usize = 5;
@@ -271,6 +274,8 @@ pub(crate) struct Plan {
     dir_entries: usize,
     pool: usize,
     db_size: u64,
+    /// DWAL, DWSL: the size at which each thread's file is truncated.
+    append_wrap: u64,
     /// oltp: log records owed by the database threads to the log writer.
     log_credits: Credits,
 }
@@ -350,6 +355,7 @@ pub(crate) fn prepare(w: Workload, env: &Env) -> io::Result<Plan> {
         dir_entries: env.scaled(DIR_ENTRIES, 10),
         pool: env.scaled(NAME_POOL, 10),
         db_size: env.scaled_bytes(OLTP_DB, 1 << 20),
+        append_wrap: APPEND_WRAP,
         log_credits: Credits::default(),
     };
     for tid in 0..env.threads {
@@ -397,6 +403,21 @@ pub(crate) fn prepare(w: Workload, env: &Env) -> io::Result<Plan> {
         Mrdm => {
             for i in 0..plan.dir_entries {
                 t.create(&env.shared().join(format!("e{i}")))?;
+            }
+        }
+        Dwal | Dwsl => {
+            if let Ok((_, free)) = t.space() {
+                let wrap = append_wrap(free, env.threads);
+                if wrap < APPEND_WRAP {
+                    plan.append_wrap = wrap;
+                    env.note(format!(
+                        "appends wrap at {} KiB, not {} MiB: half the free space ({} MiB) over {} thread(s)",
+                        wrap >> 10,
+                        APPEND_WRAP >> 20,
+                        free >> 20,
+                        env.threads
+                    ));
+                }
             }
         }
         Oltp => {
@@ -447,7 +468,13 @@ impl Plan {
             }
             Dwal | Dwsl => {
                 let file = t.open(&mine.join("data"), OpenOptions::create_new())?;
-                Box::new(Append { file, buf: buffer(BLOCK, tid as u8)?, off: 0, sync: self.w == Dwsl })
+                Box::new(Append {
+                    file,
+                    buf: buffer(BLOCK, tid as u8)?,
+                    off: 0,
+                    wrap: self.append_wrap,
+                    sync: self.w == Dwsl,
+                })
             }
             Mrpl => {
                 let mut p = mine;
@@ -515,11 +542,21 @@ impl Worker for Block {
     }
 }
 
-/// DWAL, DWSL: append blocks (and fsync), truncating at APPEND_WRAP.
+/// The size at which appending threads truncate their files: [`APPEND_WRAP`], or on a nearly
+/// full file system half of the `free` bytes over the `threads` (whole blocks, at least
+/// [`MIN_APPEND_WRAP`]), so that the run's own files, each at its largest at once, leave room
+/// for the cleaner and measure appends rather than ENOSPC.
+fn append_wrap(free: u64, threads: usize) -> u64 {
+    let share = free / 2 / threads.max(1) as u64 / BLOCK as u64 * BLOCK as u64;
+    share.clamp(MIN_APPEND_WRAP, APPEND_WRAP)
+}
+
+/// DWAL, DWSL: append blocks (and fsync), truncating at the plan's append wrap.
 struct Append {
     file: Box<dyn File>,
     buf: AlignedBuf,
     off: u64,
+    wrap: u64,
     sync: bool,
 }
 
@@ -532,7 +569,7 @@ impl Worker for Append {
             self.file.fsync()?;
             fsync.record(t0.elapsed());
         }
-        Ok(if self.off >= APPEND_WRAP { Step::Maintain } else { Step::Done })
+        Ok(if self.off >= self.wrap { Step::Maintain } else { Step::Done })
     }
     fn maintain(&mut self) -> io::Result<()> {
         self.file.set_len(0)?;
@@ -965,6 +1002,16 @@ mod tests {
             assert_eq!(w.name().to_lowercase().parse::<Workload>(), Ok(w));
         }
         assert!("DWXX".parse::<Workload>().unwrap_err().contains("known"));
+    }
+
+    #[test]
+    fn append_wrap_fits_the_free_space() {
+        assert_eq!(append_wrap(100 << 30, 2), APPEND_WRAP);
+        assert_eq!(append_wrap(256 << 20, 2), APPEND_WRAP);
+        // 45 MiB free, two threads: 11.25 MiB each, whole blocks.
+        assert_eq!(append_wrap(45 << 20, 2), (45 << 20) / 4);
+        assert_eq!(append_wrap((45 << 20) + 100, 3) % BLOCK as u64, 0);
+        assert_eq!(append_wrap(0, 1), MIN_APPEND_WRAP);
     }
 
     #[test]
