@@ -383,3 +383,54 @@ fn an_idle_file_system_cleans_in_the_background() {
     fs.unmount().unwrap();
     fsck_clean(&path);
 }
+
+/// Appends and truncations racing with checkpoints and writeback (DWAL with its wrap): a block
+/// a truncate drops while a checkpoint is being written belongs to that checkpoint's tree and
+/// must die exactly once, when a later tree drops it.
+#[test]
+fn truncates_racing_with_checkpoints_retire_each_block_once() {
+    let (_dir, path) = image(64 * MIB, 2);
+    let dev = FileDevice::open(&path, DeviceOptions::default()).unwrap();
+    let fs = Arc::new(
+        Fs::open(
+            Arc::new(dev) as Arc<dyn BlockDevice>,
+            FsOptions { cache_bytes: 1 << 20, checkpoint_interval: None, ..Default::default() },
+        )
+        .unwrap(),
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appenders: Vec<_> = (0..2)
+        .map(|t| {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let f = fs.create(ROOT, format!("a{t}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+                let block = pattern(t, 4096);
+                for round in 0..(1500 * scale()) {
+                    for k in 0..(64 + round % 64) {
+                        fs.write_at(f, k * 4096, &block).unwrap_or_else(|e| panic!("append: {e}"));
+                    }
+                    if round % 3 == 0 {
+                        fs.fsync(f, true).unwrap();
+                    }
+                    fs.truncate(f, 0).unwrap_or_else(|e| panic!("truncate: {e}"));
+                }
+            })
+        })
+        .collect();
+    let syncer = {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                fs.sync().unwrap_or_else(|e| panic!("sync: {e}"));
+            }
+        })
+    };
+    for a in appenders {
+        a.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    syncer.join().unwrap();
+    let fs = Arc::into_inner(fs).unwrap();
+    fs.unmount().unwrap();
+    fsck_clean(&path);
+}

@@ -397,13 +397,13 @@ impl Engine {
                 self.table.invalidate(old as u64)?;
             }
         }
-        // Garbage from before is in no tree, but may be in this one (a truncate after the
-        // snapshot): keep those for the next round.
-        let garbage = std::mem::take(&mut disk.garbage);
-        for a in garbage {
-            if tree_map.values().any(|&t| t == a) {
-                disk.garbage.push(a);
-            } else {
+        // Garbage left the current mapping, but may be in this checkpoint's tree (dropped by a
+        // truncate after the snapshot, or a fresh block the mapping moved past): then it is a
+        // tree block like any other, and dies exactly once, when a later tree drops it (the
+        // diff below, one checkpoint on). Keeping it as garbage too would kill it twice.
+        let in_tree: std::collections::HashSet<u32> = tree_map.values().copied().collect();
+        for a in std::mem::take(&mut disk.garbage) {
+            if !in_tree.contains(&a) {
                 self.table.invalidate(a as u64)?;
             }
         }
