@@ -314,7 +314,7 @@ fn readers_never_see_a_moved_or_placed_block_before_it_is_written() {
             while !stop.load(std::sync::atomic::Ordering::Acquire) {
                 let p = rng.below(pages) as usize;
                 fs.write_at(f, p as u64 * 4096, &data[p * 4096..(p + 1) * 4096]).unwrap();
-                if n % 16 == 0 {
+                if n.is_multiple_of(16) {
                     fs.fsync(f, true).unwrap();
                 }
                 n += 1;

@@ -235,8 +235,8 @@ fn crash_after_fsync_recovers_from_region_and_journal() {
     fs.write_at(f, 0, &b).unwrap();
     fs.fsync(f, false).unwrap();
     files.iter_mut().find(|(p, _)| p == "/a/f1").unwrap().1 = b;
-    // Crash: the device and the region as they are now (the region only changes inside
-    // checkpoints, none of which runs now).
+    // Crash: the device and the region as they are now (the fsyncs committed to the region's
+    // lane journals; no checkpoint runs meanwhile).
     let img = mem.snapshot();
     std::fs::copy(&region, &copy).unwrap();
     drop(fs);

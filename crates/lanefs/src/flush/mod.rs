@@ -7,6 +7,10 @@
 //! flush shared with every concurrent fsync (group commit). Recovery replays transactions whose
 //! data checksums match, so a crash between the batch and the flush cannot expose stale data.
 //!
+//! With a persistent-memory region (`FsOptions::nvm`) the transaction goes to the lane's
+//! journal in the region instead, after the data is written and flushed, and is durable before
+//! its records are released; see `crate::pmem` and `flush/nvm.rs`.
+//!
 //! Which directories an fsync flushes (durability contract, DESIGN.md): every directory whose
 //! log holds an unjournaled record naming the file (its create, links, renames); for every
 //! record flushed, every directory with unjournaled records naming an inode it names (so an
@@ -100,7 +104,7 @@ impl Engine {
         let stamp = self.clock.now();
         let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages);
-        if let (Ok(()), Some((p, _))) = (&result, m.pages()) {
+        if let (Ok(_), Some((p, _))) = (&result, m.pages()) {
             // Written: the pages may be evicted now (a reader then finds the blocks).
             for (idx, _) in &pages {
                 p.settle(*idx);
@@ -121,8 +125,16 @@ impl Engine {
             }
         }
         drop(locks);
-        result?;
-        // One device flush shared with every concurrent fsync (group commit).
+        if result? {
+            // One device flush shared with every concurrent fsync (group commit).
+            self.fsync_flush()?;
+        }
+        Ok(())
+    }
+
+    /// The device flush of an fsync, shared with every concurrent one (group commit).
+    pub(crate) fn fsync_flush(&self) -> Result<()> {
+        self.io.fsync_flushes.add(1);
         self.group.sync(&*self.dev)
     }
 
@@ -227,7 +239,9 @@ impl Engine {
         Ok(out)
     }
 
-    /// Allocates and writes data blocks and the journal transaction (the caller flushes).
+    /// Allocates and writes data blocks and the journal transaction. Returns whether the caller
+    /// still owes a device flush: with region journals the transaction is durable on return
+    /// (`flush::nvm`), else the caller flushes.
     fn write_txn(
         &self,
         m: &Arc<MNode>,
@@ -235,7 +249,7 @@ impl Engine {
         stamp: crate::journal::Stamp,
         dir_ops: &DirOps,
         pages: &[(u64, crate::mem::pages::PageBuf)],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let mtime = self.elapsed_secs();
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::with_capacity(pages.len() + 1);
         let mut map: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
@@ -291,10 +305,16 @@ impl Engine {
             records.extend(Record::map_runs(m.ino, stamp, &own_map));
         }
         if records.is_empty() {
-            return Ok(());
+            // Without a region, a flush still covers what an fsync this one depends on wrote
+            // (it marked the records journaled); with one, that fsync made them durable before
+            // it let go of them.
+            return Ok(self.nvm_log.is_none());
         }
         let txn = Transaction::new(records);
         let r = (|| {
+            if self.commit_to_region(lane, &txn, &writes)? {
+                return Ok(false);
+            }
             let mut chain = self.chains[lane as usize].lock();
             // A failed write must not leave a hole in the chain that hides later transactions:
             // on error the writer goes back to where it was (the next append overwrites).
@@ -311,7 +331,7 @@ impl Engine {
                 *chain = before;
                 return Err(e);
             }
-            Ok(())
+            Ok(true)
         })();
         if r.is_err() {
             // Give back what this transaction took, so a later fsync journals it again. (The
@@ -333,7 +353,12 @@ impl Engine {
                 m.meta.lock().xattrs_dirty = true;
             }
         }
-        r
+        match r? {
+            // On the device chain although a region is mounted (its lane journal was full):
+            // durable before the caller lets go of the records, as a region commit is.
+            true if self.nvm_log.is_some() => self.fsync_flush().map(|()| false),
+            owed => Ok(owed),
+        }
     }
 
     /// Writes (address, bytes) pairs in bounded batches, counted as `kind`.
