@@ -7,7 +7,7 @@ use crate::progress::{say, Progress};
 use crate::report::{json_line, markdown_table, Machine};
 use crate::runner::{install_signal_handlers, interrupted, RunConfig};
 use crate::session::{aggregate, compare_table, ratio_table, run_matrix, Entry, Matrix, Role};
-use crate::target::{open_target, TargetSpec};
+use crate::target::{open_target_with, TargetSpec};
 use crate::workload::WorkloadList;
 use std::io::Write;
 use std::path::PathBuf;
@@ -59,6 +59,11 @@ pub struct BenchArgs {
     /// Rounds: every target runs every cell once per round [default: 3 with --compare, else 1].
     #[arg(long, value_name = "N")]
     pub rounds: Option<u32>,
+    /// Persistent-memory region for the lib: target given with --target (lanefs's `--nvm`:
+    /// the NAT and the lane journals in the region, created on first use and bound to that
+    /// image). For mount: targets, put `--nvm FILE` in $LANEFS_MOUNT_OPTIONS.
+    #[arg(long, value_name = "FILE")]
+    pub nvm: Option<PathBuf>,
     /// Fraction of the default file-set sizes (smoke runs only).
     #[arg(long, value_name = "F", default_value_t = 1.0, hide = true)]
     pub scale: f64,
@@ -83,6 +88,10 @@ impl BenchArgs {
         }
         if !(self.scale.is_finite() && self.scale > 0.0 && self.scale <= 100.0) {
             return Err("--scale must be above 0 and at most 100".into());
+        }
+        if self.nvm.is_some() && self.targets.iter().filter(|t| matches!(t, TargetSpec::Lib(_))).count() != 1
+        {
+            return Err("--nvm takes exactly one lib: target (a region is bound to one image)".into());
         }
         if self.rounds == Some(0) {
             return Err("--rounds must be at least 1".into());
@@ -192,7 +201,12 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     }
     for spec in &a.targets {
         let role = if a.compare { Role::Subject } else { Role::Reference };
-        entries.push(Entry { label: spec.to_string(), role, target: open_target(spec)? });
+        let nvm = a.nvm.as_deref().filter(|_| matches!(spec, TargetSpec::Lib(_)));
+        let label = match nvm {
+            Some(_) => format!("{spec}+nvm"),
+            None => spec.to_string(),
+        };
+        entries.push(Entry { label, role, target: open_target_with(spec, nvm)? });
     }
     if entries.is_empty() {
         return Err("no target to run: every reference was skipped".into());
@@ -364,6 +378,8 @@ mod tests {
             &["--target", "dir:/x", "--plot", "p.svg"],
             &["--compare", "--references", "zfs"],
             &["--compare", "--rounds", "0"],
+            &["--target", "dir:/x", "--nvm", "/dev/shm/r.nvm"],
+            &["--target", "lib:/a", "--target", "lib:/b", "--nvm", "/dev/shm/r.nvm"],
         ] {
             let e = parse(bad).unwrap_err();
             assert!(!e.is_empty(), "{bad:?}");
@@ -372,6 +388,12 @@ mod tests {
                 assert!(!e.contains('\n'), "{e}");
             }
         }
+    }
+
+    #[test]
+    fn nvm_region_for_a_lib_target() {
+        let a = parse(&["--target", "lib:/a.img", "--target", "dir:/x", "--nvm", "/dev/shm/r.nvm"]).unwrap();
+        assert_eq!(a.nvm, Some(PathBuf::from("/dev/shm/r.nvm")));
     }
 
     #[test]

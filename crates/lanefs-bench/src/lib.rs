@@ -33,5 +33,5 @@ pub mod workload;
 pub use cli::{run, BenchArgs};
 pub use hist::Histogram;
 pub use runner::{run_one, RunConfig, RunResult};
-pub use target::{open_target, File, OpenOptions, Stat, Target, TargetSpec};
+pub use target::{open_target, open_target_with, File, OpenOptions, Stat, Target, TargetSpec};
 pub use workload::Workload;

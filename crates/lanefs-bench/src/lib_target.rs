@@ -28,10 +28,16 @@ fn err(e: lanefs::Error) -> io::Error {
 
 impl LibTarget {
     pub fn open(image: &Path) -> Result<LibTarget, String> {
+        LibTarget::open_with(image, None)
+    }
+
+    /// Opens `image`, with the persistent-memory region `nvm` (`FsOptions::nvm`) if given.
+    pub fn open_with(image: &Path, nvm: Option<&Path>) -> Result<LibTarget, String> {
         let spec = format!("lib:{}", image.display());
         create_if_missing(image).map_err(|e| format!("{spec}: {e}"))?;
         let dev = FileDevice::open(image, DeviceOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
-        let fs = Fs::open(Arc::new(dev), FsOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
+        let opts = FsOptions { nvm: nvm.map(Path::to_path_buf), ..FsOptions::default() };
+        let fs = Fs::open(Arc::new(dev), opts).map_err(|e| format!("{spec}: {e}"))?;
         Ok(LibTarget { fs: Arc::new(fs), spec })
     }
 

@@ -166,10 +166,15 @@ impl std::fmt::Display for TargetSpec {
 
 /// Opens a target for benchmarking.
 pub fn open_target(spec: &TargetSpec) -> Result<Box<dyn Target>, String> {
+    open_target_with(spec, None)
+}
+
+/// [`open_target`], a `lib:` target mounted with the persistent-memory region `nvm`.
+pub fn open_target_with(spec: &TargetSpec, nvm: Option<&Path>) -> Result<Box<dyn Target>, String> {
     match spec {
         TargetSpec::Dir(p) => Ok(Box::new(DirTarget::new(p)?)),
         TargetSpec::Lib(p) => {
-            Ok(Box::new(crate::lib_target::LibTarget::open(&crate::lib_target::image_path(p))?))
+            Ok(Box::new(crate::lib_target::LibTarget::open_with(&crate::lib_target::image_path(p), nvm)?))
         }
         TargetSpec::Mount(p) => {
             Ok(Box::new(crate::mount_target::MountTarget::open(&crate::lib_target::image_path(p))?))
@@ -354,6 +359,22 @@ mod tests {
             assert!(e.contains(crate::mount_target::BIN_ENV) && !e.contains('\n'), "{e}");
             assert!(!img.exists());
         }
+    }
+
+    #[test]
+    fn lib_target_with_a_region_commits_fsync_there() {
+        let d = tempfile::tempdir().unwrap();
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap());
+        let img = d.path().join("lib.img");
+        let region = shm.path().join("lib.nvm");
+        let t = open_target_with(&format!("lib:{}", img.display()).parse().unwrap(), Some(&region)).unwrap();
+        let f = t.open(Path::new("f"), OpenOptions::create()).unwrap();
+        f.write_all_at(b"hello", 0).unwrap();
+        f.fsync().unwrap();
+        assert!(region.exists(), "the region is created by the first mount with it");
+        drop((f, t));
+        // The image needs its region from then on.
+        assert!(open_target(&format!("lib:{}", img.display()).parse().unwrap()).is_err());
     }
 
     #[test]
