@@ -1,7 +1,7 @@
 //! The lane journals in a persistent-memory region (`FsOptions::nvm`, issue 7 step 3): fsync
 //! commits its transaction to the region instead of writing journal blocks. Through the
 //! library: what fsync writes to the device, recovery from the region and from device journals
-//! written before the switch, the fall-back to the device when a lane's journal is full, and a
+//! written before the switch, the checkpoint an fsync takes when its lane's journal is full, and a
 //! crash at every region event of a run of fsyncs. The protocol's own crash states (torn
 //! entries, every subset of unpersisted words) are enumerated in `src/pmem/journal_tests.rs`.
 
@@ -182,7 +182,7 @@ fn device_journals_from_before_the_region_are_recovered() {
 }
 
 #[test]
-fn a_transaction_too_big_for_the_region_goes_to_the_device() {
+fn a_transaction_too_big_for_the_region_is_made_durable_by_a_checkpoint() {
     let d = scratch();
     let region = d.path().join("r.nvm");
     let copy = d.path().join("copy.nvm");
@@ -196,10 +196,16 @@ fn a_transaction_too_big_for_the_region_goes_to_the_device() {
         fs.create(dir, format!("n{i:05}{}", "x".repeat(190)).as_bytes(), 0o644, 0, 0).unwrap();
     }
     let before = fs.io_stats();
+    let version = |dev: &MemDevice| {
+        let g = lanefs::checkpoint::read_superblock(dev).unwrap().sb.geometry;
+        lanefs::checkpoint::read_checkpoint(dev, &g).unwrap().cp.version
+    };
+    let v0 = version(&mem);
     fs.fsync(dir, false).unwrap();
     let mid = fs.io_stats();
-    assert!(mid.journal_bytes - before.journal_bytes > 600_000, "{mid:?}");
-    assert_eq!(mid.nvm_journal_bytes, before.nvm_journal_bytes);
+    assert_eq!(mid.journal_bytes, before.journal_bytes, "no device journal block with a region");
+    assert_eq!(mid.nvm_journal_bytes, before.nvm_journal_bytes, "nothing committed to the region");
+    assert!(version(&mem) > v0, "the fsync took a checkpoint");
     // A small one still goes to the region.
     let f = fs.create(ROOT, b"small", 0o644, 0, 0).unwrap().ino;
     fs.write_at(f, 0, &data(3, 4096)).unwrap();
@@ -367,4 +373,44 @@ fn a_crash_at_every_region_event_of_a_run_of_fsyncs() {
     }
     eprintln!("{states} crash states over {total} region events, {rw_mounts} read-write recoveries");
     assert!(states > 100 && rw_mounts >= ops.len());
+}
+
+#[test]
+fn full_lane_journals_are_emptied_by_checkpoints_and_nothing_is_lost() {
+    let d = scratch();
+    let region = d.path().join("r.nvm");
+    let copy = d.path().join("copy.nvm");
+    let mem = Arc::new(image());
+    let dev: Arc<dyn BlockDevice> = mem.clone();
+    // Background checkpoints on (kicked at half a lane's journal); a 1 MiB region holds a few
+    // thousand small transactions per lane, so these fsyncs fill lanes several times over.
+    let fs = Fs::open(
+        dev,
+        FsOptions { checkpoint_interval: Some(std::time::Duration::from_secs(3600)), ..opts(Some(&region)) },
+    )
+    .unwrap();
+    let dir = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    let files: Vec<u64> =
+        (0..8).map(|i| fs.create(dir, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino).collect();
+    for round in 0..8000u32 {
+        let f = files[round as usize % files.len()];
+        if round % 5 == 0 {
+            fs.write_at(f, (round as u64 % 7) * 4096, &data(round as u8, 4096)).unwrap();
+        } else {
+            let mode = 0o600 | ((round % 2) * 0o044);
+            fs.setattr(f, &SetAttr { mode: Some(mode), ..Default::default() }).unwrap();
+        }
+        fs.fsync(f, false).unwrap();
+    }
+    let st = fs.io_stats();
+    assert!(st.nvm_journal_bytes > 1_000_000, "{st:?}");
+    assert!(st.checkpoint_bytes > 0, "{st:?}");
+    assert_eq!(st.journal_bytes % 4096, 0);
+    let want = state(&fs, &["/d"]);
+    let img = mem.snapshot();
+    std::fs::copy(&region, &copy).unwrap();
+    drop(fs);
+    let dev2: Arc<dyn BlockDevice> = Arc::new(MemDevice::from_bytes(img));
+    let fs = Fs::open(dev2, opts(Some(&copy))).unwrap();
+    assert_eq!(state(&fs, &["/d"]), want);
 }

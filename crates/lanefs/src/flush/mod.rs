@@ -31,6 +31,7 @@ use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::journal::{Record, Transaction};
 use crate::mem::mnode::MNode;
 use crate::oplog::dirlog::{names, removes, LoggedOp};
+use nvm::RegionCommit;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -87,11 +88,18 @@ impl Engine {
         }
         let r = self.flush_txn(m, &start);
         drop(gate);
-        r
+        if r? {
+            // The transaction did not fit the region's lane journal: a checkpoint (which starts
+            // after this point, so it holds everything the fsync covers) makes it durable.
+            self.checkpoint(false)?;
+        }
+        Ok(())
     }
 
-    /// Writes one transaction for `m` and the directories reachable from `start`.
-    fn flush_txn(&self, m: &Arc<MNode>, start: &[u32]) -> Result<()> {
+    /// Writes one transaction for `m` and the directories reachable from `start`. Returns
+    /// `true` when it wrote nothing and a checkpoint must make the changes durable instead
+    /// (with a region, a transaction its lane's journal has no room for).
+    fn flush_txn(&self, m: &Arc<MNode>, start: &[u32]) -> Result<bool> {
         let (lane, _) = self.lane();
         let dirs = self.dir_closure(start)?;
         // Serialise with other flushes of the same directories: a later fsync of one of them
@@ -104,13 +112,14 @@ impl Engine {
         let stamp = self.clock.now();
         let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages);
-        if let (Ok(_), Some((p, _))) = (&result, m.pages()) {
+        let written = matches!(result, Ok(Commit::Durable | Commit::FlushOwed));
+        if let (true, Some((p, _))) = (written, m.pages()) {
             // Written: the pages may be evicted now (a reader then finds the blocks).
             for (idx, _) in &pages {
                 p.settle(*idx);
             }
         }
-        if result.is_ok() {
+        if written {
             // Written (not yet flushed): a dependent fsync that takes these directories' flush
             // locks after us flushes the device after our write completed, which covers it.
             for op in &dir_ops.taken {
@@ -125,11 +134,12 @@ impl Engine {
             }
         }
         drop(locks);
-        if result? {
+        match result? {
             // One device flush shared with every concurrent fsync (group commit).
-            self.fsync_flush()?;
+            Commit::FlushOwed => self.fsync_flush().map(|()| false),
+            Commit::Durable => Ok(false),
+            Commit::Checkpoint => Ok(true),
         }
-        Ok(())
     }
 
     /// The device flush of an fsync, shared with every concurrent one (group commit).
@@ -239,9 +249,9 @@ impl Engine {
         Ok(out)
     }
 
-    /// Allocates and writes data blocks and the journal transaction. Returns whether the caller
-    /// still owes a device flush: with region journals the transaction is durable on return
-    /// (`flush::nvm`), else the caller flushes.
+    /// Allocates and writes data blocks and the journal transaction. With region journals the
+    /// transaction is durable on return (`flush/nvm.rs`), else the caller owes a device flush;
+    /// a transaction the region has no room for is given back (as on an error) for a checkpoint.
     fn write_txn(
         &self,
         m: &Arc<MNode>,
@@ -249,7 +259,7 @@ impl Engine {
         stamp: crate::journal::Stamp,
         dir_ops: &DirOps,
         pages: &[(u64, crate::mem::pages::PageBuf)],
-    ) -> Result<bool> {
+    ) -> Result<Commit> {
         let mtime = self.elapsed_secs();
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::with_capacity(pages.len() + 1);
         let mut map: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
@@ -308,12 +318,14 @@ impl Engine {
             // Without a region, a flush still covers what an fsync this one depends on wrote
             // (it marked the records journaled); with one, that fsync made them durable before
             // it let go of them.
-            return Ok(self.nvm_log.is_none());
+            return Ok(if self.nvm_log.is_some() { Commit::Durable } else { Commit::FlushOwed });
         }
         let txn = Transaction::new(records);
         let r = (|| {
-            if self.commit_to_region(lane, &txn, &writes)? {
-                return Ok(false);
+            match self.commit_to_region(lane, &txn, &writes)? {
+                RegionCommit::Committed => return Ok(Commit::Durable),
+                RegionCommit::Full => return Ok(Commit::Checkpoint),
+                RegionCommit::NoRegion => {}
             }
             let mut chain = self.chains[lane as usize].lock();
             // A failed write must not leave a hole in the chain that hides later transactions:
@@ -331,9 +343,9 @@ impl Engine {
                 *chain = before;
                 return Err(e);
             }
-            Ok(true)
+            Ok(Commit::FlushOwed)
         })();
-        if r.is_err() {
+        if !matches!(r, Ok(Commit::Durable | Commit::FlushOwed)) {
             // Give back what this transaction took, so a later fsync journals it again. (The
             // pages are put back dirty by the caller; their new blocks were never good.)
             let mut disk = m.disk.lock();
@@ -353,12 +365,7 @@ impl Engine {
                 m.meta.lock().xattrs_dirty = true;
             }
         }
-        match r? {
-            // On the device chain although a region is mounted (its lane journal was full):
-            // durable before the caller lets go of the records, as a region commit is.
-            true if self.nvm_log.is_some() => self.fsync_flush().map(|()| false),
-            owed => Ok(owed),
-        }
+        r
     }
 
     /// Writes (address, bytes) pairs in bounded batches, counted as `kind`.
@@ -377,6 +384,17 @@ impl Engine {
     pub(crate) fn elapsed_secs(&self) -> u64 {
         self.age_at_mount + self.mounted_at.elapsed().as_secs()
     }
+}
+
+/// What became of an fsync's transaction.
+enum Commit {
+    /// Durable already (committed to the region's lane journal).
+    Durable,
+    /// Written to the device journal; durable after the caller's device flush.
+    FlushOwed,
+    /// Not written (no room in the region's lane journal), everything given back: a
+    /// checkpoint must make it durable.
+    Checkpoint,
 }
 
 /// What a transaction took from its inode, given back if it fails.

@@ -46,32 +46,32 @@ impl Engine {
     /// fsync's commit with region journals: writes the transaction's data blocks `writes`,
     /// flushes the device when the transaction maps any written block (its own, or blocks
     /// writeback wrote without a flush), then appends `txn` to lane `lane`'s journal in the
-    /// region, durable when this returns `true` (data=ordered: the data is durable before the
-    /// commit word that makes the transaction count). A metadata-only transaction costs no
-    /// device I/O at all. Returns `false`, having committed nothing, when there is no region or
-    /// the lane's journal has no room (a checkpoint, which empties it, is asked for): the
-    /// caller journals on the device instead.
+    /// region, durable when this returns `Committed` (data=ordered: the data is durable before
+    /// the commit word that makes the transaction count). A metadata-only transaction costs no
+    /// device I/O at all. `Full`: the lane's journal has no room; nothing was committed, and
+    /// the caller takes a checkpoint, which makes the changes durable and empties the journals.
+    /// `NoRegion`: the caller journals on the device as without one.
+    ///
+    /// With a region nothing is ever appended to the device chains: their heads, reserved at
+    /// mount and never written, may lie in a segment that was reused by the time a transaction
+    /// came.
     pub(crate) fn commit_to_region(
         &self,
         lane: u32,
         txn: &Transaction,
         writes: &[(u64, Vec<u8>)],
-    ) -> Result<bool> {
-        let (Some(nvm), Some(log)) = (&self.nvm, &self.nvm_log) else { return Ok(false) };
+    ) -> Result<RegionCommit> {
+        let (Some(nvm), Some(log)) = (&self.nvm, &self.nvm_log) else { return Ok(RegionCommit::NoRegion) };
         let bytes = txn.encode()?;
         if !log.has_room(lane, bytes.len()) {
-            self.kick_checkpoint();
-            return Ok(false);
+            return Ok(RegionCommit::Full);
         }
         self.write_all(writes, WriteKind::Journal)?;
         if !txn.data_refs().is_empty() {
             self.fsync_flush()?;
         }
         match log.append(nvm.region(), lane, &bytes)? {
-            Appended::Full => {
-                self.kick_checkpoint();
-                Ok(false)
-            }
+            Appended::Full => Ok(RegionCommit::Full),
             Appended::Committed { before, after } => {
                 self.io.nvm_journal.add((after - before) as u64);
                 // The journal bound counts region bytes as blocks' worth; a checkpoint is also
@@ -84,8 +84,18 @@ impl Engine {
                 if before < half && after >= half {
                     self.kick_checkpoint();
                 }
-                Ok(true)
+                Ok(RegionCommit::Committed)
             }
         }
     }
+}
+
+/// What [`Engine::commit_to_region`] did.
+pub(crate) enum RegionCommit {
+    /// Durable in the region.
+    Committed,
+    /// No room in the lane's journal: nothing committed.
+    Full,
+    /// No region: nothing done.
+    NoRegion,
 }

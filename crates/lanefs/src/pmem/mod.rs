@@ -152,9 +152,12 @@
 //!    used + entry), persist. The transaction counts from this 8-byte store on.
 //! 3. only then are its directory records released to dependent fsyncs (pending counts, flush
 //!    locks), so a dependent fsync that finds them taken finds them durable. If the lane's
-//!    journal has no room, the transaction goes to the device chain as without a region, with
-//!    its device flush before the records are released; a checkpoint is asked for when a lane
-//!    is half full or full.
+//!    journal has no room, nothing is committed, everything the transaction took is given
+//!    back, and the fsync takes a checkpoint instead (after letting go of the gate), which
+//!    makes it durable and empties the journals; a checkpoint is asked for in the background
+//!    once a lane's journal is half full. Nothing is ever appended to the device chains with a
+//!    region: their heads, reserved at mount and never written, may lie in segments reused
+//!    since.
 //!
 //! Checkpoint of version V+1 (holding the gate exclusively, so no fsync appends meanwhile):
 //! after the pack is durable and the NAT log applied, every lane's TAIL = (V+1, 0), persisted.
@@ -166,7 +169,7 @@
 //! a lane whose TAIL says gen V holds `used` bytes of entries, each of which must decode (gen,
 //! bounds, the transaction's magic and crc32c, the geometry) or the mount fails naming the
 //! file; a lane whose TAIL says anything else holds nothing. The device chains are read as
-//! before (they hold transactions written before the switch, or ones that did not fit), the
+//! before (they hold transactions written before the switch to a region, if any), the
 //! data crcs of every transaction are checked as before, and all lanes of both are merged by
 //! stamp and replayed past the pack's stamp.
 //!
