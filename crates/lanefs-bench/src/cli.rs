@@ -69,6 +69,11 @@ pub struct BenchArgs {
     /// [default: lanefs's own, 256M].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub lib_cache: Option<u64>,
+    /// Persistent-memory region for the lib: target given with --target (lanefs's `--nvm`:
+    /// the NAT and the lane journals in the region, created on first use and bound to that
+    /// image). For mount: targets, put `--nvm FILE` in $LANEFS_MOUNT_OPTIONS.
+    #[arg(long, value_name = "FILE")]
+    pub nvm: Option<PathBuf>,
     /// Fraction of the default file-set sizes (smoke runs only).
     #[arg(long, value_name = "F", default_value_t = 1.0, hide = true)]
     pub scale: f64,
@@ -99,6 +104,10 @@ impl BenchArgs {
         }
         if self.lib_cache.is_some_and(|c| c < 1 << 20) {
             return Err("--lib-cache must be at least 1M".into());
+        }
+        if self.nvm.is_some() && self.targets.iter().filter(|t| matches!(t, TargetSpec::Lib(_))).count() != 1
+        {
+            return Err("--nvm takes exactly one lib: target (a region is bound to one image)".into());
         }
         if self.rounds == Some(0) {
             return Err("--rounds must be at least 1".into());
@@ -225,8 +234,13 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     }
     for spec in &a.targets {
         let role = if a.compare { Role::Subject } else { Role::Reference };
-        let target = open_target_with(spec, &TargetOptions { lib_cache: a.lib_cache })?;
-        entries.push(Entry { label: spec.to_string(), role, target });
+        let nvm = a.nvm.clone().filter(|_| matches!(spec, TargetSpec::Lib(_)));
+        let label = match nvm {
+            Some(_) => format!("{spec}+nvm"),
+            None => spec.to_string(),
+        };
+        let target = open_target_with(spec, &TargetOptions { lib_cache: a.lib_cache, nvm })?;
+        entries.push(Entry { label, role, target });
     }
     if entries.is_empty() {
         return Err("no target to run: every reference was skipped".into());
@@ -418,6 +432,8 @@ mod tests {
             &["--target", "dir:/x", "--fill", "x"],
             &["--target", "dir:/x", "--lib-cache", "512K"],
             &["--target", "dir:/x", "--lib-cache", "16Q"],
+            &["--target", "dir:/x", "--nvm", "/dev/shm/r.nvm"],
+            &["--target", "lib:/a", "--target", "lib:/b", "--nvm", "/dev/shm/r.nvm"],
         ] {
             let e = parse(bad).unwrap_err();
             assert!(!e.is_empty(), "{bad:?}");
@@ -426,6 +442,12 @@ mod tests {
                 assert!(!e.contains('\n'), "{e}");
             }
         }
+    }
+
+    #[test]
+    fn nvm_region_for_a_lib_target() {
+        let a = parse(&["--target", "lib:/a.img", "--target", "dir:/x", "--nvm", "/dev/shm/r.nvm"]).unwrap();
+        assert_eq!(a.nvm, Some(PathBuf::from("/dev/shm/r.nvm")));
     }
 
     #[test]

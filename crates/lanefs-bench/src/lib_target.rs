@@ -30,16 +30,17 @@ fn err(e: lanefs::Error) -> io::Error {
 
 impl LibTarget {
     pub fn open(image: &Path) -> Result<LibTarget, String> {
-        Self::open_with(image, None)
+        Self::open_with(image, None, None)
     }
 
     /// As [`LibTarget::open`], with a page cache of `cache` bytes instead of lanefs's default
-    /// ([`FsOptions::cache_bytes`]; dirty pages beyond half of it are written back).
-    pub fn open_with(image: &Path, cache: Option<u64>) -> Result<LibTarget, String> {
+    /// ([`FsOptions::cache_bytes`]; dirty pages beyond half of it are written back), and the
+    /// persistent-memory region `nvm` (`FsOptions::nvm`) if given.
+    pub fn open_with(image: &Path, cache: Option<u64>, nvm: Option<&Path>) -> Result<LibTarget, String> {
         let spec = format!("lib:{}", image.display());
         create_if_missing(image).map_err(|e| format!("{spec}: {e}"))?;
         let dev = FileDevice::open(image, DeviceOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
-        let mut opts = FsOptions::default();
+        let mut opts = FsOptions { nvm: nvm.map(Path::to_path_buf), ..FsOptions::default() };
         let cache = cache.filter(|&c| c != opts.cache_bytes);
         if let Some(c) = cache {
             opts.cache_bytes = c;

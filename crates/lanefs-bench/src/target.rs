@@ -217,10 +217,12 @@ impl std::fmt::Display for TargetSpec {
 }
 
 /// How targets are opened, beyond their spec.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TargetOptions {
     /// Page cache of `lib:` targets in bytes; None: lanefs's default.
     pub lib_cache: Option<u64>,
+    /// Persistent-memory region of a `lib:` target (`FsOptions::nvm`).
+    pub nvm: Option<PathBuf>,
 }
 
 /// Opens a target for benchmarking.
@@ -235,6 +237,7 @@ pub fn open_target_with(spec: &TargetSpec, opts: &TargetOptions) -> Result<Box<d
         TargetSpec::Lib(p) => Ok(Box::new(crate::lib_target::LibTarget::open_with(
             &crate::lib_target::image_path(p),
             opts.lib_cache,
+            opts.nvm.as_deref(),
         )?)),
         TargetSpec::Mount(p) => {
             Ok(Box::new(crate::mount_target::MountTarget::open(&crate::lib_target::image_path(p))?))
@@ -439,6 +442,23 @@ mod tests {
             assert!(e.contains(crate::mount_target::BIN_ENV) && !e.contains('\n'), "{e}");
             assert!(!img.exists());
         }
+    }
+
+    #[test]
+    fn lib_target_with_a_region_commits_fsync_there() {
+        let d = tempfile::tempdir().unwrap();
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap());
+        let img = d.path().join("lib.img");
+        let region = shm.path().join("lib.nvm");
+        let opts = TargetOptions { nvm: Some(region.clone()), ..Default::default() };
+        let t = open_target_with(&format!("lib:{}", img.display()).parse().unwrap(), &opts).unwrap();
+        let f = t.open(Path::new("f"), OpenOptions::create()).unwrap();
+        f.write_all_at(b"hello", 0).unwrap();
+        f.fsync().unwrap();
+        assert!(region.exists(), "the region is created by the first mount with it");
+        drop((f, t));
+        // The image needs its region from then on.
+        assert!(open_target(&format!("lib:{}", img.display()).parse().unwrap()).is_err());
     }
 
     #[test]

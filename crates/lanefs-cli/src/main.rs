@@ -57,6 +57,10 @@ enum Cmd {
         image: PathBuf,
         #[arg(long)]
         repair: bool,
+        /// The persistent-memory region of an image that keeps its NAT and journals in one:
+        /// checked with it.
+        #[arg(long)]
+        nvm: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "auto")]
         io: IoArg,
     },
@@ -65,6 +69,10 @@ enum Cmd {
         image: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Also describe the image's persistent-memory region: mapping, persistence method, the
+        /// NAT it holds, what each lane journal holds.
+        #[arg(long)]
+        nvm: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "auto")]
         io: IoArg,
     },
@@ -97,9 +105,15 @@ enum Cmd {
     Mount {
         image: PathBuf,
         mountpoint: PathBuf,
-        /// Persistent-memory region for the metadata log (not supported yet).
+        /// Persistent-memory region (a file on a DAX mount, or in /dev/shm to emulate one) for
+        /// the NAT and the lane journals: fsync commits there. Created on first use; the image
+        /// needs it from then on.
         #[arg(long)]
         nvm: Option<PathBuf>,
+        /// Size of a region created by this mount (e.g. 64M; the NAT of a 1 GiB image needs
+        /// about 6 MiB, the rest holds the lane journals).
+        #[arg(long, value_parser = size::parse_size, requires = "nvm")]
+        nvm_size: Option<u64>,
         /// Worker threads, each with its own /dev/fuse descriptor; default: one per core.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
         threads: Option<u16>,
@@ -159,16 +173,27 @@ fn main() -> ExitCode {
         Cmd::Mkfs { image, size, lanes, label, force } => {
             exit(mkfs(&image, size, lanes, &label, force), "mkfs")
         }
-        Cmd::Fsck { image, repair, io } => fsck(&image, repair, io.into()),
-        Cmd::Inspect { image, json, io } => exit(inspect(&image, json, io.into()), "inspect"),
+        Cmd::Fsck { image, repair, nvm, io } => fsck(&image, repair, nvm, io.into()),
+        Cmd::Inspect { image, json, nvm, io } => {
+            exit(inspect(&image, json, nvm.as_deref(), io.into()), "inspect")
+        }
         Cmd::Devbench { path, pmem: true, bytes, iterations, json, .. } => {
             exit(pmem_bench(&path, bytes, iterations, json), "devbench")
         }
         Cmd::Devbench { path, pmem: false, io, batch, iterations, size, json, .. } => {
             exit(devbench(&path, io.into(), batch, iterations, size, json), "devbench")
         }
-        Cmd::Mount { image, mountpoint, nvm, threads, options, foreground } => {
-            exit(mount(image, mountpoint, nvm, threads, options, foreground), "mount")
+        Cmd::Mount { image, mountpoint, nvm, nvm_size, threads, options, foreground } => {
+            let args = lanefs_fuse::MountArgs {
+                image,
+                mountpoint,
+                nvm,
+                nvm_size,
+                threads: threads.map(usize::from),
+                options,
+                foreground,
+            };
+            exit(lanefs_fuse::mount_command(&args), "mount")
         }
         Cmd::Umount { mountpoint } => exit(umount(&mountpoint), "umount"),
         Cmd::Crashtest { quick, seed, workloads, threads, replay, state, script, setup, avoid } => crashtest(
@@ -259,7 +284,7 @@ fn mkfs(image: &Path, size: Option<u64>, lanes: Option<u32>, label: &str, force:
     Ok(())
 }
 
-fn fsck(image: &Path, repair: bool, io: IoChoice) -> ExitCode {
+fn fsck(image: &Path, repair: bool, nvm: Option<PathBuf>, io: IoChoice) -> ExitCode {
     let dev = match open(image, io) {
         Ok(d) => d,
         Err(e) => {
@@ -270,7 +295,7 @@ fn fsck(image: &Path, repair: bool, io: IoChoice) -> ExitCode {
     let bar = progress::Bar::new();
     let report = lanefs::fsck::check_with_progress(
         &dev,
-        &lanefs::fsck::FsckOptions { repair },
+        &lanefs::fsck::FsckOptions { repair, nvm },
         &|phase, done, total| bar.update(phase, done, total),
     );
     bar.finish();
@@ -308,9 +333,13 @@ fn fsck(image: &Path, repair: bool, io: IoChoice) -> ExitCode {
     ExitCode::from(report.exit_code() as u8)
 }
 
-fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
+fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result<(), String> {
     let dev = open(image, io)?;
     let info = lanefs::inspect::inspect(&dev).map_err(|e| format!("{}: {e}", image.display()))?;
+    let region = match nvm {
+        Some(p) => Some(lanefs::inspect::inspect_region(&dev, p).map_err(|e| e.to_string())?),
+        None => None,
+    };
     let g = &info.geometry;
     let names = lanefs::inspect::ImageInfo::log_names();
     if json {
@@ -349,6 +378,11 @@ fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
             "bytes_written": {"user": info.user_bytes_written, "gc": info.gc_bytes_written, "checkpoint": info.cp_bytes_written},
             "write_amplification": write_amplification(&info),
             "lanes": lanes,
+            "nat_in_region": info.nat_in_region,
+            "region": region.as_ref().map(|r| serde_json::json!({
+                "path": r.path, "region": r.region, "nat": r.nat, "journals": r.journals,
+                "journal_transactions": r.journal_transactions,
+            })),
         });
         println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
         return Ok(());
@@ -393,6 +427,25 @@ fn inspect(image: &Path, json: bool, io: IoChoice) -> Result<(), String> {
         write_amplification(&info).map_or("-".to_string(), |w| format!("{w:.2}"))
     );
     println!("orphans       {}", info.orphans);
+    if info.nat_in_region || region.is_some() {
+        println!(
+            "NAT           {}",
+            if info.nat_in_region {
+                "in a persistent-memory region, with the lane journals (mount with --nvm FILE)"
+            } else {
+                "on the device"
+            }
+        );
+    }
+    if let Some(r) = &region {
+        println!("region        {}: {}", r.path, r.region);
+        println!("region NAT    {}", r.nat);
+        println!("region log    {}", r.journals);
+        if !r.journal_transactions.is_empty() {
+            let t: Vec<String> = r.journal_transactions.iter().map(|n| n.to_string()).collect();
+            println!("              transactions per lane, replayed by the next mount: {}", t.join(", "));
+        }
+    }
     for (i, logs) in info.lanes.iter().enumerate() {
         let s: Vec<String> =
             logs.iter().zip(names).map(|(c, n)| format!("{n} {}+{}", c.segno, c.next_off)).collect();
@@ -473,25 +526,6 @@ fn pmem_bench(path: &Path, bytes: usize, iterations: usize, json: bool) -> Resul
         }
     }
     Ok(())
-}
-
-fn mount(
-    image: PathBuf,
-    mountpoint: PathBuf,
-    nvm: Option<PathBuf>,
-    threads: Option<u16>,
-    options: Vec<String>,
-    foreground: bool,
-) -> Result<(), String> {
-    let threads = threads.map(usize::from);
-    lanefs_fuse::mount_command(&lanefs_fuse::MountArgs {
-        image,
-        mountpoint,
-        nvm,
-        threads,
-        options,
-        foreground,
-    })
 }
 
 fn umount(mountpoint: &Path) -> Result<(), String> {

@@ -80,6 +80,11 @@ impl Mounted {
 
     /// `lanefs mount --foreground` as a child of the test, so that the test can kill it.
     fn foreground(img: &Path, mp: &Path) -> Mounted {
+        Mounted::foreground_with(img, mp, &[])
+    }
+
+    /// `lanefs mount --foreground` with more arguments.
+    fn foreground_with(img: &Path, mp: &Path, extra: &[&std::ffi::OsStr]) -> Mounted {
         let child = Command::new(BIN)
             .args([
                 os("mount"),
@@ -89,6 +94,7 @@ impl Mounted {
                 os("--threads"),
                 os("2"),
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -655,8 +661,10 @@ fn bad_input_gives_one_line_and_a_nonzero_exit() {
     assert!(e.contains("does not exist"), "{e}");
     mount_fails(&[img.as_os_str(), junk.as_os_str()], "mount point is a file");
     mount_fails(&[dir.path().join("no-such.img").as_os_str(), mp.as_os_str()], "missing image");
-    let e = mount_fails(&[img.as_os_str(), mp.as_os_str(), os("--nvm"), os("/dev/shm/none")], "--nvm");
-    assert!(e.contains("not supported yet"), "{e}");
+    let nowhere = dir.path().join("no-such-dir/r.nvm");
+    let e =
+        mount_fails(&[img.as_os_str(), mp.as_os_str(), os("--nvm"), nowhere.as_os_str()], "--nvm nowhere");
+    assert!(e.contains(&nowhere.display().to_string()), "{e}");
     mount_fails(&[img.as_os_str(), mp.as_os_str(), os("-o"), os("no_such_option")], "unknown option");
     mount_fails(
         &[img.as_os_str(), mp.as_os_str(), os("--foreground"), os("-o"), os("no_such_option")],
@@ -675,4 +683,76 @@ fn bad_input_gives_one_line_and_a_nonzero_exit() {
     assert!(!out.status.success(), "umount of a mount point that is not mounted");
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
     fsck_clean(&img);
+}
+
+/// Runs `lanefs ARGS` to completion; returns (exit code, stdout, stderr).
+fn lanefs(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, String) {
+    let out = run(args, Duration::from_secs(120));
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+#[test]
+fn nvm_region_through_mount_fsck_and_inspect() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap());
+    let img = dir.path().join("disk.img");
+    let region = shm.path().join("disk.nvm");
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    mkfs(&img);
+    let nvm = [os("--nvm"), region.as_os_str()];
+
+    // fsyncs commit to the region; then the daemon is killed.
+    let m = Mounted::foreground_with(&img, &mp, &nvm);
+    assert!(region.exists(), "the region is created by the first mount with it");
+    fs::create_dir(m.mp.join("d")).unwrap();
+    let mut files = Vec::new();
+    for i in 0..20u64 {
+        let p = format!("d/f{i}");
+        let d = data(seed(9, i, 0), 3000 + 517 * i as usize);
+        let f = File::create(m.mp.join(&p)).unwrap();
+        f.write_all_at(&d, 0).unwrap();
+        f.sync_all().unwrap();
+        files.push((p, d));
+    }
+    m.kill();
+
+    // Without its region the image is refused; fsck too.
+    let e = mount_fails(&[img.as_os_str(), mp.as_os_str()], "without its region");
+    assert!(e.contains("--nvm"), "{e}");
+    let (code, _, err) = lanefs(&[os("fsck"), img.as_os_str()]);
+    assert_eq!(code, Some(8), "{err}");
+    assert!(err.contains("--nvm"), "{err}");
+    // With it: clean, and it says what the region's journals hold.
+    let (code, out, err) = lanefs(&[os("fsck"), img.as_os_str(), nvm[0], nvm[1]]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("region lane journals") && out.contains("replayed by the next mount"), "{out}");
+    // inspect shows the region.
+    let (code, out, err) = lanefs(&[os("inspect"), img.as_os_str(), nvm[0], nvm[1]]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("region NAT    NAT of checkpoint"), "{out}");
+    assert!(out.contains("lane journals of"), "{out}");
+    assert!(out.contains("transactions per lane"), "{out}");
+    let (code, out, _) = lanefs(&[os("inspect"), img.as_os_str(), os("--json"), nvm[0], nvm[1]]);
+    assert_eq!(code, Some(0));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["nat_in_region"], true);
+    assert!(
+        v["region"]["journal_transactions"].as_array().unwrap().iter().any(|n| n.as_u64() > Some(0)),
+        "{out}"
+    );
+
+    // The fsynced files come back (recovered from the region's journals).
+    let m = Mounted::daemon(&img, &mp, &["--nvm", region.to_str().unwrap()]);
+    for (p, d) in &files {
+        assert!(fs::read(m.mp.join(p)).unwrap() == *d, "{p}");
+    }
+    m.umount();
+    let (code, out, err) = lanefs(&[os("fsck"), img.as_os_str(), nvm[0], nvm[1]]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(!out.contains("region lane journals:"), "nothing left to replay: {out}");
 }

@@ -31,8 +31,11 @@ const DAEMON_ENV: &str = "LANEFS_MOUNT_DAEMON";
 pub struct MountArgs {
     pub image: PathBuf,
     pub mountpoint: PathBuf,
-    /// Persistent-memory region (not supported yet).
+    /// Persistent-memory region holding the NAT and the lane journals (`--nvm FILE`; also
+    /// `-o nvm=FILE`): created on the first mount with it, required from then on.
     pub nvm: Option<PathBuf>,
+    /// Size of a region this mount creates (`--nvm-size`; default 64 MiB).
+    pub nvm_size: Option<u64>,
     /// Worker threads; default one per core.
     pub threads: Option<usize>,
     /// `-o` option lists, each comma-separated.
@@ -140,9 +143,6 @@ fn default_threads() -> usize {
 /// the daemon and waits for its word.
 pub fn mount_command(args: &MountArgs) -> Result<(), String> {
     let parsed = parse_options(&args.options)?;
-    if args.nvm.is_some() || parsed.nvm.is_some() {
-        return Err("--nvm: the persistent-memory mode is not supported yet".into());
-    }
     if args.foreground {
         return serve(args, &parsed, &mut || {});
     }
@@ -281,8 +281,15 @@ fn open(args: &MountArgs) -> Result<(Fs, File, PathBuf, PathBuf), String> {
     let dev = FileDevice::open(img, DeviceOptions { io: IoChoice::Auto })
         .map_err(|e| format!("{}: {}", img.display(), plain(&e)))?;
     // `-o ro`: recovery replays into memory only and nothing is ever written to the image.
-    let read_only = parse_options(&args.options)?.fuse.contains(&MountOption::RO);
-    let opts = FsOptions { read_only, ..FsOptions::default() };
+    let parsed = parse_options(&args.options)?;
+    let read_only = parsed.fuse.contains(&MountOption::RO);
+    // The daemon leaves its start directory: a relative region path is made absolute first.
+    let nvm = match args.nvm.clone().or(parsed.nvm) {
+        Some(p) => Some(std::path::absolute(&p).map_err(|e| format!("--nvm {}: {e}", p.display()))?),
+        None => None,
+    };
+    let defaults = FsOptions::default();
+    let opts = FsOptions { read_only, nvm, nvm_size: args.nvm_size.unwrap_or(defaults.nvm_size), ..defaults };
     let fs = Fs::open(Arc::new(dev), opts).map_err(|e| format!("{}: {e}", img.display()))?;
     // The daemon must not keep its start directory busy.
     let _ = std::env::set_current_dir("/");

@@ -48,7 +48,8 @@ pub struct FsOptions {
     /// Never write the device: recovery replays into memory only, every change fails with
     /// EROFS, fsync and sync do nothing, and no checkpoint is taken (a `-o ro` mount).
     pub read_only: bool,
-    /// Persistent-memory region (`--nvm FILE`) holding the NAT; see `crate::pmem`. Created with
+    /// Persistent-memory region (`--nvm FILE`) holding the NAT and the lane journals (so fsync
+    /// commits there instead of writing journal blocks); see `crate::pmem`. Created with
     /// `nvm_size` bytes when missing and the image's NAT is still on the device.
     pub nvm: Option<std::path::PathBuf>,
     /// Size of a region created by mount (`--nvm-size`).
@@ -152,6 +153,8 @@ pub struct Engine {
     pub(crate) nat: NatTable,
     /// The persistent-memory region holding the NAT (`FsOptions::nvm`), when mounted with one.
     pub(crate) nvm: Option<crate::pmem::nat::NvmNat>,
+    /// The lane journals in that region: fsync commits there (see `crate::pmem`).
+    pub(crate) nvm_log: Option<crate::pmem::journal::NvmJournal>,
     pub(crate) table: Arc<SegmentTable>,
     pub(crate) lanes: LaneSet,
     pub(crate) cells: Cells<MNode>,
@@ -215,6 +218,10 @@ pub(crate) struct IoCounters {
     pub writeback: PerCpuCounter,
     pub checkpoint: PerCpuCounter,
     pub cleaning: PerCpuCounter,
+    /// Bytes fsync committed to the region's lane journals (not device bytes).
+    pub nvm_journal: PerCpuCounter,
+    /// Device flushes fsync asked for (each may be shared by a group of fsyncs).
+    pub fsync_flushes: PerCpuCounter,
     /// Cleaning bytes not yet added to the checkpoint's persistent total.
     pub cleaning_unsaved: PerCpuCounter,
     /// Other bytes not yet added to the checkpoint's persistent total.

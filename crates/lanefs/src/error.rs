@@ -18,6 +18,8 @@ pub enum Structure {
     Node,
     Dentry,
     Journal,
+    /// The persistent-memory region (`--nvm FILE`): its NAT or lane journals.
+    Region,
 }
 
 impl fmt::Display for Structure {
@@ -31,6 +33,7 @@ impl fmt::Display for Structure {
             Structure::Node => "node block",
             Structure::Dentry => "dentry block",
             Structure::Journal => "journal block",
+            Structure::Region => "persistent-memory region",
         };
         f.write_str(s)
     }

@@ -146,6 +146,11 @@ pub struct IoStats {
     pub checkpoint_bytes: u64,
     /// Data blocks the cleaner moved.
     pub cleaning_bytes: u64,
+    /// Bytes fsync committed to the persistent-memory region's lane journals instead (not
+    /// device bytes: entries with their head words and padding).
+    pub nvm_journal_bytes: u64,
+    /// Device flushes fsync called for (group commit may share one among several fsyncs).
+    pub fsync_flushes: u64,
     /// Cleaning rounds run and segments they emptied.
     pub cleaning_rounds: u64,
     pub segments_cleaned: u64,
@@ -206,7 +211,8 @@ impl Fs {
         &self.recovery
     }
 
-    /// The persistent-memory region holding the NAT, when mounted with one (`FsOptions::nvm`).
+    /// The persistent-memory region holding the NAT (and the lane journals), when mounted with
+    /// one (`FsOptions::nvm`).
     pub fn nvm(&self) -> Option<&crate::pmem::nat::NvmNat> {
         self.engine.nvm.as_ref()
     }
@@ -437,6 +443,8 @@ impl Fs {
             writeback_bytes: e.io.writeback.sum(),
             checkpoint_bytes: e.io.checkpoint.sum(),
             cleaning_bytes: e.io.cleaning.sum(),
+            nvm_journal_bytes: e.io.nvm_journal.sum(),
+            fsync_flushes: e.io.fsync_flushes.sum(),
             cleaning_rounds: e.gc.rounds.load(Relaxed),
             segments_cleaned: e.gc.segments_cleaned.load(Relaxed),
         }

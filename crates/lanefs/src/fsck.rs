@@ -20,14 +20,19 @@
 
 use crate::checkpoint::{self, commit, read_blocks, CommitSet};
 use crate::device::{BlockDevice, BLOCK_SIZE};
-use crate::error::{Error, Result, Structure};
+use crate::error::{Error, RegionFault, Result, Structure};
+use crate::format::checkpoint::CP_FLAG_NVM_NAT;
 use crate::format::dentry::DentryBlock;
 use crate::format::layout::{Geometry, NAT_ENTRIES_PER_BLOCK, ROOT_INO};
 use crate::format::node::{NEW_ADDR, S_IFMT};
 use crate::format::sit::SitEntry;
 use crate::format::superblock::SB_ADDRS;
 use crate::format::tree::NodePos;
+use crate::format::{Checkpoint, Superblock};
 use crate::format::{Node, NodeBody, SegmentSummary, SitBlock, SummaryEntry, SummaryKind};
+use crate::pmem::journal::NvmJournal;
+use crate::pmem::nat::NvmNat;
+use crate::pmem::{PmemRegion, RegionOptions};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 /// What to do.
@@ -35,6 +40,10 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 pub struct FsckOptions {
     /// Rewrite derived structures (superblock copy, SIT, SSA, counters) that are wrong.
     pub repair: bool,
+    /// The persistent-memory region of an image that keeps its NAT and lane journals in one
+    /// (`--nvm FILE`): checked with the image (NAT entries, lane journals), never written
+    /// except by a repair's checkpoint.
+    pub nvm: Option<std::path::PathBuf>,
 }
 
 /// One thing found wrong.
@@ -110,6 +119,12 @@ pub fn check_with_progress(
             f.problem(structure, e.to_string(), false);
             Ok(f.report)
         }
+        // So is a region that does not hold what the image needs (its NAT): the walk cannot
+        // start without it. (A missing, locked or wrong region is the caller's to fix.)
+        Err(e @ Error::Region { fault: RegionFault::Corrupt | RegionFault::Stale, .. }) => {
+            f.problem(Structure::Region, e.to_string(), false);
+            Ok(f.report)
+        }
         Err(e) => Err(e),
     }
 }
@@ -173,16 +188,13 @@ impl<'a> Fsck<'a> {
             )),
         }
         let mut cp = cpr.cp;
-        if cp.flags & crate::format::checkpoint::CP_FLAG_NVM_NAT != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "checkpoint {} keeps the NAT in a persistent-memory region: checking such an image \
-                 (fsck --nvm) is not supported yet",
-                cp.version
-            )));
-        }
         self.report.stats.checkpoint_version = cp.version;
         self.report.stats.checkpoint_pack = cpr.pack;
-        let nat = checkpoint::read_nat(dev, &g, &cp)?;
+        let region = self.open_region(&sbr.sb, &cp, opts)?;
+        let (nat, journaled) = match &region {
+            Some((nvm, log)) => (nvm.read(cp.version)?, self.check_region_journals(nvm, log, cp.version)),
+            None => (checkpoint::read_nat(dev, &g, &cp)?, Some(0)),
+        };
         let sit = checkpoint::read_sit(dev, &g, &cp)?;
 
         // 1. Nodes named by the NAT.
@@ -388,19 +400,101 @@ impl<'a> Fsck<'a> {
                     sit_blocks.entry(bi).or_insert_with(|| sit_block_from(&sit, bi, &g)).entries[slot] = e;
                 }
                 (cp.valid_blocks, cp.valid_nodes, cp.valid_inodes) = counts;
+                if journaled != Some(0) {
+                    // A new checkpoint would leave the region's journals behind (they follow
+                    // the pack in force, and nothing of theirs is in this one).
+                    self.report.notes.push(match journaled {
+                        Some(n) => format!(
+                            "not repaired: the region's lane journals hold {n} transactions since \
+                             checkpoint {}; mount the image once (which replays them) and run fsck again",
+                            cp.version
+                        ),
+                        None => "not repaired: the region's lane journals do not decode".to_string(),
+                    });
+                    return Ok(());
+                }
                 cp.version += 1;
                 let set = CommitSet {
                     nat: Vec::new(),
                     sit: sit_blocks.into_values().collect(),
                     summaries: ssa_fix,
                 };
+                if let Some((nvm, _)) = &region {
+                    // The region's side of a checkpoint that changes no NAT entry (protocol
+                    // in `crate::pmem`): the last log in place, an empty log for the new one.
+                    nvm.settle(cp.version - 1)?;
+                    nvm.stage(cp.version, &[])?;
+                }
                 commit(dev, &g, &mut cp, cpr.pack, &set)?;
+                if let Some((nvm, log)) = &region {
+                    nvm.apply(cp.version)?;
+                    log.reset(nvm.region(), cp.version)?;
+                }
                 for s in [Structure::Sit, Structure::Ssa, Structure::Checkpoint] {
                     self.mark_repaired(s);
                 }
             }
         }
         Ok(())
+    }
+
+    /// The region of an image whose pack keeps its NAT in one (`CP_FLAG_NVM_NAT`), opened and
+    /// checked against the image (UUID, size); `None` for an image that keeps it on the device.
+    fn open_region(
+        &mut self,
+        sb: &Superblock,
+        cp: &Checkpoint,
+        opts: &FsckOptions,
+    ) -> Result<Option<(NvmNat, NvmJournal)>> {
+        let g = &sb.geometry;
+        let flagged = cp.flags & CP_FLAG_NVM_NAT != 0;
+        match (&opts.nvm, flagged) {
+            (None, false) => Ok(None),
+            (None, true) => Err(Error::InvalidArgument(format!(
+                "checkpoint {} keeps the NAT and lane journals in a persistent-memory region: check it \
+                 with --nvm FILE",
+                cp.version
+            ))),
+            (Some(p), false) => {
+                self.report.notes.push(format!(
+                    "checkpoint {} keeps its NAT on the device: region {} is not in use (the next mount \
+                     with it seeds it)",
+                    cp.version,
+                    p.display()
+                ));
+                Ok(None)
+            }
+            (Some(p), true) => {
+                let region = PmemRegion::open(p, Some(sb.uuid), &RegionOptions::default())?;
+                let nvm = NvmNat::new(region, g)?;
+                let log = NvmJournal::new(nvm.region(), nvm.layout().end, g)?;
+                self.report.notes.push(format!("region {}", nvm.describe()));
+                Ok(Some((nvm, log)))
+            }
+        }
+    }
+
+    /// Decodes every transaction the region's lane journals hold under checkpoint `version`
+    /// (each is replayed by the next mount); a journal that does not decode is a problem.
+    /// Returns how many there are (`None`: they do not decode).
+    fn check_region_journals(&mut self, nvm: &NvmNat, log: &NvmJournal, version: u64) -> Option<usize> {
+        match log.read(nvm.region(), version) {
+            Ok(lanes) => {
+                let txns: usize = lanes.iter().map(Vec::len).sum();
+                let records: usize = lanes.iter().flatten().map(|t| t.records.len()).sum();
+                if txns > 0 {
+                    self.report.notes.push(format!(
+                        "region lane journals: {txns} transactions ({records} records) since checkpoint \
+                         {version}, replayed by the next mount"
+                    ));
+                }
+                Some(txns)
+            }
+            Err(e) => {
+                self.problem(Structure::Region, e.to_string(), false);
+                None
+            }
+        }
     }
 
     fn mark_repaired(&mut self, s: Structure) {

@@ -3,9 +3,13 @@
 use crate::checkpoint;
 use crate::device::BlockDevice;
 use crate::error::Result;
-use crate::format::checkpoint::{LogCursor, CP_FLAG_CLEAN};
+use crate::format::checkpoint::{LogCursor, CP_FLAG_CLEAN, CP_FLAG_NVM_NAT};
 use crate::format::layout::{Geometry, LogType, BLOCK_SIZE, LOG_TYPES};
+use crate::pmem::journal::NvmJournal;
+use crate::pmem::nat::NvmNat;
+use crate::pmem::{PmemRegion, RegionOptions};
 use std::collections::HashSet;
+use std::path::Path;
 
 /// Segment counts by state, as of the checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -38,6 +42,23 @@ pub struct ImageInfo {
     pub user_bytes_written: u64,
     pub gc_bytes_written: u64,
     pub cp_bytes_written: u64,
+    /// The checkpoint keeps the NAT and the lane journals in a persistent-memory region.
+    pub nat_in_region: bool,
+}
+
+/// A persistent-memory region as `lanefs inspect --nvm` shows it.
+#[derive(Debug, Clone)]
+pub struct RegionInfo {
+    pub path: String,
+    /// Size, mapping, persistence method, file system.
+    pub region: String,
+    /// What it holds for the image's checkpoint: the NAT, or why it cannot be used.
+    pub nat: String,
+    /// The lane journals' size and what each holds.
+    pub journals: String,
+    /// Transactions in each lane's journal since the checkpoint (replayed by the next mount);
+    /// empty when the region does not hold the image's NAT or its journals do not decode.
+    pub journal_transactions: Vec<usize>,
 }
 
 /// Reads the image's description.
@@ -83,6 +104,46 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
         user_bytes_written: cp.user_bytes_written,
         gc_bytes_written: cp.gc_bytes_written,
         cp_bytes_written: cp.cp_bytes_written,
+        nat_in_region: cp.flags & CP_FLAG_NVM_NAT != 0,
+    })
+}
+
+/// Describes the region at `path` as the image on `dev` sees it. Opens it (locking it, so a
+/// region in use by a mount is an error) and writes nothing.
+pub fn inspect_region(dev: &dyn BlockDevice, path: &Path) -> Result<RegionInfo> {
+    let sb = checkpoint::read_superblock(dev)?.sb;
+    let g = sb.geometry;
+    let cp = checkpoint::read_checkpoint(dev, &g)?.cp;
+    let region = PmemRegion::open(path, Some(sb.uuid), &RegionOptions::default())?;
+    let nvm = NvmNat::new(region, &g)?;
+    let log = NvmJournal::new(nvm.region(), nvm.layout().end, &g)?;
+    let mut journals = log.describe(nvm.region(), cp.version);
+    let mut journal_transactions = Vec::new();
+    let nat = if cp.flags & CP_FLAG_NVM_NAT == 0 {
+        format!(
+            "not in use: checkpoint {} keeps its NAT on the device (a mount with the region seeds it)",
+            cp.version
+        )
+    } else {
+        match nvm.read(cp.version) {
+            Ok(blocks) => {
+                match log.read(nvm.region(), cp.version) {
+                    Ok(lanes) => journal_transactions = lanes.iter().map(Vec::len).collect(),
+                    Err(e) => journals = format!("{journals}; {e}"),
+                }
+                let live: usize =
+                    blocks.values().map(|b| b.entries.iter().filter(|e| !e.is_free()).count()).sum();
+                format!("NAT of checkpoint {}: {live} live node ids of {}", cp.version, nvm.layout().entries)
+            }
+            Err(e) => format!("unusable: {e}"),
+        }
+    };
+    Ok(RegionInfo {
+        path: path.display().to_string(),
+        region: nvm.region().describe(),
+        nat,
+        journals,
+        journal_transactions,
     })
 }
 

@@ -8,7 +8,9 @@
 //! protected from reuse, every lane moves to fresh segments, the records of all lanes are merged
 //! by timestamp and those after the checkpoint's stamp are replayed into MEMFS, and a new
 //! checkpoint makes the result the base of the next mount. Reads of the chains' data are batched
-//! per transaction.
+//! per transaction. With a persistent-memory region the region is read first: the NAT, and the
+//! lane journals fsync committed there, whose transactions join the device chains' (see
+//! `crate::pmem`).
 
 use crate::checkpoint::{read_blocks, read_checkpoint, read_nat, read_sit, read_summary, read_superblock};
 use crate::device::{BlockDevice, BLOCK_SIZE};
@@ -19,13 +21,14 @@ use crate::format::layout::LogType;
 use crate::format::node::{Timespec, NEW_ADDR};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::format::{Checkpoint, Superblock};
-use crate::journal::{merge_by_stamp, read_chain, ChainRead, ChainWriter, Record};
+use crate::journal::{merge_by_stamp, read_chain, ChainRead, ChainWriter, Record, Transaction};
 use crate::mem::mnode::{ts_to_ns, MNode, Meta, S_IFDIR};
 use crate::mem::pages::CacheStats;
 use crate::mem::Cells;
 use crate::nat::NatTable;
 use crate::oplog::dirlog::LoggedOp;
 use crate::oplog::InFlight;
+use crate::pmem::journal::NvmJournal;
 use crate::pmem::nat::NvmNat;
 use crate::pmem::PmemRegion;
 use crate::seg::{LaneSet, SegmentTable};
@@ -56,8 +59,12 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     let cpr = read_checkpoint(&*dev, &g)?;
     let cp = cpr.cp;
     let age = cp.elapsed_secs;
-    // The region first: it may hold the NAT.
-    let (nat, nvm) = load_nat(&*dev, &sb, &cp, &opts)?;
+    // The region first: it may hold the NAT and the lane journals.
+    let (nat, nvm, nvm_log, region_txns) = load_nat(&*dev, &sb, &cp, &opts)?;
+    // Records go to the region's journals only under a pack that says the image needs its
+    // region (a mount without it would miss them): the first mount with a region takes a
+    // checkpoint, which flags the pack, before it returns.
+    let first_with_region = nvm.is_some() && cp.flags & CP_FLAG_NVM_NAT == 0;
     let sit = read_sit(&*dev, &g, &cp)?;
     let active: Vec<(u32, u32, LogType)> = cp
         .lanes
@@ -90,29 +97,36 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         reads.push(r);
     }
     for r in &mut reads {
-        let kept = verified_prefix(&*dev, r, cp.stamp)?;
+        let kept = verified_prefix(&*dev, &r.transactions, cp.stamp)?;
         report.torn_transactions += r.transactions.len() - kept;
         r.truncate(kept);
         report.transactions += kept;
     }
+    // The region's lane journals: committed after their data was durable, so the check is a
+    // formality there, kept for the same rule everywhere.
+    let mut region_txns = region_txns;
+    for t in &mut region_txns {
+        let kept = verified_prefix(&*dev, t, cp.stamp)?;
+        report.torn_transactions += t.len() - kept;
+        t.truncate(kept);
+        report.transactions += kept;
+    }
+    let all_txns = || reads.iter().flat_map(|r| r.transactions.iter()).chain(region_txns.iter().flatten());
     let touched = reads.iter().any(|r| !r.blocks.is_empty())
+        || region_txns.iter().any(|t| !t.is_empty())
         || !cp.orphans.is_empty()
         || cp.lanes.iter().any(|l| l.journal_head == 0);
-    let max_stamp = reads
-        .iter()
-        .flat_map(|r| r.transactions.iter().flat_map(|t| t.records.iter().map(|x| x.stamp().ticks)))
-        .max()
-        .unwrap_or(0);
+    let max_stamp = all_txns().flat_map(|t| t.records.iter().map(|x| x.stamp().ticks)).max().unwrap_or(0);
     if touched {
         // Protect what the chains use until the post-recovery checkpoint is durable: the
         // segments of journal blocks and of data that replay may install stay out of the free
         // map (prefree); replay marks a block valid when it installs it. Logs whose active
         // segment holds such blocks move on to fresh segments.
         let mut touched_segs = std::collections::BTreeSet::new();
-        for r in &reads {
-            let data =
-                r.transactions.iter().flat_map(|t| newer_data_refs(t, cp.stamp)).map(|(a, _)| a as u64);
-            for b in r.blocks.iter().copied().chain(data) {
+        let journal_blocks = reads.iter().flat_map(|r| r.blocks.iter().copied());
+        let data = all_txns().flat_map(|t| newer_data_refs(t, cp.stamp)).map(|(a, _)| a as u64);
+        {
+            for b in journal_blocks.chain(data) {
                 if let Some((segno, _)) = g.seg_of(b) {
                     table.claim_for_journal(segno)?;
                     touched_segs.insert(segno);
@@ -129,8 +143,8 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         lanes.retire_touched(cp.elapsed_secs, |segno| touched_segs.contains(&segno))?;
         // Their owners, for the segment summaries (never written for blocks after the checkpoint).
         let mut patches: std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>> = Default::default();
-        for r in &reads {
-            for t in &r.transactions {
+        {
+            for t in all_txns() {
                 for rec in &t.records {
                     if let Record::Map { ino, first, entries, .. } = rec {
                         for (i, &(addr, _)) in entries.iter().enumerate() {
@@ -162,10 +176,11 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         };
         chains.push(Mutex::new(w));
     }
-    let records: Vec<Record> = merge_by_stamp(reads.into_iter().map(|r| r.transactions).collect())
-        .into_iter()
-        .filter(|r| r.stamp().ticks > cp.stamp)
-        .collect();
+    let records: Vec<Record> =
+        merge_by_stamp(reads.into_iter().map(|r| r.transactions).chain(region_txns).collect())
+            .into_iter()
+            .filter(|r| r.stamp().ticks > cp.stamp)
+            .collect();
     report.records_replayed = records.len();
     let orphans = cp.orphans.clone();
     let pack = cpr.pack;
@@ -174,6 +189,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         g,
         nat,
         nvm,
+        nvm_log,
         table,
         lanes,
         cells: Cells::new(),
@@ -216,56 +232,67 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
                 }
             }
         }
-        // (A read-only mount keeps the replayed state in memory only.)
+    }
+    if touched || first_with_region {
+        // (A read-only mount keeps the replayed state in memory only.) With a region, the
+        // checkpoint empties its lane journals once its pack is durable.
         engine.checkpoint(false)?;
+    } else {
+        // Whatever the lane journals hold belongs to no live checkpoint (or is empty).
+        let version = engine.cp.lock().cp.version;
+        engine.reset_nvm_journals(version)?;
     }
     Ok((engine, report))
 }
 
-/// The NAT of checkpoint `cp` and the region the engine keeps it in (see the protocol in
+/// What [`load_nat`] found: the NAT, the region's NAT and lane journals (when the engine keeps
+/// them), and the transactions those journals hold under the pack in force (per lane).
+type Loaded = (NatTable, Option<NvmNat>, Option<NvmJournal>, Vec<Vec<Transaction>>);
+
+/// The NAT of checkpoint `cp` and the region the engine keeps it in (see the protocols in
 /// `crate::pmem`): from the region when the pack is flagged, else from the device — seeding
-/// the region (created if missing) when the mount has one. A read-only mount writes nothing
-/// and keeps no region.
-fn load_nat(
-    dev: &dyn BlockDevice,
-    sb: &Superblock,
-    cp: &Checkpoint,
-    opts: &FsOptions,
-) -> Result<(NatTable, Option<NvmNat>)> {
+/// the region (created if missing) when the mount has one. The region's lane journals are read
+/// under a flagged pack only (records go there only under one). A read-only mount writes
+/// nothing and keeps no region.
+fn load_nat(dev: &dyn BlockDevice, sb: &Superblock, cp: &Checkpoint, opts: &FsOptions) -> Result<Loaded> {
     let g = &sb.geometry;
     let flagged = cp.flags & CP_FLAG_NVM_NAT != 0;
     let table = |blocks| NatTable::from_blocks(g, blocks, NatTable::default_slots(), cp.next_nid);
     let Some(path) = &opts.nvm else {
         if flagged {
             return Err(Error::InvalidArgument(format!(
-                "the image keeps its NAT in a persistent-memory region (checkpoint {}): mount it with --nvm FILE",
+                "the image keeps its NAT and journals in a persistent-memory region (checkpoint {}): \
+                 mount it with --nvm FILE",
                 cp.version
             )));
         }
-        return Ok((table(read_nat(dev, g, cp)?), None));
+        return Ok((table(read_nat(dev, g, cp)?), None, None, Vec::new()));
     };
     if flagged {
         // Never a fresh region here: the NAT is in the one the image was checkpointed with.
         let nvm = NvmNat::new(PmemRegion::open(path, Some(sb.uuid), &opts.nvm_region)?, g)?;
+        let log = NvmJournal::new(nvm.region(), nvm.layout().end, g)?;
         let blocks = nvm.read(cp.version)?;
+        let txns = log.read(nvm.region(), cp.version)?;
         if opts.read_only {
-            return Ok((table(blocks), None));
+            return Ok((table(blocks), None, None, txns));
         }
         nvm.settle(cp.version)?;
-        return Ok((table(blocks), Some(nvm)));
+        return Ok((table(blocks), Some(nvm), Some(log), txns));
     }
     let blocks = read_nat(dev, g, cp)?;
     if opts.read_only {
-        return Ok((table(blocks), None));
+        return Ok((table(blocks), None, None, Vec::new()));
     }
     let (region, _) = PmemRegion::open_or_create(path, opts.nvm_size, sb.uuid, &opts.nvm_region)?;
     let nvm = NvmNat::new(region, g)?;
+    let log = NvmJournal::new(nvm.region(), nvm.layout().end, g)?;
     nvm.seed(&blocks, cp.version)?;
-    Ok((table(blocks), Some(nvm)))
+    Ok((table(blocks), Some(nvm), Some(log), Vec::new()))
 }
 
 /// Data blocks (address, crc) that records of `t` newer than the checkpoint map.
-fn newer_data_refs(t: &crate::journal::Transaction, cp_stamp: u64) -> Vec<(u32, u32)> {
+fn newer_data_refs(t: &Transaction, cp_stamp: u64) -> Vec<(u32, u32)> {
     t.records
         .iter()
         .filter(|r| r.stamp().ticks > cp_stamp)
@@ -278,10 +305,10 @@ fn newer_data_refs(t: &crate::journal::Transaction, cp_stamp: u64) -> Vec<(u32, 
         .collect()
 }
 
-/// How many leading transactions of `r` have every data block they map (past the checkpoint)
-/// intact.
-fn verified_prefix(dev: &dyn BlockDevice, r: &ChainRead, cp_stamp: u64) -> Result<usize> {
-    for (k, t) in r.transactions.iter().enumerate() {
+/// How many leading transactions of `txns` have every data block they map (past the
+/// checkpoint) intact.
+fn verified_prefix(dev: &dyn BlockDevice, txns: &[Transaction], cp_stamp: u64) -> Result<usize> {
+    for (k, t) in txns.iter().enumerate() {
         let refs = newer_data_refs(t, cp_stamp);
         let data = read_blocks(dev, &refs.iter().map(|x| x.0 as u64).collect::<Vec<_>>())?;
         let ok = refs.iter().zip(data.chunks(BLOCK_SIZE)).all(|((_, crc), b)| crc32c::crc32c(b) == *crc);
@@ -289,7 +316,7 @@ fn verified_prefix(dev: &dyn BlockDevice, r: &ChainRead, cp_stamp: u64) -> Resul
             return Ok(k);
         }
     }
-    Ok(r.transactions.len())
+    Ok(txns.len())
 }
 
 impl Engine {

@@ -194,7 +194,7 @@ fn sit_and_counter_damage_is_repaired() {
     let p = problems(&r);
     assert!(p.contains(&format!("segment {victim}: SIT says 0 valid blocks")), "{p}");
     assert!(p.contains("counters"), "{p}");
-    let r = check(&dev, &FsckOptions { repair: true }).unwrap();
+    let r = check(&dev, &FsckOptions { repair: true, ..Default::default() }).unwrap();
     assert_eq!(r.exit_code(), 1, "{}", problems(&r));
     assert_clean(&fsck(&dev));
 }
@@ -237,7 +237,7 @@ fn bad_superblock_copy_is_repaired_and_both_bad_is_reported() {
     let r = fsck(&dev);
     assert_eq!(r.exit_code(), 4);
     assert!(problems(&r).contains("copy A"));
-    let r = check(&dev, &FsckOptions { repair: true }).unwrap();
+    let r = check(&dev, &FsckOptions { repair: true, ..Default::default() }).unwrap();
     assert_eq!(r.exit_code(), 1);
     assert_clean(&fsck(&dev));
     flip(&dev, 0, 300);

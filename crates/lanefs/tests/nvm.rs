@@ -190,7 +190,7 @@ fn a_flagged_image_needs_its_region() {
     let fs = mount(&dev, Some(&region)).unwrap();
     check_files(&fs, &files);
     drop(fs);
-    // fsck says plainly that it cannot check such an image yet.
+    // fsck without the region says it needs it.
     let e = lanefs::fsck::check(&*dev, &Default::default()).err().unwrap();
     assert!(e.to_string().contains("persistent-memory region"), "{e}");
 }
@@ -235,8 +235,8 @@ fn crash_after_fsync_recovers_from_region_and_journal() {
     fs.write_at(f, 0, &b).unwrap();
     fs.fsync(f, false).unwrap();
     files.iter_mut().find(|(p, _)| p == "/a/f1").unwrap().1 = b;
-    // Crash: the device and the region as they are now (the region only changes inside
-    // checkpoints, none of which runs now).
+    // Crash: the device and the region as they are now (the fsyncs committed to the region's
+    // lane journals; no checkpoint runs meanwhile).
     let img = mem.snapshot();
     std::fs::copy(&region, &copy).unwrap();
     drop(fs);
@@ -315,4 +315,83 @@ fn read_only_mount_reads_the_region_and_writes_nothing() {
     drop(fs);
     assert_eq!(std::fs::read(&copy).unwrap(), r_before, "read-only mount changed the region");
     assert!(ro_mem.snapshot() == img, "read-only mount changed the image");
+}
+
+#[test]
+fn fsck_checks_the_region_with_the_image_and_repairs_through_it() {
+    use lanefs::fsck::{check, FsckOptions};
+    let d = scratch();
+    let region = d.path().join("r.nvm");
+    let copy = d.path().join("copy.nvm");
+    let mem = Arc::new(image());
+    let dev: Arc<dyn BlockDevice> = mem.clone();
+    let with = |p: &Path, repair: bool| FsckOptions { repair, nvm: Some(p.to_path_buf()) };
+    let fs = mount(&dev, Some(&region)).unwrap();
+    let mut files = populate(&fs, "a", 4, 20);
+    fs.sync().unwrap();
+    files.extend(populate(&fs, "b", 3, 21));
+    // A crash with transactions in the region's lane journals: the checkpoint is consistent,
+    // and fsck says what the next mount will replay.
+    let img = mem.snapshot();
+    std::fs::copy(&region, &copy).unwrap();
+    let crashed = MemDevice::from_bytes(img);
+    let r = check(&crashed, &with(&copy, false)).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+    assert!(
+        r.notes.iter().any(|n| n.contains("region lane journals: ") && n.contains("transactions")),
+        "{:?}",
+        r.notes
+    );
+    // Without the region fsck cannot check it (operational error naming the option).
+    let e = check(&crashed, &FsckOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("--nvm"), "{e}");
+    // A corrupt journal is a problem, and stops a repair.
+    let mut bad = std::fs::read(&copy).unwrap();
+    let nat_end = {
+        let g = read_superblock(&crashed).unwrap().sb.geometry;
+        let r = lanefs::pmem::PmemRegion::open(&copy, None, &Default::default()).unwrap();
+        lanefs::pmem::nat::NvmNat::new(r, &g).unwrap().layout().end
+    };
+    let g = read_superblock(&crashed).unwrap().sb.geometry;
+    let layout = lanefs::pmem::journal::JournalLayout::of(nat_end, bad.len(), g.lanes);
+    let busy = (0..layout.lanes)
+        .find(|&l| u32::from_le_bytes(bad[layout.tail(l)..layout.tail(l) + 4].try_into().unwrap()) > 0)
+        .expect("a lane journal holds transactions");
+    bad[layout.log(busy) + 8 + 30] ^= 0x40;
+    std::fs::write(&copy, &bad).unwrap();
+    let r = check(&crashed, &with(&copy, true)).unwrap();
+    assert_eq!(r.exit_code(), 4);
+    assert!(r
+        .problems
+        .iter()
+        .any(|p| p.message.contains("lane") && p.message.contains(&copy.display().to_string())));
+    drop(fs);
+
+    // The cleanly unmounted image: clean with its region.
+    let r = check(&*dev, &with(&region, false)).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+    // Wrong counters in a new pack (its region side done as a checkpoint does it): found, and
+    // repaired by a checkpoint that goes through the region too.
+    {
+        let g = read_superblock(&*dev).unwrap().sb.geometry;
+        let cpr = read_checkpoint(&*dev, &g).unwrap();
+        let mut cp = cpr.cp;
+        cp.version += 1;
+        cp.valid_blocks += 7;
+        let uuid = read_superblock(&*dev).unwrap().sb.uuid;
+        let r = lanefs::pmem::PmemRegion::open(&region, Some(uuid), &Default::default()).unwrap();
+        let nvm = lanefs::pmem::nat::NvmNat::new(r, &g).unwrap();
+        nvm.stage(cp.version, &[]).unwrap();
+        let set = lanefs::checkpoint::CommitSet { nat: vec![], sit: vec![], summaries: vec![] };
+        lanefs::checkpoint::commit(&*dev, &g, &mut cp, cpr.pack, &set).unwrap();
+        nvm.apply(cp.version).unwrap();
+    }
+    let r = check(&*dev, &with(&region, false)).unwrap();
+    assert_eq!(r.exit_code(), 4, "{:?}", r.problems);
+    let r = check(&*dev, &with(&region, true)).unwrap();
+    assert_eq!(r.exit_code(), 1, "{:?}", r.problems);
+    let r = check(&*dev, &with(&region, false)).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+    let fs = mount(&dev, Some(&region)).unwrap();
+    check_files(&fs, &files);
 }

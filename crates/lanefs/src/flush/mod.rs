@@ -7,6 +7,10 @@
 //! flush shared with every concurrent fsync (group commit). Recovery replays transactions whose
 //! data checksums match, so a crash between the batch and the flush cannot expose stale data.
 //!
+//! With a persistent-memory region (`FsOptions::nvm`) the transaction goes to the lane's
+//! journal in the region instead, after the data is written and flushed, and is durable before
+//! its records are released; see `crate::pmem` and `flush/nvm.rs`.
+//!
 //! Which directories an fsync flushes (durability contract, DESIGN.md): every directory whose
 //! log holds an unjournaled record naming the file (its create, links, renames); for every
 //! record flushed, every directory with unjournaled records naming an inode it names (so an
@@ -27,6 +31,7 @@ use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::journal::{Record, Transaction};
 use crate::mem::mnode::MNode;
 use crate::oplog::dirlog::{names, removes, LoggedOp};
+use nvm::RegionCommit;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -83,11 +88,18 @@ impl Engine {
         }
         let r = self.flush_txn(m, &start);
         drop(gate);
-        r
+        if r? {
+            // The transaction did not fit the region's lane journal: a checkpoint (which starts
+            // after this point, so it holds everything the fsync covers) makes it durable.
+            self.checkpoint(false)?;
+        }
+        Ok(())
     }
 
-    /// Writes one transaction for `m` and the directories reachable from `start`.
-    fn flush_txn(&self, m: &Arc<MNode>, start: &[u32]) -> Result<()> {
+    /// Writes one transaction for `m` and the directories reachable from `start`. Returns
+    /// `true` when it wrote nothing and a checkpoint must make the changes durable instead
+    /// (with a region, a transaction its lane's journal has no room for).
+    fn flush_txn(&self, m: &Arc<MNode>, start: &[u32]) -> Result<bool> {
         let (lane, _) = self.lane();
         let dirs = self.dir_closure(start)?;
         // Serialise with other flushes of the same directories: a later fsync of one of them
@@ -100,13 +112,14 @@ impl Engine {
         let stamp = self.clock.now();
         let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages);
-        if let (Ok(()), Some((p, _))) = (&result, m.pages()) {
+        let written = matches!(result, Ok(Commit::Durable | Commit::FlushOwed));
+        if let (true, Some((p, _))) = (written, m.pages()) {
             // Written: the pages may be evicted now (a reader then finds the blocks).
             for (idx, _) in &pages {
                 p.settle(*idx);
             }
         }
-        if result.is_ok() {
+        if written {
             // Written (not yet flushed): a dependent fsync that takes these directories' flush
             // locks after us flushes the device after our write completed, which covers it.
             for op in &dir_ops.taken {
@@ -121,8 +134,17 @@ impl Engine {
             }
         }
         drop(locks);
-        result?;
-        // One device flush shared with every concurrent fsync (group commit).
+        match result? {
+            // One device flush shared with every concurrent fsync (group commit).
+            Commit::FlushOwed => self.fsync_flush().map(|()| false),
+            Commit::Durable => Ok(false),
+            Commit::Checkpoint => Ok(true),
+        }
+    }
+
+    /// The device flush of an fsync, shared with every concurrent one (group commit).
+    pub(crate) fn fsync_flush(&self) -> Result<()> {
+        self.io.fsync_flushes.add(1);
         self.group.sync(&*self.dev)
     }
 
@@ -227,7 +249,9 @@ impl Engine {
         Ok(out)
     }
 
-    /// Allocates and writes data blocks and the journal transaction (the caller flushes).
+    /// Allocates and writes data blocks and the journal transaction. With region journals the
+    /// transaction is durable on return (`flush/nvm.rs`), else the caller owes a device flush;
+    /// a transaction the region has no room for is given back (as on an error) for a checkpoint.
     fn write_txn(
         &self,
         m: &Arc<MNode>,
@@ -235,7 +259,7 @@ impl Engine {
         stamp: crate::journal::Stamp,
         dir_ops: &DirOps,
         pages: &[(u64, crate::mem::pages::PageBuf)],
-    ) -> Result<()> {
+    ) -> Result<Commit> {
         let mtime = self.elapsed_secs();
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::with_capacity(pages.len() + 1);
         let mut map: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
@@ -291,10 +315,18 @@ impl Engine {
             records.extend(Record::map_runs(m.ino, stamp, &own_map));
         }
         if records.is_empty() {
-            return Ok(());
+            // Without a region, a flush still covers what an fsync this one depends on wrote
+            // (it marked the records journaled); with one, that fsync made them durable before
+            // it let go of them.
+            return Ok(if self.nvm_log.is_some() { Commit::Durable } else { Commit::FlushOwed });
         }
         let txn = Transaction::new(records);
         let r = (|| {
+            match self.commit_to_region(lane, &txn, &writes)? {
+                RegionCommit::Committed => return Ok(Commit::Durable),
+                RegionCommit::Full => return Ok(Commit::Checkpoint),
+                RegionCommit::NoRegion => {}
+            }
             let mut chain = self.chains[lane as usize].lock();
             // A failed write must not leave a hole in the chain that hides later transactions:
             // on error the writer goes back to where it was (the next append overwrites).
@@ -311,9 +343,9 @@ impl Engine {
                 *chain = before;
                 return Err(e);
             }
-            Ok(())
+            Ok(Commit::FlushOwed)
         })();
-        if r.is_err() {
+        if !matches!(r, Ok(Commit::Durable | Commit::FlushOwed)) {
             // Give back what this transaction took, so a later fsync journals it again. (The
             // pages are put back dirty by the caller; their new blocks were never good.)
             let mut disk = m.disk.lock();
@@ -352,6 +384,17 @@ impl Engine {
     pub(crate) fn elapsed_secs(&self) -> u64 {
         self.age_at_mount + self.mounted_at.elapsed().as_secs()
     }
+}
+
+/// What became of an fsync's transaction.
+enum Commit {
+    /// Durable already (committed to the region's lane journal).
+    Durable,
+    /// Written to the device journal; durable after the caller's device flush.
+    FlushOwed,
+    /// Not written (no room in the region's lane journal), everything given back: a
+    /// checkpoint must make it durable.
+    Checkpoint,
 }
 
 /// What a transaction took from its inode, given back if it fails.

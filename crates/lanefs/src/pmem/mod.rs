@@ -1,10 +1,11 @@
 //! pmem: a byte-addressable persistent-memory region mapped from a file (`--nvm FILE`).
 //!
-//! DESIGN.md, "Persistent-memory mode": a small region (64-256 MiB) that will hold the NAT, the
-//! node log for fsync and the lane journals, so that an fsync persists a few hundred bytes
-//! instead of writing 4 KiB blocks. This module is the region itself: creating, checking and
-//! mapping the file, 8-byte atomic stores, byte-range writes, persisting a range, and a crash
-//! model for tests. It knows nothing of the engine.
+//! DESIGN.md, "Persistent-memory mode": a small region (64-256 MiB) that holds the NAT and the
+//! lane journals (and, later, the node log for fsync), so that an fsync persists a few hundred
+//! bytes instead of writing 4 KiB blocks. This module is the region itself: creating, checking
+//! and mapping the file, 8-byte atomic stores, byte-range writes, persisting a range, and a
+//! crash model for tests; and, in [`nat`] and [`journal`], the structures the engine keeps in it,
+//! which know formats but not the engine.
 //!
 //! # The file
 //!
@@ -62,8 +63,8 @@
 //! Nodes — and so NAT entries — are written only by a checkpoint, which today writes every NAT
 //! block holding a changed entry (a 4 KiB block for one 8-byte change), to the block's spare
 //! copy, then the pack. With a region, those changed entries go to the region instead, 8 bytes
-//! each, and the checkpoint writes no NAT block at all. (Moving the journal — and so fsync —
-//! into the region is the next step; the NAT layout below leaves room after it.)
+//! each, and the checkpoint writes no NAT block at all. (The lane journals, and so fsync, move
+//! into the region after the NAT: next section.)
 //!
 //! Layout (offsets in the file; `E = nat_blocks * 510` entries, one per node id):
 //!
@@ -121,13 +122,90 @@
 //!   (persisted after them) counts them; each carries ver32 as a check.
 //! - The region and the image cannot drift apart silently: UUID binding, the flag in the pack,
 //!   and the COMMIT version check catch a wrong, recreated or stale region.
+//!
+//! # The lane journals in the region ([`journal`])
+//!
+//! Without a region, fsync commits a redo transaction (records with their data blocks' crcs)
+//! to its lane's journal chain on the device: data and journal blocks in one batch, then one
+//! group-committed device flush. With one, the transaction goes to the lane's journal in the
+//! region, and the device sees only the data blocks.
+//!
+//! Layout (after the NAT, page-aligned; `L` lanes share the rest of the region equally, each
+//! slice a whole number of pages, at least 16 KiB, at most 256 MiB):
+//!
+//! ```text
+//!   lane l at S + l * B:  control line (64 bytes): TAIL word = gen32 << 32 | used bytes
+//!                         entries from +64: head word (len | gen32 << 32), the transaction as
+//!                         encoded for the device chain (magic, count, length, crc32c, records),
+//!                         zero padding to 8 bytes; back to back, `used` bytes in all
+//! ```
+//!
+//! `gen32` is the low 32 bits of the version of the checkpoint pack the entries follow.
+//!
+//! fsync ([`crate::flush`], `flush/nvm.rs`), holding the gate shared and the flush locks of
+//! the directories it journals:
+//!
+//! 1. write the transaction's data blocks; if it maps any written block (its own, or ones
+//!    writeback wrote without a flush), one group-committed device flush. A metadata-only
+//!    transaction (chmod, rename, unlink, ...) does no device I/O at all.
+//! 2. under the lane's lock: store the entry after `used`, persist it; store TAIL = (gen,
+//!    used + entry), persist. The transaction counts from this 8-byte store on.
+//! 3. only then are its directory records released to dependent fsyncs (pending counts, flush
+//!    locks), so a dependent fsync that finds them taken finds them durable. If the lane's
+//!    journal has no room, nothing is committed, everything the transaction took is given
+//!    back, and the fsync takes a checkpoint instead (after letting go of the gate), which
+//!    makes it durable and empties the journals; a checkpoint is asked for in the background
+//!    once a lane's journal is half full. Nothing is ever appended to the device chains with a
+//!    region: their heads, reserved at mount and never written, may lie in segments reused
+//!    since.
+//!
+//! Checkpoint of version V+1 (holding the gate exclusively, so no fsync appends meanwhile):
+//! after the pack is durable and the NAT log applied, every lane's TAIL = (V+1, 0), persisted.
+//! Mount: read-write mounts reset the journals to the pack in force before any fsync (after
+//! replaying them: a mount that finds records takes a checkpoint, which resets them).
+//!
+//! Recovery under pack V (flagged; records are never put in the region under an unflagged
+//! pack: the first mount with a region takes a checkpoint, which flags it, before it returns):
+//! a lane whose TAIL says gen V holds `used` bytes of entries, each of which must decode (gen,
+//! bounds, the transaction's magic and crc32c, the geometry) or the mount fails naming the
+//! file; a lane whose TAIL says anything else holds nothing. The device chains are read as
+//! before (they hold transactions written before the switch to a region, if any), the
+//! data crcs of every transaction are checked as before, and all lanes of both are merged by
+//! stamp and replayed past the pack's stamp.
+//!
+//! Why it is crash-safe:
+//!
+//! - A transaction counts only once its TAIL store is persistent, and the TAIL is stored after
+//!   the entry was persisted: every byte a TAIL counts is the entry as written, whatever subset
+//!   of the unpersisted words a crash kept (an entry's words, the TAIL word: each an aligned
+//!   8-byte store, never torn). A crash before the TAIL lands leaves the lane as it was; the
+//!   next append overwrites the partial entry.
+//! - data=ordered: the device flush of the data precedes the entry, so a counted transaction
+//!   never maps a block that is not durable (recovery's crc check agrees, and would drop the
+//!   transaction and the rest of its lane if not).
+//! - Crash between the pack of V+1 and the reset: lanes still say gen V, which is not the pack
+//!   in force, so they are ignored, which is right: every entry of gen V was appended before
+//!   the snapshot of V+1 (the gate), and checkpoint V+1 holds everything they record (the same
+//!   rule that lets device chains start at the heads recorded at the snapshot). Crash before
+//!   the pack of V+1 is durable: the reset has not begun, the lanes say gen V, pack V is in
+//!   force, they are replayed. A crash in the middle of the reset leaves each lane old (ignored)
+//!   or empty.
+//! - Old entries under a reset lane, or entries of an older life of the region, are never read:
+//!   only `used` bytes after a TAIL of the pack in force count, and each entry repeats gen.
+//!
+//! Tests: `journal_tests.rs` checks every crash state (every subset of pending words, or a
+//! sample when many) of a run of appends and a checkpoint's reset; `tests/nvm_journal.rs`
+//! crashes a mounted file system at every region event of a run of fsyncs and mounts the result.
 
 pub mod bench;
 pub mod crash;
 pub mod header;
+pub mod journal;
 pub mod nat;
 pub mod persist;
 
+#[cfg(test)]
+mod journal_tests;
 #[cfg(test)]
 mod nat_tests;
 #[cfg(test)]

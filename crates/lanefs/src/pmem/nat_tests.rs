@@ -142,7 +142,7 @@ fn corrupt_entries_and_records_are_refused_naming_the_file() {
 }
 
 /// xorshift64*, for sampling subsets.
-fn next(s: &mut u64) -> u64 {
+pub(super) fn next(s: &mut u64) -> u64 {
     *s ^= *s >> 12;
     *s ^= *s << 25;
     *s ^= *s >> 27;
@@ -151,7 +151,7 @@ fn next(s: &mut u64) -> u64 {
 
 /// Crash images of `cm`: every subset of the pending words when there are few, else a sample,
 /// plus images where a word with several values landed with an older one.
-fn images(cm: &PmemCrash, seed: &mut u64) -> Vec<Vec<u8>> {
+pub(super) fn images(cm: &PmemCrash, seed: &mut u64) -> Vec<Vec<u8>> {
     let p = cm.pending().len();
     let mut out = Vec::new();
     if p <= 6 {
