@@ -16,7 +16,7 @@
 //! journal heads are where each lane's chain stood at the snapshot.
 
 use crate::checkpoint::{commit, CommitSet};
-use crate::engine::{Engine, WriteKind};
+use crate::engine::{Engine, WriteKind, JOURNAL_LOG};
 use crate::error::Result;
 use crate::format::checkpoint::{LaneCheckpoint, CP_FLAG_CLEAN};
 use crate::format::node::{Inode, NodeBody, NodeFooter, INODE_ADDRS, INODE_NIDS, NEW_ADDR};
@@ -190,11 +190,38 @@ impl Engine {
             });
         }
         let orphans = self.orphans.lock().iter().copied().collect();
+        self.reanchor_journal_heads();
         let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
         self.journal_blocks.take();
         self.logged_ops.take();
         self.dirty_inodes.take();
         Snapshot { seq, stamp, inodes, deleted, orphans, heads }
+    }
+
+    /// Each lane's next journal block is reserved ahead of use. If the lane's journal log has
+    /// moved on since (other blocks of that log filled the segment), the segment holding the
+    /// reserved head can be emptied, freed once a checkpoint is durable and reused by another
+    /// log: the lane's next fsync would then write its journal block over live data. So every
+    /// checkpoint, before it takes the SIT, moves such a head into the log's current segment
+    /// (active segments are never freed), and records that position as the lane's head.
+    fn reanchor_journal_heads(&self) {
+        let cursors = self.lanes.cursors();
+        let mtime = self.elapsed_secs();
+        for (l, chain) in self.chains.iter().enumerate() {
+            let mut chain = chain.lock();
+            let (addr, _) = chain.position();
+            let active = cursors[l][JOURNAL_LOG as usize].segno;
+            if self.g.seg_of(addr as u64).map(|(s, _)| s) == Some(active) {
+                continue;
+            }
+            let owner = SummaryEntry { kind: SummaryKind::Journal, nid: l as u32, ofs: 0 };
+            match self.lanes.reserve(l as u32, JOURNAL_LOG, owner, mtime) {
+                Ok(head) => chain.restart_at(head as u32),
+                // No block free for it: the head stays (the allocation of the next fsync's
+                // blocks would fail the same way).
+                Err(e) => tracing::warn!("lanefs: lane {l}: journal head not moved: {e}"),
+            }
+        }
     }
 
     fn write_snapshot(&self, snap: Snapshot, clean: bool) -> Result<()> {

@@ -85,6 +85,15 @@ impl ChainWriter {
         ChainWriter { lane, nonce, next_addr: at.addr, seq: at.seq, link: at.link }
     }
 
+    /// Moves the next block to `head` (a freshly reserved block), keeping the seq: a checkpoint
+    /// does this when the reserved head lies in a segment its log has left, which could be
+    /// freed and reused once the checkpoint is durable. Like [`ChainWriter::new`], the first
+    /// block there carries link 0.
+    pub fn restart_at(&mut self, head: u32) {
+        self.next_addr = head;
+        self.link = 0;
+    }
+
     /// Address and seq of the next block: what a checkpoint records as this lane's head.
     pub fn position(&self) -> (u32, u64) {
         (self.next_addr, self.seq)
