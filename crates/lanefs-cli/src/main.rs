@@ -118,7 +118,8 @@ enum Cmd {
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
         threads: Option<u16>,
         /// Mount options: ro, allow_other, default_permissions (on by default; off with
-        /// no_default_permissions), threads=N, fsname=..., and what the kernel's FUSE takes.
+        /// no_default_permissions), threads=N, checkpoint_secs=N, fsname=..., and what the
+        /// kernel's FUSE takes.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Stay in the foreground; SIGTERM or SIGINT unmounts.

@@ -4,209 +4,18 @@
 //! (with a note) without them. Each mount is undone by its exact path, each daemon stopped by
 //! its PID, whatever happens.
 
+mod common;
+
+use common::*;
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
 const WORKER_ENV: &str = "LANEFS_FUSE_TEST_WORKER";
-
-fn fuse_available() -> bool {
-    if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: FUSE tests need root and /dev/fuse");
-        return false;
-    }
-    true
-}
-
-/// Runs `lanefs ARGS`, killing it (by its PID) if it outlives `limit`.
-fn run(args: &[&std::ffi::OsStr], limit: Duration) -> Output {
-    let child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn lanefs");
-    wait_output(child, limit)
-}
-
-fn wait_output(mut child: Child, limit: Duration) -> Output {
-    let start = Instant::now();
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!("lanefs hung for {limit:?}; stderr: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn os<S: AsRef<std::ffi::OsStr> + ?Sized>(s: &S) -> &std::ffi::OsStr {
-    s.as_ref()
-}
-
-fn is_mounted(mp: &Path) -> bool {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    lanefs_fuse::mount::lanefs_mounts(&info).iter().any(|m| m.mountpoint == mp)
-}
-
-/// A lanefs mount owned by a test: undone on drop, whatever state it is in.
-struct Mounted {
-    mp: PathBuf,
-    /// The foreground daemon, when the test started it as its own child.
-    child: Option<Child>,
-}
-
-impl Mounted {
-    /// `lanefs mount` as a daemon (the default): the command returns once the mount is up.
-    fn daemon(img: &Path, mp: &Path, extra: &[&str]) -> Mounted {
-        let mut args = vec![os("mount"), img.as_os_str(), mp.as_os_str()];
-        args.extend(extra.iter().map(os));
-        let out = run(&args, Duration::from_secs(60));
-        assert!(out.status.success(), "mount failed: {}", String::from_utf8_lossy(&out.stderr));
-        let mp = mp.canonicalize().unwrap();
-        assert!(is_mounted(&mp), "mount returned but {} is not mounted", mp.display());
-        Mounted { mp, child: None }
-    }
-
-    /// `lanefs mount --foreground` as a child of the test, so that the test can kill it.
-    fn foreground(img: &Path, mp: &Path) -> Mounted {
-        Mounted::foreground_with(img, mp, &[])
-    }
-
-    /// `lanefs mount --foreground` with more arguments.
-    fn foreground_with(img: &Path, mp: &Path, extra: &[&std::ffi::OsStr]) -> Mounted {
-        let child = Command::new(BIN)
-            .args([
-                os("mount"),
-                img.as_os_str(),
-                mp.as_os_str(),
-                os("--foreground"),
-                os("--threads"),
-                os("2"),
-            ])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn lanefs mount");
-        let mp = mp.canonicalize().unwrap();
-        let mut m = Mounted { mp, child: Some(child) };
-        let start = Instant::now();
-        while !is_mounted(&m.mp) {
-            if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("lanefs mount --foreground exited before mounting: {st}");
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "mount did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
-    }
-
-    /// `lanefs umount`, which returns after the daemon's final checkpoint.
-    fn umount(mut self) {
-        let out = run(&[os("umount"), self.mp.as_os_str()], Duration::from_secs(120));
-        assert!(out.status.success(), "umount failed: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(!is_mounted(&self.mp));
-        if let Some(mut c) = self.child.take() {
-            let st = wait_child(&mut c, Duration::from_secs(60));
-            assert!(st.success(), "daemon exited with {st}");
-        }
-    }
-
-    /// SIGTERM to the foreground daemon: it unmounts and checkpoints.
-    fn terminate(mut self) {
-        let mut c = self.child.take().expect("foreground daemon");
-        rustix::process::kill_process(rustix::process::Pid::from_child(&c), rustix::process::Signal::TERM)
-            .expect("SIGTERM");
-        let st = wait_child(&mut c, Duration::from_secs(120));
-        assert!(st.success(), "daemon exited with {st} after SIGTERM");
-        assert!(!is_mounted(&self.mp));
-    }
-
-    /// SIGKILL to the foreground daemon, then clear the dead mount.
-    fn kill(mut self) {
-        let mut c = self.child.take().expect("foreground daemon");
-        c.kill().expect("SIGKILL");
-        let _ = c.wait();
-        fusermount_lazy(&self.mp);
-        assert!(!is_mounted(&self.mp));
-    }
-}
-
-fn wait_child(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(st) = c.try_wait().expect("wait") {
-            return st;
-        }
-        if start.elapsed() > limit {
-            let _ = c.kill();
-            panic!("daemon {} did not exit within {limit:?}", c.id());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn fusermount_lazy(mp: &Path) {
-    let _ = Command::new("fusermount3")
-        .args([os("-u"), os("-z"), mp.as_os_str()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_child(&c),
-                rustix::process::Signal::TERM,
-            );
-            let start = Instant::now();
-            while c.try_wait().ok().flatten().is_none() && start.elapsed() < Duration::from_secs(30) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if is_mounted(&self.mp) {
-            let _ = run(&[os("umount"), self.mp.as_os_str()], Duration::from_secs(120));
-        }
-        if is_mounted(&self.mp) {
-            fusermount_lazy(&self.mp);
-        }
-    }
-}
-
-fn mkfs(img: &Path) {
-    let out = run(
-        &[os("mkfs"), img.as_os_str(), os("--size"), os("1G"), os("--lanes"), os("2")],
-        Duration::from_secs(60),
-    );
-    assert!(out.status.success(), "mkfs: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn fsck_clean(img: &Path) {
-    let out = run(&[os("fsck"), img.as_os_str()], Duration::from_secs(120));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "fsck: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Deterministic bytes.
 fn data(seed: u64, len: usize) -> Vec<u8> {
@@ -595,27 +404,6 @@ fn sigkill_after_fsynced_writes_loses_no_fsynced_byte() {
     fsck_clean(&img);
 }
 
-/// A page-aligned buffer for O_DIRECT.
-struct AlignedBuf {
-    v: Vec<u8>,
-    off: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
-        let v = vec![0u8; len + 4096];
-        let off = (4096 - (v.as_ptr() as usize % 4096)) % 4096;
-        AlignedBuf { v, off, len }
-    }
-    fn as_mut(&mut self) -> &mut [u8] {
-        &mut self.v[self.off..self.off + self.len]
-    }
-    fn as_ref(&self) -> &[u8] {
-        &self.v[self.off..self.off + self.len]
-    }
-}
-
 /// Runs a `lanefs mount` that must fail: non-zero exit, one line on stderr, no panic.
 fn mount_fails(args: &[&std::ffi::OsStr], what: &str) -> String {
     let mut a = vec![os("mount")];
@@ -704,7 +492,7 @@ fn nvm_region_through_mount_fsck_and_inspect() {
     let mp = dir.path().join("mnt");
     fs::create_dir(&mp).unwrap();
     mkfs(&img);
-    let nvm = [os("--nvm"), region.as_os_str()];
+    let nvm = ["--nvm", region.to_str().expect("utf-8 path")];
 
     // fsyncs commit to the region; then the daemon is killed.
     let m = Mounted::foreground_with(&img, &mp, &nvm);
@@ -728,16 +516,16 @@ fn nvm_region_through_mount_fsck_and_inspect() {
     assert_eq!(code, Some(8), "{err}");
     assert!(err.contains("--nvm"), "{err}");
     // With it: clean, and it says what the region's journals hold.
-    let (code, out, err) = lanefs(&[os("fsck"), img.as_os_str(), nvm[0], nvm[1]]);
+    let (code, out, err) = lanefs(&[os("fsck"), img.as_os_str(), os(nvm[0]), os(nvm[1])]);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("region lane journals") && out.contains("replayed by the next mount"), "{out}");
     // inspect shows the region.
-    let (code, out, err) = lanefs(&[os("inspect"), img.as_os_str(), nvm[0], nvm[1]]);
+    let (code, out, err) = lanefs(&[os("inspect"), img.as_os_str(), os(nvm[0]), os(nvm[1])]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("region NAT    NAT of checkpoint"), "{out}");
     assert!(out.contains("lane journals of"), "{out}");
     assert!(out.contains("transactions per lane"), "{out}");
-    let (code, out, _) = lanefs(&[os("inspect"), img.as_os_str(), os("--json"), nvm[0], nvm[1]]);
+    let (code, out, _) = lanefs(&[os("inspect"), img.as_os_str(), os("--json"), os(nvm[0]), os(nvm[1])]);
     assert_eq!(code, Some(0));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["nat_in_region"], true);
@@ -752,7 +540,7 @@ fn nvm_region_through_mount_fsck_and_inspect() {
         assert!(fs::read(m.mp.join(p)).unwrap() == *d, "{p}");
     }
     m.umount();
-    let (code, out, err) = lanefs(&[os("fsck"), img.as_os_str(), nvm[0], nvm[1]]);
+    let (code, out, err) = lanefs(&[os("fsck"), img.as_os_str(), os(nvm[0]), os(nvm[1])]);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(!out.contains("region lane journals:"), "nothing left to replay: {out}");
 }

@@ -61,7 +61,12 @@ pub fn max_write() -> u32 {
 }
 
 fn errno(e: lanefs::Error) -> Errno {
-    Errno::from_i32(e.to_errno())
+    let n = e.to_errno();
+    if n == libc::EIO || n == libc::EUCLEAN {
+        // The caller sees only the number: say why (on the daemon's stderr).
+        eprintln!("lanefs: {e}");
+    }
+    Errno::from_i32(n)
 }
 
 fn kind(k: FileKind) -> FileType {

@@ -51,11 +51,14 @@ pub struct Parsed {
     pub threads: Option<usize>,
     pub nvm: Option<PathBuf>,
     pub writeback_cache: bool,
+    /// `checkpoint_secs=N`: the checkpoint timer (None: the engine's default; Some(None): no
+    /// timer, checkpoints only when a bound is passed and at unmount).
+    pub checkpoint_interval: Option<Option<Duration>>,
 }
 
 /// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
-/// access list; `threads=N`, `nvm=FILE` and `writeback_cache` are lanefs's own; anything else is
-/// passed to the kernel, which refuses what it does not know.
+/// access list; `threads=N`, `nvm=FILE`, `writeback_cache` and `checkpoint_secs=N` are lanefs's
+/// own; anything else is passed to the kernel, which refuses what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut fuse = Vec::new();
     let mut acl = SessionACL::Owner;
@@ -63,6 +66,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut nvm = None;
     let mut default_permissions = true;
     let mut writeback_cache = false;
+    let mut checkpoint_interval = None;
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let opt = match o {
             "ro" => MountOption::RO,
@@ -114,6 +118,15 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
                 threads = Some(n);
                 continue;
             }
+            o if o.starts_with("checkpoint_secs=") => {
+                let n = o["checkpoint_secs=".len()..]
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n <= 86_400)
+                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no timer) to 86400"))?;
+                checkpoint_interval = Some((n > 0).then(|| Duration::from_secs(n)));
+                continue;
+            }
             o if o.starts_with("nvm=") => {
                 nvm = Some(PathBuf::from(&o["nvm=".len()..]));
                 continue;
@@ -132,7 +145,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     }
     // The kernel's own subtype option: /proc/mounts shows the type as fuse.lanefs.
     fuse.push(MountOption::CUSTOM("subtype=lanefs".into()));
-    Ok(Parsed { fuse, acl, threads, nvm, writeback_cache })
+    Ok(Parsed { fuse, acl, threads, nvm, writeback_cache, checkpoint_interval })
 }
 
 fn default_threads() -> usize {
@@ -211,6 +224,10 @@ fn daemon_child(args: &MountArgs, parsed: &Parsed) -> Result<(), String> {
 
 /// Mounts and serves until unmounted; calls `ready` once the mount is up.
 fn serve(args: &MountArgs, parsed: &Parsed, ready: &mut dyn FnMut()) -> Result<(), String> {
+    // The handlers go in before anything else: a signal that comes during recovery or just as the
+    // mount comes up is held and unmounts it once it is up, where the default action would kill
+    // the daemon with the mount up and no final checkpoint.
+    let signals = catch_signals();
     let (fs, lock, image, mountpoint) = open(args)?;
     let fs = Arc::new(fs);
     let mut config = Config::default();
@@ -232,8 +249,8 @@ fn serve(args: &MountArgs, parsed: &Parsed, ready: &mut dyn FnMut()) -> Result<(
             });
         }
     };
+    let signals = signals.and_then(|s| signal_thread(s, mountpoint.clone()));
     ready();
-    let signals = signal_thread(mountpoint.clone());
     let run = session.run();
     if let Some((handle, thread)) = signals {
         handle.close();
@@ -289,7 +306,11 @@ fn open(args: &MountArgs) -> Result<(Fs, File, PathBuf, PathBuf), String> {
         None => None,
     };
     let defaults = FsOptions::default();
-    let opts = FsOptions { read_only, nvm, nvm_size: args.nvm_size.unwrap_or(defaults.nvm_size), ..defaults };
+    let mut opts =
+        FsOptions { read_only, nvm, nvm_size: args.nvm_size.unwrap_or(defaults.nvm_size), ..defaults };
+    if let Some(interval) = parsed.checkpoint_interval {
+        opts.checkpoint_interval = interval;
+    }
     let fs = Fs::open(Arc::new(dev), opts).map_err(|e| format!("{}: {e}", img.display()))?;
     // The daemon must not keep its start directory busy.
     let _ = std::env::set_current_dir("/");
@@ -318,11 +339,15 @@ fn finish(fs: Arc<Fs>, lock: File) -> Result<(), String> {
 
 type SignalThread = (signal_hook::iterator::Handle, std::thread::JoinHandle<()>);
 
-/// Unmounts on SIGTERM, SIGINT and SIGHUP: plainly, or lazily (MNT_DETACH) if the mount is busy,
-/// so that the daemon ends once the last user lets go.
-fn signal_thread(mountpoint: PathBuf) -> Option<SignalThread> {
+/// SIGTERM, SIGINT and SIGHUP, caught from now on and held until `signal_thread` takes them.
+fn catch_signals() -> Option<signal_hook::iterator::Signals> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]).ok()?;
+    signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]).ok()
+}
+
+/// Unmounts on SIGTERM, SIGINT and SIGHUP (also those caught before the mount was up): plainly,
+/// or lazily (MNT_DETACH) if the mount is busy, so that the daemon ends once the last user lets go.
+fn signal_thread(mut signals: signal_hook::iterator::Signals, mountpoint: PathBuf) -> Option<SignalThread> {
     let handle = signals.handle();
     let thread = std::thread::Builder::new()
         .name("lanefs-signals".into())
@@ -479,6 +504,12 @@ mod tests {
         assert!(!p.fuse.contains(&MountOption::DefaultPermissions));
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert!(parse_options(&["threads=x".into()]).is_err());
+        assert_eq!(p.checkpoint_interval, None);
+        let p = parse_options(&["checkpoint_secs=2".into()]).unwrap();
+        assert_eq!(p.checkpoint_interval, Some(Some(Duration::from_secs(2))));
+        assert_eq!(parse_options(&["checkpoint_secs=0".into()]).unwrap().checkpoint_interval, Some(None));
+        assert!(parse_options(&["checkpoint_secs=-1".into()]).is_err());
+        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.starts_with("checkpoint"))));
     }
 
     #[test]

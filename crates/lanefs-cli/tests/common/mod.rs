@@ -1,0 +1,254 @@
+//! Helpers shared by the FUSE test files: running `lanefs`, mounts that are undone by their exact
+//! path whatever happens, daemons stopped by their PID, mkfs and fsck. Each test file uses a part.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
+
+/// Whether FUSE tests can run here: root, /dev/fuse and fusermount3. Prints why not.
+pub fn fuse_available() -> bool {
+    if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: FUSE tests need root and /dev/fuse");
+        return false;
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").is_file()))
+        .unwrap_or(false);
+    if !on_path {
+        eprintln!("skipped: FUSE tests need fusermount3 (fuse3)");
+        return false;
+    }
+    true
+}
+
+/// Runs `lanefs ARGS`, killing it (by its PID) if it outlives `limit`.
+pub fn run(args: &[&std::ffi::OsStr], limit: Duration) -> Output {
+    let child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn lanefs");
+    wait_output(child, limit)
+}
+
+pub fn wait_output(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!("lanefs hung for {limit:?}; stderr: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn os<S: AsRef<std::ffi::OsStr> + ?Sized>(s: &S) -> &std::ffi::OsStr {
+    s.as_ref()
+}
+
+pub fn is_mounted(mp: &Path) -> bool {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    lanefs_fuse::mount::lanefs_mounts(&info).iter().any(|m| m.mountpoint == mp)
+}
+
+/// A lanefs mount owned by a test: undone on drop, whatever state it is in.
+pub struct Mounted {
+    pub mp: PathBuf,
+    /// The foreground daemon, when the test started it as its own child.
+    pub child: Option<Child>,
+}
+
+impl Mounted {
+    /// `lanefs mount` as a daemon (the default): the command returns once the mount is up.
+    pub fn daemon(img: &Path, mp: &Path, extra: &[&str]) -> Mounted {
+        let mut args = vec![os("mount"), img.as_os_str(), mp.as_os_str()];
+        args.extend(extra.iter().map(os));
+        let out = run(&args, Duration::from_secs(60));
+        assert!(out.status.success(), "mount failed: {}", String::from_utf8_lossy(&out.stderr));
+        let mp = mp.canonicalize().unwrap();
+        assert!(is_mounted(&mp), "mount returned but {} is not mounted", mp.display());
+        Mounted { mp, child: None }
+    }
+
+    /// `lanefs mount --foreground` as a child of the test, so that the test can kill it.
+    pub fn foreground(img: &Path, mp: &Path) -> Mounted {
+        Mounted::foreground_with(img, mp, &[])
+    }
+
+    /// `lanefs mount --foreground` with more arguments.
+    pub fn foreground_with(img: &Path, mp: &Path, extra: &[&str]) -> Mounted {
+        let mut m = Mounted::start_foreground(img, mp, extra);
+        let start = Instant::now();
+        while !is_mounted(&m.mp) {
+            if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("lanefs mount --foreground exited before mounting: {st}");
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "mount did not come up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        m
+    }
+
+    /// Starts `lanefs mount --foreground` and returns at once (recovery may still be running).
+    pub fn start_foreground(img: &Path, mp: &Path, extra: &[&str]) -> Mounted {
+        let child = Command::new(BIN)
+            .args([
+                os("mount"),
+                img.as_os_str(),
+                mp.as_os_str(),
+                os("--foreground"),
+                os("--threads"),
+                os("2"),
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn lanefs mount");
+        Mounted { mp: mp.canonicalize().unwrap(), child: Some(child) }
+    }
+
+    /// `lanefs umount`, which returns after the daemon's final checkpoint.
+    pub fn umount(mut self) {
+        let out = run(&[os("umount"), self.mp.as_os_str()], Duration::from_secs(120));
+        assert!(out.status.success(), "umount failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!is_mounted(&self.mp));
+        if let Some(mut c) = self.child.take() {
+            let st = wait_child(&mut c, Duration::from_secs(60));
+            assert!(st.success(), "daemon exited with {st}");
+        }
+    }
+
+    /// SIGTERM to the foreground daemon: it unmounts and checkpoints.
+    pub fn terminate(mut self) {
+        let mut c = self.child.take().expect("foreground daemon");
+        rustix::process::kill_process(rustix::process::Pid::from_child(&c), rustix::process::Signal::TERM)
+            .expect("SIGTERM");
+        let st = wait_child(&mut c, Duration::from_secs(120));
+        assert!(st.success(), "daemon exited with {st} after SIGTERM");
+        assert!(!is_mounted(&self.mp));
+    }
+
+    /// SIGKILL to the foreground daemon, then clear the dead mount.
+    pub fn kill(mut self) {
+        self.sigkill();
+        self.detach();
+    }
+
+    /// SIGKILL to the foreground daemon (by its PID), reaped; the dead mount stays attached, so
+    /// that its users see ENOTCONN rather than the directory below it.
+    pub fn sigkill(&mut self) {
+        let mut c = self.child.take().expect("foreground daemon");
+        c.kill().expect("SIGKILL");
+        let _ = c.wait();
+    }
+
+    /// Detaches the mount (fusermount3 -u -z on its exact path).
+    pub fn detach(self) {
+        fusermount_lazy(&self.mp);
+        assert!(!is_mounted(&self.mp), "{} is still mounted after fusermount3 -u -z", self.mp.display());
+    }
+}
+
+pub fn wait_child(c: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = c.try_wait().expect("wait") {
+            return st;
+        }
+        if start.elapsed() > limit {
+            let _ = c.kill();
+            panic!("daemon {} did not exit within {limit:?}", c.id());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `fusermount3 -u -z MP`: detaches the mount at exactly this path.
+pub fn fusermount_lazy(mp: &Path) {
+    let _ = Command::new("fusermount3")
+        .args([os("-u"), os("-z"), mp.as_os_str()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_child(&c),
+                rustix::process::Signal::TERM,
+            );
+            let start = Instant::now();
+            while c.try_wait().ok().flatten().is_none() && start.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if is_mounted(&self.mp) {
+            let _ = run(&[os("umount"), self.mp.as_os_str()], Duration::from_secs(120));
+        }
+        if is_mounted(&self.mp) {
+            fusermount_lazy(&self.mp);
+        }
+    }
+}
+
+pub fn mkfs(img: &Path) {
+    let out = run(
+        &[os("mkfs"), img.as_os_str(), os("--size"), os("1G"), os("--lanes"), os("2")],
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "mkfs: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `lanefs fsck IMAGE` must exit 0 (clean).
+pub fn fsck_clean(img: &Path) {
+    let out = fsck(img);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "fsck: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `lanefs fsck IMAGE`, whatever it finds.
+pub fn fsck(img: &Path) -> Output {
+    run(&[os("fsck"), img.as_os_str()], Duration::from_secs(120))
+}
+
+/// A page-aligned buffer for O_DIRECT.
+pub struct AlignedBuf {
+    v: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> AlignedBuf {
+        let v = vec![0u8; len + 4096];
+        let off = (4096 - (v.as_ptr() as usize % 4096)) % 4096;
+        AlignedBuf { v, off, len }
+    }
+    pub fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.v[self.off..self.off + self.len]
+    }
+    pub fn as_ref(&self) -> &[u8] {
+        &self.v[self.off..self.off + self.len]
+    }
+}
