@@ -253,3 +253,20 @@ fn two_threads_rename_and_fsync() {
     let w = gen::mt_rename_workload("mt-rename:test".into(), &mut rng);
     assert_clean(check_workload(w, true));
 }
+
+/// Found by the repeated SIGKILL test of the mount daemon (`fuse_sigkill.rs`, seed 522699723,
+/// round 5): a directory moved under a directory whose ancestor was itself moved since the last
+/// checkpoint. The fsync journaled the second move without the first; replayed alone, it put
+/// /A inside its own subtree and cut it off the root (fsynced files included). An fsync that
+/// journals a directory's move now takes the pending moves of the destination's ancestors too.
+#[test]
+fn directory_moved_below_a_moved_ancestor_keeps_the_tree_connected() {
+    for script in [
+        "mkdir /A/C/Z; sync; rename /A/C /B/X; rename /A /B/X/Z/A2; fsync /B/X/Z",
+        "mkdir /A/C/Z; sync; rename /A/C /B/X; rename /A /B/X/Z/A2; fsync /",
+        "mkdir /A/C/Z; mkdir /A/C/Z/Y; sync; rename /A/C /B/X; rename /A /B/X/Z/Y/A2; fsync /B/X/Z/Y",
+        "mkdir /A/C/Z; sync; rename /A/C /X; rename /B /X/Z/B2; rename /A /X/Z/B2/A2; fsync /X/Z/B2",
+    ] {
+        assert_clean(check_script(Setup::Ace, script, true));
+    }
+}

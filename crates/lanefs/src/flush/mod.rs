@@ -178,10 +178,36 @@ impl Engine {
                         queue.push(gone);
                     }
                 }
+                if let Record::Rename { ino, dst_dir, .. } = &op.record {
+                    if self.cells.get(*ino as u64).is_some_and(|c| c.is_dir()) {
+                        // A directory moved under `dst_dir`: replayed without the moves that
+                        // made `dst_dir`'s ancestors what they are now, it could land inside
+                        // itself and cut a subtree off the root. Those moves come too.
+                        queue.extend(self.ancestors_pending_dirs(*dst_dir));
+                    }
+                }
             }
             seen.insert(d, dm);
         }
         Ok(seen.into_values().collect())
+    }
+
+    /// The directories holding unjournaled records that name `dir` or any of its ancestors (as
+    /// they are now, up to the root).
+    fn ancestors_pending_dirs(&self, dir: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut d = dir;
+        // Bounded: a path is at most max_nid directories long (a loop in memory would be a bug
+        // elsewhere; the bound keeps it from hanging fsync).
+        for _ in 0..self.g.max_nid {
+            if d == 0 || d == crate::format::layout::ROOT_INO {
+                break;
+            }
+            let Ok(m) = self.dir_mnode(d) else { break };
+            out.extend(m.pending_dirs());
+            d = m.parent.load(Ordering::Acquire);
+        }
+        out
     }
 
     /// Adds `n` to the pending counts of the (inode, directory) pairs `r` names.
