@@ -136,12 +136,13 @@ impl BenchArgs {
     }
 }
 
-/// A size with an optional binary unit: 512K, 16M, 1G (as `lanefs mkfs --size`).
+/// A size with an optional binary unit: 512K, 16M, 1G; the grammar of every size option of the
+/// `lanefs` command (`mkfs --size`, `--nvm-size`, `--lib-cache`).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (try 16M, 1G)"))?;
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (try 16M, 4G)"))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,

@@ -1,20 +1,7 @@
 //! Human sizes: "512M", "4G", "64GiB", "1T", or plain bytes.
 
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (try 512M, 4G)"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M, G or T)")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
-}
+/// The size parser `lanefs bench` uses too (one grammar for every size option).
+pub use lanefs_bench::cli::parse_size;
 
 pub fn show(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

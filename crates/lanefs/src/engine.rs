@@ -175,7 +175,6 @@ pub struct Engine {
     pub(crate) rename_lock: Mutex<()>,
     pub(crate) journal_blocks: PerCpuCounter,
     pub(crate) logged_ops: PerCpuCounter,
-    pub(crate) user_bytes: PerCpuCounter,
     /// Inodes that joined the dirty set since the last checkpoint snapshot.
     pub(crate) dirty_inodes: PerCpuCounter,
     /// Set after a failed checkpoint: the in-memory state no longer matches what can be made
@@ -222,10 +221,9 @@ pub(crate) struct IoCounters {
     pub nvm_journal: PerCpuCounter,
     /// Device flushes fsync asked for (each may be shared by a group of fsyncs).
     pub fsync_flushes: PerCpuCounter,
-    /// Cleaning bytes not yet added to the checkpoint's persistent total.
-    pub cleaning_unsaved: PerCpuCounter,
-    /// Other bytes not yet added to the checkpoint's persistent total.
-    pub other_unsaved: PerCpuCounter,
+    /// (user, cleaning, other) totals already added to the checkpoint's persistent counters:
+    /// each checkpoint adds what the totals grew by since.
+    saved: Mutex<[u64; 3]>,
 }
 
 impl IoCounters {
@@ -234,14 +232,21 @@ impl IoCounters {
             WriteKind::Journal => self.journal.add(bytes),
             WriteKind::Writeback => self.writeback.add(bytes),
             WriteKind::Checkpoint => self.checkpoint.add(bytes),
-            WriteKind::Cleaning => {
-                self.cleaning_unsaved.add(bytes);
-                self.cleaning.add(bytes)
-            }
+            WriteKind::Cleaning => self.cleaning.add(bytes),
         };
-        if kind != WriteKind::Cleaning {
-            self.other_unsaved.add(bytes);
-        }
+    }
+
+    /// Bytes (by users, by cleaning, by everything else) written since the last call.
+    pub fn take_unsaved(&self) -> [u64; 3] {
+        let now = [
+            self.user.sum(),
+            self.cleaning.sum(),
+            self.journal.sum() + self.writeback.sum() + self.checkpoint.sum(),
+        ];
+        let mut saved = self.saved.lock();
+        let delta = std::array::from_fn(|i| now[i].saturating_sub(saved[i]));
+        *saved = now;
+        delta
     }
 }
 
@@ -411,12 +416,7 @@ impl Engine {
     /// Blocks that can be allocated now without touching the cleaner's reserve. (Prefree
     /// segments do not count: the checkpoint that frees them must fit without them.)
     pub(crate) fn available_blocks(&self) -> u64 {
-        self.table.free_segments().saturating_sub(self.reserve_segments()) * 512
-    }
-
-    /// Free segments ordinary writes leave alone ([`Geometry::cleaning_reserve`]).
-    pub(crate) fn reserve_segments(&self) -> u64 {
-        self.g.cleaning_reserve()
+        self.table.free_segments().saturating_sub(self.g.cleaning_reserve()) * 512
     }
 
     /// Blocks users may still fill: the main area less the cleaner's reserve, one active

@@ -75,7 +75,7 @@ pub struct RoundPlan {
 impl Engine {
     /// Free segments below which background cleaning starts.
     pub(crate) fn gc_threshold(&self) -> u64 {
-        (self.g.main_segments as u64 / 8).max(self.reserve_segments() + 2)
+        (self.g.main_segments as u64 / 8).max(self.g.cleaning_reserve() + 2)
     }
 
     /// Foreground cleaning: makes room for `want` more blocks if dirty segments hold enough

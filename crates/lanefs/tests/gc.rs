@@ -31,8 +31,12 @@ fn opts() -> FsOptions {
 }
 
 fn mount(path: &std::path::Path) -> Fs {
+    mount_with(path, opts())
+}
+
+fn mount_with(path: &std::path::Path, opts: FsOptions) -> Fs {
     let dev = FileDevice::open(path, DeviceOptions::default()).unwrap();
-    Fs::open(Arc::new(dev) as Arc<dyn BlockDevice>, opts()).unwrap()
+    Fs::open(Arc::new(dev) as Arc<dyn BlockDevice>, opts).unwrap()
 }
 
 fn fsck_clean(path: &std::path::Path) {
@@ -297,14 +301,10 @@ fn freed_segments_are_punched_out_of_the_image_file() {
 #[test]
 fn readers_never_see_a_moved_or_placed_block_before_it_is_written() {
     let (_dir, path) = image(64 * MIB, 1);
-    let dev = FileDevice::open(&path, DeviceOptions::default()).unwrap();
-    let fs = Arc::new(
-        Fs::open(
-            Arc::new(dev) as Arc<dyn BlockDevice>,
-            FsOptions { cache_bytes: 256 << 10, checkpoint_interval: None, ..Default::default() },
-        )
-        .unwrap(),
-    );
+    let fs = Arc::new(mount_with(
+        &path,
+        FsOptions { cache_bytes: 256 << 10, checkpoint_interval: None, ..Default::default() },
+    ));
     let size = 8 * MIB as usize;
     let data = Arc::new(pattern(77, size));
     let f = fs.create(ROOT, b"static", 0o644, 0, 0).unwrap().ino;
@@ -398,14 +398,10 @@ fn an_idle_file_system_cleans_in_the_background() {
 #[test]
 fn truncates_racing_with_checkpoints_retire_each_block_once() {
     let (_dir, path) = image(64 * MIB, 2);
-    let dev = FileDevice::open(&path, DeviceOptions::default()).unwrap();
-    let fs = Arc::new(
-        Fs::open(
-            Arc::new(dev) as Arc<dyn BlockDevice>,
-            FsOptions { cache_bytes: 1 << 20, checkpoint_interval: None, ..Default::default() },
-        )
-        .unwrap(),
-    );
+    let fs = Arc::new(mount_with(
+        &path,
+        FsOptions { cache_bytes: 1 << 20, checkpoint_interval: None, ..Default::default() },
+    ));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let appenders: Vec<_> = (0..2)
         .map(|t| {

@@ -280,9 +280,10 @@ impl Engine {
         cp.valid_inodes = self.nat.valid_inodes();
         cp.next_nid = self.nat.next_nid_hint();
         cp.elapsed_secs = mtime;
-        cp.user_bytes_written = cp.user_bytes_written.saturating_add(self.user_bytes.take());
-        cp.gc_bytes_written = cp.gc_bytes_written.saturating_add(self.io.cleaning_unsaved.take());
-        cp.cp_bytes_written = cp.cp_bytes_written.saturating_add(self.io.other_unsaved.take());
+        let [user, cleaning, other] = self.io.take_unsaved();
+        cp.user_bytes_written = cp.user_bytes_written.saturating_add(user);
+        cp.gc_bytes_written = cp.gc_bytes_written.saturating_add(cleaning);
+        cp.cp_bytes_written = cp.cp_bytes_written.saturating_add(other);
         cp.lanes = cursors
             .into_iter()
             .zip(&snap.heads)
@@ -428,10 +429,13 @@ impl Engine {
         // truncate after the snapshot, or a fresh block the mapping moved past): then it is a
         // tree block like any other, and dies exactly once, when a later tree drops it (the
         // diff below, one checkpoint on). Keeping it as garbage too would kill it twice.
-        let in_tree: std::collections::HashSet<u32> = tree_map.values().copied().collect();
-        for a in std::mem::take(&mut disk.garbage) {
-            if !in_tree.contains(&a) {
-                self.table.invalidate(a as u64)?;
+        let garbage = std::mem::take(&mut disk.garbage);
+        if !garbage.is_empty() {
+            let in_tree: std::collections::HashSet<u32> = tree_map.values().copied().collect();
+            for a in garbage {
+                if !in_tree.contains(&a) {
+                    self.table.invalidate(a as u64)?;
+                }
             }
         }
         // Blocks of the previous tree that this tree no longer holds.

@@ -649,7 +649,6 @@ impl Engine {
             m.size.fetch_max(end, Ordering::AcqRel);
         }
         m.touch(now());
-        self.user_bytes.add(data.len() as u64);
         self.io.user.add(data.len() as u64);
         self.mark_dirty(m);
         Ok(())
