@@ -444,9 +444,14 @@ impl Engine {
             }
             Record::Map { ino, first, entries, .. } => {
                 let Ok(m) = self.mnode(*ino) else { return Ok(()) };
+                let pages = m.pages().map(|(p, _)| p);
                 let mut disk = m.disk.lock();
                 for (i, &(addr, _)) in entries.iter().enumerate() {
                     let idx = first + i as u64;
+                    // Newer than a page an earlier record logged inline: the block wins.
+                    if let Some(p) = pages {
+                        p.truncate_one(idx);
+                    }
                     if addr == 0 {
                         disk.remap(idx, 0);
                     } else if addr == NEW_ADDR {
@@ -467,6 +472,9 @@ impl Engine {
             Record::Truncate { ino, from_block, .. } => {
                 let Ok(m) = self.mnode(*ino) else { return Ok(()) };
                 m.disk.lock().truncate(*from_block);
+                if let Some((p, _)) = m.pages() {
+                    p.truncate(*from_block);
+                }
                 self.mark_dirty(&m);
             }
             Record::Xattrs { ino, attrs, .. } => {
@@ -479,6 +487,13 @@ impl Engine {
                 self.mark_dirty(&m);
             }
             Record::Free { .. } => {}
+            Record::Data { ino, idx, data, .. } => {
+                let Ok(m) = self.mnode(*ino) else { return Ok(()) };
+                let Some((p, _)) = m.pages() else { return Ok(()) };
+                // A dirty page: the checkpoint that ends recovery writes it to the device.
+                p.write(*idx, 0, &data[..], || Ok::<_, Error>([0; BLOCK_SIZE]))?;
+                self.mark_dirty(&m);
+            }
         }
         let _ = stamp;
         Ok(())

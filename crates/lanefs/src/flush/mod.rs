@@ -89,8 +89,9 @@ impl Engine {
         let r = self.flush_txn(m, &start);
         drop(gate);
         if r? {
-            // The transaction did not fit the region's lane journal: a checkpoint (which starts
-            // after this point, so it holds everything the fsync covers) makes it durable.
+            // The transaction did not fit its lane's journal (region or device): a checkpoint
+            // (which starts after this point, so it holds everything the fsync covers) makes it
+            // durable.
             self.checkpoint(false)?;
         }
         Ok(())
@@ -98,8 +99,10 @@ impl Engine {
 
     /// Writes one transaction for `m` and the directories reachable from `start`. Returns
     /// `true` when it wrote nothing and a checkpoint must make the changes durable instead
-    /// (with a region, a transaction its lane's journal has no room for).
+    /// (a transaction its lane's journal has no room for, in the region or on the device).
     fn flush_txn(&self, m: &Arc<MNode>, start: &[u32]) -> Result<bool> {
+        // First, and alone of its kind: every other lock below is taken after it.
+        let _order = m.fsync_order.lock();
         let (lane, _) = self.lane();
         let dirs = self.dir_closure(start)?;
         // Serialise with other flushes of the same directories: a later fsync of one of them
@@ -110,13 +113,19 @@ impl Engine {
         let dir_ops = self.collect_dir_ops(&dirs, m.ino)?;
         // Stamped after every record collected: replay applies the file's own records last.
         let stamp = self.clock.now();
-        let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
-        let result = self.write_txn(m, lane, stamp, &dir_ops, &pages);
+        let pages = m.pages().map(|(p, _)| p.take_unsynced()).unwrap_or_default();
+        let inline = self.nvm_log.is_some() && pages.len() <= INLINE_PAGES;
+        let result = self.write_txn(m, lane, stamp, &dir_ops, &pages, inline);
         let written = matches!(result, Ok(Commit::Durable | Commit::FlushOwed));
         if let (true, Some((p, _))) = (written, m.pages()) {
-            // Written: the pages may be evicted now (a reader then finds the blocks).
-            for (idx, _) in &pages {
-                p.settle(*idx);
+            if inline {
+                // Durable in the region only: the device still owes them (checkpoint).
+                p.settle_logged(&pages);
+            } else {
+                // Written: the pages may be evicted now (a reader then finds the blocks).
+                for (idx, _) in &pages {
+                    p.settle(*idx);
+                }
             }
         }
         if written {
@@ -278,6 +287,8 @@ impl Engine {
     /// Allocates and writes data blocks and the journal transaction. With region journals the
     /// transaction is durable on return (`flush/nvm.rs`), else the caller owes a device flush;
     /// a transaction the region has no room for is given back (as on an error) for a checkpoint.
+    /// `inline` (region journals only): the pages go into the transaction as `Data` records,
+    /// and no data block is written.
     fn write_txn(
         &self,
         m: &Arc<MNode>,
@@ -285,11 +296,13 @@ impl Engine {
         stamp: crate::journal::Stamp,
         dir_ops: &DirOps,
         pages: &[(u64, crate::mem::pages::PageBuf)],
+        inline: bool,
     ) -> Result<Commit> {
+        debug_assert!(!inline || self.nvm_log.is_some());
         let mtime = self.elapsed_secs();
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::with_capacity(pages.len() + 1);
         let mut map: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
-        for (idx, buf) in pages {
+        for (idx, buf) in pages.iter().filter(|_| !inline) {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
             let addr =
                 self.lanes.alloc(lane, crate::format::LogType::WarmData, owner, mtime).map_err(nospace)?;
@@ -328,9 +341,18 @@ impl Engine {
                 undo.truncated_from = Some(from);
                 records.push(Record::Truncate { stamp, ino: m.ino, from_block: from });
             }
+            // Inline pages still cached (checked under the mapping's lock, as for blocks): a
+            // page truncated since is neither logged nor mapped.
+            let logged: Vec<Record> = pages
+                .iter()
+                .filter(|(idx, _)| inline && pm.is_some_and(|p| p.is_cached(*idx)))
+                .map(|(idx, buf)| Record::Data { stamp, ino: m.ino, idx: *idx, data: buf.clone() })
+                .collect();
             let mut meta = m.meta.lock();
             undo.attr_dirty = m.attr_dirty.swap(false, Ordering::AcqRel);
-            if !dir_ops.creates_m || undo.attr_dirty || !own_map.is_empty() {
+            // Attributes unchanged since they were last journaled or checkpointed need no record
+            // (an fsync with nothing to do writes nothing); a file's blocks go with its size.
+            if undo.attr_dirty || !own_map.is_empty() || !logged.is_empty() {
                 records.push(Record::SetAttr { stamp, ino: m.ino, attr: m.attr_record(&meta) });
             }
             undo.xattrs_dirty = std::mem::take(&mut meta.xattrs_dirty);
@@ -339,6 +361,9 @@ impl Engine {
             }
             drop(meta);
             records.extend(Record::map_runs(m.ino, stamp, &own_map));
+            // After the maps: same stamp, and replay applies a transaction's records in order,
+            // so a page logged inline wins over an older block writeback placed at its index.
+            records.extend(logged);
         }
         if records.is_empty() {
             // Without a region, a flush still covers what an fsync this one depends on wrote
@@ -357,10 +382,19 @@ impl Engine {
             // A failed write must not leave a hole in the chain that hides later transactions:
             // on error the writer goes back to where it was (the next append overwrites).
             let before = chain.clone();
-            let blocks = chain.append(&txn, || {
+            let blocks = match chain.append(&txn, || {
                 let owner = SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
-                self.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32).map_err(nospace)
-            })?;
+                self.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32)
+            }) {
+                Ok(b) => b,
+                // The journal has no room left on the device: like a full region journal, the
+                // checkpoint the caller takes makes the changes durable and frees the journal.
+                Err(Error::NoSpace) => {
+                    *chain = before;
+                    return Ok(Commit::Checkpoint);
+                }
+                Err(e) => return Err(e),
+            };
             self.count_journal(blocks.len() as u64);
             writes.extend(blocks);
             // Within a lane, journal blocks complete in chain order: the chain lock is held
@@ -411,6 +445,12 @@ impl Engine {
         self.age_at_mount + self.mounted_at.elapsed().as_secs()
     }
 }
+
+/// An fsync with at most this many dirty pages logs them inline in the region's journal (no
+/// data block write, no device flush); the device gets them at the next checkpoint. More
+/// pages go to data blocks as without a region: the region is small, and a large fsync gains
+/// little from skipping the device.
+const INLINE_PAGES: usize = 4;
 
 /// What became of an fsync's transaction.
 enum Commit {

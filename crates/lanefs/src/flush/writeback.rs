@@ -34,6 +34,8 @@ impl Engine {
     pub(crate) fn writeback(&self, m: &MNode) -> Result<()> {
         let Some((pages, _)) = m.pages() else { return Ok(()) };
         let _gate = self.gate.read();
+        // Placed blocks are journaled by the inode's next fsync, which must find them.
+        let _order = m.fsync_order.lock();
         let dirty = pages.take_dirty();
         if dirty.is_empty() {
             return Ok(());

@@ -25,6 +25,7 @@
 //! 7 Truncate   ino u32 | from_block u64
 //! 8 Xattrs     ino u32 | count u16 | count x (name_len u8, value_len u16, name, value)
 //! 9 Free       ino u32
+//! 10 Data      ino u32 | index u64 | 4096 bytes    (a page logged inline: region journals only)
 //! ```
 //!
 //! Invariants: the encoder accepts exactly what the decoder accepts ([`Record::validate`] runs
@@ -33,7 +34,9 @@
 //! the bytes left before anything is reserved for it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use crate::device::BLOCK_SIZE;
 use crate::error::{Error, Result, Structure};
 use crate::format::codec::{Dec, Enc};
 use crate::format::dentry::{validate_name, DT_VALID};
@@ -74,6 +77,7 @@ mod tag {
     pub const TRUNCATE: u8 = 7;
     pub const XATTRS: u8 = 8;
     pub const FREE: u8 = 9;
+    pub const DATA: u8 = 10;
 }
 
 /// When an operation took effect: a synchronized tick count and the CPU that read it. The
@@ -135,6 +139,10 @@ pub enum Record {
     Xattrs { stamp: Stamp, ino: u32, attrs: Vec<(Vec<u8>, Vec<u8>)> },
     /// The inode is gone: no names left and no longer open.
     Free { stamp: Stamp, ino: u32 },
+    /// File block `idx` holds `data`, carried in the record itself (an fsync with a
+    /// persistent-memory region logs small writes inline instead of writing data blocks; the
+    /// device gets the page at the next checkpoint).
+    Data { stamp: Stamp, ino: u32, idx: u64, data: Arc<[u8; BLOCK_SIZE]> },
 }
 
 fn invalid(what: impl Into<String>) -> Error {
@@ -176,7 +184,8 @@ impl Record {
             | Record::Map { stamp, .. }
             | Record::Truncate { stamp, .. }
             | Record::Xattrs { stamp, .. }
-            | Record::Free { stamp, .. } => *stamp,
+            | Record::Free { stamp, .. }
+            | Record::Data { stamp, .. } => *stamp,
         }
     }
 
@@ -191,6 +200,7 @@ impl Record {
             Record::Truncate { .. } => tag::TRUNCATE,
             Record::Xattrs { .. } => tag::XATTRS,
             Record::Free { .. } => tag::FREE,
+            Record::Data { .. } => tag::DATA,
         }
     }
 
@@ -279,6 +289,12 @@ impl Record {
                 }
             }
             Record::Free { ino, .. } => check_ino(*ino, "inode")?,
+            Record::Data { ino, idx, .. } => {
+                check_ino(*ino, "inode")?;
+                if *idx >= MAX_FILE_BLOCKS {
+                    return Err(format!("data at block {idx} past the largest file"));
+                }
+            }
         }
         Ok(())
     }
@@ -297,7 +313,8 @@ impl Record {
             Record::SetAttr { ino, .. }
             | Record::Truncate { ino, .. }
             | Record::Xattrs { ino, .. }
-            | Record::Free { ino, .. } => nid_ok(*ino),
+            | Record::Free { ino, .. }
+            | Record::Data { ino, .. } => nid_ok(*ino),
             Record::Map { ino, entries, .. } => {
                 if entries.iter().any(|&(a, _)| a != 0 && a != NEW_ADDR && !g.in_main(a as u64)) {
                     return Err("map entry outside the main area".into());
@@ -355,6 +372,7 @@ impl Record {
                     4 + 2 + attrs.iter().map(|(n, v)| 3 + n.len() + v.len()).sum::<usize>()
                 }
                 Record::Free { .. } => 4,
+                Record::Data { .. } => 4 + 8 + BLOCK_SIZE,
             }
     }
 
@@ -425,6 +443,11 @@ impl Record {
                 }
             }
             Record::Free { ino, .. } => e.u32(*ino),
+            Record::Data { ino, idx, data, .. } => {
+                e.u32(*ino);
+                e.u64(*idx);
+                e.bytes(&data[..]);
+            }
         }
     }
 
@@ -503,6 +526,12 @@ impl Record {
                 Record::Xattrs { stamp, ino, attrs }
             }
             tag::FREE => Record::Free { stamp, ino: d.u32()? },
+            tag::DATA => {
+                let ino = d.u32()?;
+                let idx = d.u64()?;
+                let data: [u8; BLOCK_SIZE] = d.bytes(BLOCK_SIZE)?.try_into().expect("BLOCK_SIZE bytes");
+                Record::Data { stamp, ino, idx, data: Arc::new(data) }
+            }
             t => return Err(d.err(format!("unknown record tag {t}"))),
         })
     }

@@ -147,6 +147,12 @@ pub struct MNode {
     pub captured_by: AtomicU64,
     /// Its attributes changed since they were last journaled.
     pub attr_dirty: AtomicBool,
+    /// Held by an fsync for its whole transaction, and by writeback, so that what one takes
+    /// from the inode (dirty pages, placed blocks, attributes) is journaled, in stamp order,
+    /// and durable before another fsync of the inode decides what is left: otherwise an fsync
+    /// could find a page clean because a concurrent one took it, and return before that
+    /// transaction is durable (or replay after it under a later stamp with older contents).
+    pub fsync_order: Mutex<()>,
 }
 
 pub fn ts_to_ns(t: Timespec) -> i64 {
@@ -193,6 +199,7 @@ impl MNode {
             in_dirty_set: AtomicBool::new(false),
             captured_by: AtomicU64::new(0),
             attr_dirty: AtomicBool::new(false),
+            fsync_order: Mutex::new(()),
         }
     }
 

@@ -5,14 +5,26 @@
 //! overlapping writers is the range lock's job, not this map's. Buffers are shared with
 //! copy-on-write (`Arc::make_mut`): fsync and the checkpoint take a reference to a dirty page and
 //! write it out while a writer that arrives meanwhile copies the page instead of waiting.
+//!
+//! A page is clean, *dirty* (changed since it was last made durable anywhere), or *logged*
+//! (its contents are durable in the persistent-memory region's journal, where an fsync put them
+//! inline, but not yet on the device: a checkpoint or writeback must still write it, an fsync
+//! need not). Each shard lists its dirty pages and its logged pages, so that fsync costs what
+//! is dirty, not what is cached (a file with a large cached working set and one dirty page is
+//! the common fsync-heavy case). Invariants, under the shard's lock: `dirty` holds exactly the
+//! indexes of the pages whose `dirty` flag is set, each once; `logged` holds every index whose
+//! `logged` flag is set, and possibly stale or repeated ones (checked against the flag when
+//! drained; bounded by the inline fsyncs since the last checkpoint); no page is both dirty and
+//! logged. A dirty, logged or in-flight page is never evicted.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub const PAGE_SIZE: usize = 4096;
 const SHARDS: usize = 16;
+const _: () = assert!(SHARDS <= 32, "one bit per shard in PageMap::dirty_shards");
 
 /// One page's bytes.
 pub type PageBuf = Arc<[u8; PAGE_SIZE]>;
@@ -21,48 +33,114 @@ pub type PageBuf = Arc<[u8; PAGE_SIZE]>;
 #[derive(Clone)]
 pub struct Page {
     pub data: PageBuf,
-    /// Changed since it was last written to the device.
+    /// Changed since it was last made durable (on the device or in the region's journal).
     pub dirty: bool,
+    /// Durable in the region's journal only: the device must still get it.
+    pub logged: bool,
     /// Taken by fsync, writeback or a checkpoint whose new block address is not installed yet:
     /// the device does not hold this data where the mapping says, so it must stay cached.
     pub in_flight: bool,
+}
+
+impl Page {
+    fn new(data: PageBuf, dirty: bool) -> Page {
+        Page { data, dirty, logged: false, in_flight: false }
+    }
 }
 
 /// Bytes cached and dirty across every file, for the cache limit.
 #[derive(Default)]
 pub struct CacheStats {
     pub cached_pages: AtomicI64,
+    /// Pages the device must still get: dirty and logged ones.
     pub dirty_pages: AtomicI64,
+}
+
+/// One shard: its pages and the indexes of the dirty and logged ones (see the module
+/// invariants).
+#[derive(Default)]
+struct Shard {
+    pages: HashMap<u64, Page>,
+    dirty: Vec<u64>,
+    logged: Vec<u64>,
+}
+
+impl Shard {
+    #[cfg(test)]
+    fn check(&self) {
+        let mut listed = self.dirty.clone();
+        listed.sort_unstable();
+        let mut flagged: Vec<u64> = self.pages.iter().filter(|(_, p)| p.dirty).map(|(&i, _)| i).collect();
+        flagged.sort_unstable();
+        assert_eq!(listed, flagged, "dirty list and dirty flags disagree");
+        for (i, p) in &self.pages {
+            assert!(!(p.dirty && p.logged), "page {i} is dirty and logged");
+            assert!(!p.logged || self.logged.contains(i), "logged page {i} is not listed");
+        }
+    }
 }
 
 /// The pages of one file.
 pub struct PageMap {
-    shards: Box<[Mutex<HashMap<u64, Page>>]>,
+    shards: Box<[Mutex<Shard>]>,
+    /// Bit s set: shard s may list dirty pages. Set under the shard's lock after a page is
+    /// listed, so a `take_*` that clears the mask first and then visits the marked shards
+    /// sees every page listed before its call.
+    dirty_shards: AtomicU32,
+    /// Pages with the `dirty` flag.
     dirty: AtomicU64,
+    /// Pages with the `logged` flag.
+    logged: AtomicU64,
     stats: Arc<CacheStats>,
 }
 
 impl PageMap {
     pub fn new(stats: Arc<CacheStats>) -> PageMap {
         PageMap {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            dirty_shards: AtomicU32::new(0),
             dirty: AtomicU64::new(0),
+            logged: AtomicU64::new(0),
             stats,
         }
     }
 
-    fn shard(&self, idx: u64) -> &Mutex<HashMap<u64, Page>> {
+    fn shard(&self, idx: u64) -> &Mutex<Shard> {
         &self.shards[(idx % SHARDS as u64) as usize]
+    }
+
+    /// Makes `page` (at `idx`, in `shard`, whose lock the caller holds) dirty if it is not.
+    fn mark_dirty(&self, shard: &mut Vec<u64>, idx: u64, page: &mut Page) {
+        if page.dirty {
+            return;
+        }
+        page.dirty = true;
+        shard.push(idx);
+        self.dirty.fetch_add(1, Ordering::Relaxed);
+        if page.logged {
+            // Still owed to the device, now also to the next fsync; the entry in the logged
+            // list goes stale.
+            page.logged = false;
+            self.logged.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            self.stats.dirty_pages.fetch_add(1, Ordering::Relaxed);
+        }
+        self.dirty_shards.fetch_or(1 << (idx % SHARDS as u64), Ordering::AcqRel);
     }
 
     /// The cached page `idx`, if any.
     pub fn get(&self, idx: u64) -> Option<PageBuf> {
-        self.shard(idx).lock().get(&idx).map(|p| p.data.clone())
+        self.shard(idx).lock().pages.get(&idx).map(|p| p.data.clone())
     }
 
-    /// Number of dirty pages of this file.
+    /// Number of dirty pages of this file (logged ones not included).
     pub fn dirty_count(&self) -> u64 {
         self.dirty.load(Ordering::Relaxed)
+    }
+
+    /// Number of logged pages of this file.
+    pub fn logged_count(&self) -> u64 {
+        self.logged.load(Ordering::Relaxed)
     }
 
     /// Writes `bytes` at `off` within page `idx`. If the page is not cached, `load` supplies its
@@ -76,65 +154,98 @@ impl PageMap {
         load: impl FnOnce() -> Result<[u8; PAGE_SIZE], E>,
     ) -> Result<(), E> {
         debug_assert!(off + bytes.len() <= PAGE_SIZE && !bytes.is_empty());
-        let mut shard = self.shard(idx).lock();
-        let page = match shard.entry(idx) {
+        let mut guard = self.shard(idx).lock();
+        let shard = &mut *guard;
+        let page = match shard.pages.entry(idx) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 // Loading under the shard lock keeps two writers of one page from loading twice;
                 // the read is of a block this file already owns, so it cannot wait on this file.
                 let base = if off == 0 && bytes.len() == PAGE_SIZE { [0u8; PAGE_SIZE] } else { load()? };
                 self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
-                v.insert(Page { data: Arc::new(base), dirty: false, in_flight: false })
+                v.insert(Page::new(Arc::new(base), false))
             }
         };
         Arc::make_mut(&mut page.data)[off..off + bytes.len()].copy_from_slice(bytes);
-        if !page.dirty {
-            page.dirty = true;
-            self.dirty.fetch_add(1, Ordering::Relaxed);
-            self.stats.dirty_pages.fetch_add(1, Ordering::Relaxed);
-        }
+        self.mark_dirty(&mut shard.dirty, idx, page);
         Ok(())
     }
 
     /// Caches a clean page read from the device (no effect if the page is cached already).
     pub fn insert_clean(&self, idx: u64, data: [u8; PAGE_SIZE]) -> PageBuf {
         let mut shard = self.shard(idx).lock();
-        let p = shard.entry(idx).or_insert_with(|| {
+        let p = shard.pages.entry(idx).or_insert_with(|| {
             self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
-            Page { data: Arc::new(data), dirty: false, in_flight: false }
+            Page::new(Arc::new(data), false)
         });
         p.data.clone()
     }
 
-    /// Every dirty page (index order), each marked clean and in flight. A writer that changes
-    /// one of them afterwards copies it and marks it dirty again; the caller owns the snapshot
-    /// it got, and calls [`PageMap::settle`] once the page's new address is known.
+    /// Every dirty page (index order), each marked clean and in flight: what an fsync must make
+    /// durable. A writer that changes one of them afterwards copies it and marks it dirty
+    /// again; the caller owns the snapshot it got, and calls [`PageMap::settle`] (or
+    /// [`PageMap::settle_logged`]) once the page is durable.
+    pub fn take_unsynced(&self) -> Vec<(u64, PageBuf)> {
+        self.take(false)
+    }
+
+    /// Every dirty or logged page (index order), each marked clean and in flight: what the
+    /// device must get (checkpoint, writeback). As [`PageMap::take_unsynced`] otherwise.
     pub fn take_dirty(&self) -> Vec<(u64, PageBuf)> {
+        self.take(true)
+    }
+
+    fn take(&self, with_logged: bool) -> Vec<(u64, PageBuf)> {
+        let logged = with_logged && self.logged_count() > 0;
+        // A write that set a page dirty counted it before it returned (under the shard lock),
+        // so a zero here means nothing written before this call is dirty.
+        if self.dirty_count() == 0 && !logged {
+            return Vec::new();
+        }
+        let mask = if logged { u32::MAX } else { 0 } | self.dirty_shards.swap(0, Ordering::AcqRel);
         let mut out = Vec::new();
-        for s in self.shards.iter() {
-            let mut s = s.lock();
-            for (&idx, p) in s.iter_mut().filter(|(_, p)| p.dirty) {
+        let (mut n_dirty, mut n_logged) = (0u64, 0u64);
+        for (_, s) in self.shards.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0) {
+            let mut guard = s.lock();
+            let s = &mut *guard;
+            for idx in s.dirty.drain(..) {
+                let p = s.pages.get_mut(&idx).expect("a listed page is cached");
+                debug_assert!(p.dirty && !p.logged);
                 p.dirty = false;
                 p.in_flight = true;
+                n_dirty += 1;
                 out.push((idx, p.data.clone()));
             }
+            if logged {
+                // Bounded by the inline fsyncs since the last drain; stale entries are skipped.
+                for idx in s.logged.drain(..) {
+                    let Some(p) = s.pages.get_mut(&idx) else { continue };
+                    if !p.logged {
+                        continue;
+                    }
+                    p.logged = false;
+                    p.in_flight = true;
+                    n_logged += 1;
+                    out.push((idx, p.data.clone()));
+                }
+            }
         }
-        let n = out.len() as u64;
-        self.dirty.fetch_sub(n, Ordering::Relaxed);
-        self.stats.dirty_pages.fetch_sub(n as i64, Ordering::Relaxed);
+        self.dirty.fetch_sub(n_dirty, Ordering::Relaxed);
+        self.logged.fetch_sub(n_logged, Ordering::Relaxed);
+        self.stats.dirty_pages.fetch_sub((n_dirty + n_logged) as i64, Ordering::Relaxed);
         out.sort_unstable_by_key(|p| p.0);
         out
     }
 
     /// Whether page `idx` is cached (a truncate or punch removes it).
     pub fn is_cached(&self, idx: u64) -> bool {
-        self.shard(idx).lock().contains_key(&idx)
+        self.shard(idx).lock().pages.contains_key(&idx)
     }
 
     /// Ends page `idx`'s flight; returns whether the page still exists (a truncate or punch
     /// removed it otherwise, and its new block must not be mapped).
     pub fn settle(&self, idx: u64) -> bool {
-        match self.shard(idx).lock().get_mut(&idx) {
+        match self.shard(idx).lock().pages.get_mut(&idx) {
             Some(p) => {
                 p.in_flight = false;
                 true
@@ -143,25 +254,40 @@ impl PageMap {
         }
     }
 
+    /// Ends the flight of pages an fsync made durable in the region's journal (not on the
+    /// device): each becomes logged unless a writer dirtied it meanwhile or it is gone.
+    pub fn settle_logged(&self, pages: &[(u64, PageBuf)]) {
+        for (idx, _) in pages {
+            let mut guard = self.shard(*idx).lock();
+            let s = &mut *guard;
+            let Some(p) = s.pages.get_mut(idx) else { continue };
+            p.in_flight = false;
+            if !p.dirty && !p.logged {
+                p.logged = true;
+                s.logged.push(*idx);
+                self.logged.fetch_add(1, Ordering::Relaxed);
+                self.stats.dirty_pages.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Puts back pages whose write failed so that a later fsync retries them; a page changed
     /// since is dirty already and keeps its newer contents.
     pub fn restore_dirty(&self, pages: &[(u64, PageBuf)]) {
         for (idx, buf) in pages {
-            let mut s = self.shard(*idx).lock();
-            match s.get_mut(idx) {
+            let mut guard = self.shard(*idx).lock();
+            let s = &mut *guard;
+            match s.pages.get_mut(idx) {
                 Some(p) if !p.dirty => {
-                    p.dirty = true;
                     p.in_flight = false;
                     p.data = buf.clone();
-                    self.dirty.fetch_add(1, Ordering::Relaxed);
-                    self.stats.dirty_pages.fetch_add(1, Ordering::Relaxed);
+                    self.mark_dirty(&mut s.dirty, *idx, p);
                 }
                 Some(p) => p.in_flight = false,
                 None => {
-                    s.insert(*idx, Page { data: buf.clone(), dirty: true, in_flight: false });
-                    self.dirty.fetch_add(1, Ordering::Relaxed);
-                    self.stats.dirty_pages.fetch_add(1, Ordering::Relaxed);
                     self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
+                    let p = s.pages.entry(*idx).or_insert(Page::new(buf.clone(), false));
+                    self.mark_dirty(&mut s.dirty, *idx, p);
                 }
             }
         }
@@ -170,40 +296,55 @@ impl PageMap {
     /// Drops pages at or after `from` (truncate), dirty or not.
     pub fn truncate(&self, from: u64) {
         for s in self.shards.iter() {
-            let mut s = s.lock();
-            let gone: Vec<u64> = s.keys().copied().filter(|&i| i >= from).collect();
+            let mut guard = s.lock();
+            let s = &mut *guard;
+            let gone: Vec<u64> = s.pages.keys().copied().filter(|&i| i >= from).collect();
             for i in gone {
-                let p = s.remove(&i).expect("listed");
+                let p = s.pages.remove(&i).expect("listed");
                 self.forget(&p);
             }
+            // One pass over each list, not one search per removed page.
+            s.dirty.retain(|&i| i < from);
+            s.logged.retain(|&i| i < from);
         }
     }
 
     /// Drops page `idx`, dirty or not (a punched hole).
     pub fn truncate_one(&self, idx: u64) {
-        if let Some(p) = self.shard(idx).lock().remove(&idx) {
+        let mut guard = self.shard(idx).lock();
+        let s = &mut *guard;
+        if let Some(p) = s.pages.remove(&idx) {
+            if p.dirty {
+                let at = s.dirty.iter().position(|&i| i == idx).expect("a dirty page is listed");
+                s.dirty.swap_remove(at);
+            }
+            // A logged entry goes stale and is skipped when drained.
             self.forget(&p);
         }
     }
 
-    /// Dirty pages for which `mapped` is false (not yet given a block).
+    /// Dirty and logged pages for which `mapped` is false (not yet given a block).
     pub fn dirty_unmapped(&self, mapped: impl Fn(u64) -> bool) -> u64 {
         self.shards
             .iter()
-            .map(|s| s.lock().iter().filter(|(&i, p)| p.dirty && !mapped(i)).count() as u64)
+            .map(|s| {
+                let s = s.lock();
+                let logged = s.logged.iter().filter(|i| s.pages.get(i).is_some_and(|p| p.logged));
+                let mut owed: Vec<u64> = s.dirty.iter().chain(logged).copied().collect();
+                owed.sort_unstable();
+                owed.dedup();
+                owed.into_iter().filter(|&i| !mapped(i)).count() as u64
+            })
             .sum()
     }
 
     /// Zeroes bytes [off, PAGE_SIZE) of page `idx` if it is cached (the tail of a truncated page).
     pub fn zero_tail(&self, idx: u64, off: usize) {
-        let mut s = self.shard(idx).lock();
-        if let Some(p) = s.get_mut(&idx) {
+        let mut guard = self.shard(idx).lock();
+        let s = &mut *guard;
+        if let Some(p) = s.pages.get_mut(&idx) {
             Arc::make_mut(&mut p.data)[off..].fill(0);
-            if !p.dirty {
-                p.dirty = true;
-                self.dirty.fetch_add(1, Ordering::Relaxed);
-                self.stats.dirty_pages.fetch_add(1, Ordering::Relaxed);
-            }
+            self.mark_dirty(&mut s.dirty, idx, p);
         }
     }
 
@@ -212,10 +353,15 @@ impl PageMap {
         let mut n = 0;
         for s in self.shards.iter() {
             let mut s = s.lock();
-            let clean: Vec<u64> =
-                s.iter().filter(|(_, p)| !p.dirty && !p.in_flight).map(|(&i, _)| i).take(max - n).collect();
+            let clean: Vec<u64> = s
+                .pages
+                .iter()
+                .filter(|(_, p)| !p.dirty && !p.logged && !p.in_flight)
+                .map(|(&i, _)| i)
+                .take(max - n)
+                .collect();
             for i in clean {
-                let p = s.remove(&i).expect("listed");
+                let p = s.pages.remove(&i).expect("listed");
                 self.forget(&p);
                 n += 1;
             }
@@ -230,6 +376,11 @@ impl PageMap {
         self.stats.cached_pages.fetch_sub(1, Ordering::Relaxed);
         if p.dirty {
             self.dirty.fetch_sub(1, Ordering::Relaxed);
+        }
+        if p.logged {
+            self.logged.fetch_sub(1, Ordering::Relaxed);
+        }
+        if p.dirty || p.logged {
             self.stats.dirty_pages.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -238,7 +389,7 @@ impl PageMap {
 impl Drop for PageMap {
     fn drop(&mut self) {
         for s in self.shards.iter() {
-            for p in s.lock().values() {
+            for p in s.lock().pages.values() {
                 self.forget(p);
             }
         }
@@ -281,6 +432,98 @@ mod tests {
         m.write(1, 5, b"x", || -> Result<_, ()> { Ok([7u8; PAGE_SIZE]) }).unwrap();
         let p = m.get(1).unwrap();
         assert_eq!((p[4], p[5], p[6]), (7, b'x', 7));
+    }
+
+    impl PageMap {
+        fn check(&self) {
+            let mask = self.dirty_shards.load(Ordering::Acquire);
+            for (i, s) in self.shards.iter().enumerate() {
+                let s = s.lock();
+                s.check();
+                assert!(
+                    s.dirty.is_empty() || mask & (1 << i) != 0,
+                    "shard {i} lists dirty pages but is not marked"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn dirty_list_tracks_writes_takes_truncates_and_restores() {
+        let m = Arc::new(PageMap::new(Arc::default()));
+        let hs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    let mut x = t * 7919 + 1;
+                    for _ in 0..3000 {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        let idx = (x >> 33) % 200;
+                        match (x >> 20) % 11 {
+                            10 => {
+                                // An fsync that logged its pages inline in the region.
+                                let taken = m.take_unsynced();
+                                m.settle_logged(&taken);
+                            }
+                            0 => {
+                                let taken = m.take_dirty();
+                                assert!(taken.windows(2).all(|w| w[0].0 < w[1].0), "index order, each once");
+                                if (x >> 40) % 2 == 0 {
+                                    m.restore_dirty(&taken);
+                                } else {
+                                    taken.iter().for_each(|(i, _)| {
+                                        m.settle(*i);
+                                    });
+                                }
+                            }
+                            1 => m.truncate(idx),
+                            2 => m.truncate_one(idx),
+                            3 => m.zero_tail(idx, 100),
+                            4 => {
+                                m.evict_clean(5);
+                            }
+                            _ => m.write(idx, 0, &[t as u8; 8], zero).unwrap(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        m.check();
+        let listed = m.dirty_count() + m.logged_count();
+        assert_eq!(m.stats.dirty_pages.load(Ordering::Relaxed), listed as i64);
+        let taken = m.take_dirty();
+        assert_eq!(taken.len() as u64, listed, "the counters agree with the lists");
+        assert_eq!((m.dirty_count(), m.logged_count()), (0, 0));
+        assert_eq!(m.stats.dirty_pages.load(Ordering::Relaxed), 0);
+        assert!(m.take_dirty().is_empty());
+        m.check();
+    }
+
+    #[test]
+    fn logged_pages_are_skipped_by_fsync_and_taken_by_the_checkpoint() {
+        let stats = Arc::new(CacheStats::default());
+        let m = PageMap::new(stats.clone());
+        m.write(1, 0, b"a", zero).unwrap();
+        m.write(2, 0, b"b", zero).unwrap();
+        let taken = m.take_unsynced();
+        assert_eq!(taken.len(), 2);
+        m.write(2, 0, b"B", zero).unwrap();
+        m.settle_logged(&taken);
+        // Page 1 is logged; page 2 was written again meanwhile and stays dirty.
+        assert_eq!((m.dirty_count(), m.logged_count()), (1, 1));
+        assert_eq!(stats.dirty_pages.load(Ordering::Relaxed), 2);
+        assert_eq!(m.evict_clean(10), 0, "a logged page is owed to the device");
+        let again = m.take_unsynced();
+        assert_eq!(again.iter().map(|p| p.0).collect::<Vec<_>>(), vec![2], "fsync skips logged pages");
+        m.settle_logged(&again);
+        m.write(1, 0, b"A", zero).unwrap();
+        assert_eq!((m.dirty_count(), m.logged_count()), (1, 1), "a logged page written again is dirty");
+        m.check();
+        let all = m.take_dirty();
+        assert_eq!(all.iter().map(|p| (p.0, p.1[0])).collect::<Vec<_>>(), vec![(1, b'A'), (2, b'B')]);
+        assert_eq!(stats.dirty_pages.load(Ordering::Relaxed), 0);
+        assert!(m.take_dirty().is_empty(), "stale logged entries are skipped");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! pmem: a byte-addressable persistent-memory region mapped from a file (`--nvm FILE`).
 //!
 //! DESIGN.md, "Persistent-memory mode": a small region (64-256 MiB) that holds the NAT and the
-//! lane journals (and, later, the node log for fsync), so that an fsync persists a few hundred
-//! bytes instead of writing 4 KiB blocks. This module is the region itself: creating, checking
+//! lane journals, which are also the node log for fsync (below), so that an fsync persists a few
+//! hundred bytes instead of writing 4 KiB blocks. This module is the region itself: creating, checking
 //! and mapping the file, 8-byte atomic stores, byte-range writes, persisting a range, and a
 //! crash model for tests; and, in [`nat`] and [`journal`], the structures the engine keeps in it,
 //! which know formats but not the engine.
@@ -196,6 +196,30 @@
 //! Tests: `journal_tests.rs` checks every crash state (every subset of pending words, or a
 //! sample when many) of a run of appends and a checkpoint's reset; `tests/nvm_journal.rs`
 //! crashes a mounted file system at every region event of a run of fsyncs and mounts the result.
+
+//!
+//! # Fine-grained inodes: appended records, and small writes inline
+//!
+//! The node log for fsync is the lane journal above: what an fsync persists for an inode is
+//! not a 4 KiB node block but a record holding only what changed — its attributes (84 bytes)
+//! when they changed, the block pointers it remapped (8 bytes each), and nothing when nothing
+//! changed. The issue allowed in-place records (8-byte stores under a commit word) or appended
+//! ones; appended records were chosen because their crash safety is the journal's (one TAIL
+//! word commits any number of records of any number of inodes atomically, a torn entry is
+//! never counted), whereas an in-place inode record spanning several words needs its own
+//! commit word, an allocator in the region and a way to free records, for no fewer bytes
+//! persisted. Checkpoints keep writing the cold copy of nodes to the device, and the region
+//! journals are emptied once that copy is durable.
+//!
+//! An fsync with at most a few dirty pages (`flush::INLINE_PAGES`) also puts the pages
+//! themselves into the record (`Record::Data`) instead of writing data blocks: no device
+//! write and no device flush at all on that fsync. The pages stay cached and *logged*
+//! (`mem::pages`): the next checkpoint (or writeback) writes them to the device like any dirty
+//! page, and replay puts a logged page back into the page cache as a dirty page (a later
+//! `Map` or `Truncate` record of the same block wins, by stamp). On real persistent memory
+//! this takes the device's flush latency off small fsyncs (the common database and mail
+//! pattern); the price is region space (a page per record), so such workloads checkpoint more
+//! often.
 
 pub mod bench;
 pub mod crash;
