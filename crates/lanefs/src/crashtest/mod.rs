@@ -38,6 +38,7 @@
 pub mod corrupt;
 pub mod exec;
 pub mod gen;
+pub mod nvm;
 pub mod ops;
 pub mod oracle;
 pub mod overlay;
@@ -132,6 +133,8 @@ pub struct Config {
     /// Operation kinds left out of generated workloads ([`ops::Op::kind`]), to look past a
     /// known bug.
     pub avoid: Vec<String>,
+    /// Mount every workload with a persistent-memory region ([`nvm`]).
+    pub nvm: bool,
 }
 
 /// What the harness reports while it runs.
@@ -219,14 +222,15 @@ pub fn parse_id(id: &str) -> Result<(Family, u64), String> {
 pub const BG_CHECKPOINT: &str = "bg-checkpoint";
 
 /// Generates the workload `key` of family `f` (None: past the end of a finite family), without
-/// the operation kinds in `avoid`.
+/// the operation kinds in `avoid`, with a persistent-memory region when `nvm`.
 pub fn make_workload(
     f: Family,
     key: u64,
     bases: &Bases,
     avoid: &[String],
+    nvm: bool,
 ) -> Result<Option<Workload>, String> {
-    let Some(mut w) = generate(f, key, bases)? else { return Ok(None) };
+    let Some(mut w) = generate(f, key, bases, nvm)? else { return Ok(None) };
     for t in &mut w.threads {
         t.retain(|op| !avoid.iter().any(|a| a == op.kind()));
     }
@@ -236,10 +240,10 @@ pub fn make_workload(
     Ok(Some(w))
 }
 
-fn generate(f: Family, key: u64, bases: &Bases) -> Result<Option<Workload>, String> {
+fn generate(f: Family, key: u64, bases: &Bases, nvm: bool) -> Result<Option<Workload>, String> {
     let id = workload_id(f, key);
     let mut rng = Rng::new(key);
-    let w = match f {
+    let mut w = match f {
         Family::Seq1 => match seq1_all().get(key as usize) {
             Some(ops) => gen::ace_workload(id, ops.clone()),
             None => return Ok(None),
@@ -251,6 +255,7 @@ fn generate(f: Family, key: u64, bases: &Bases) -> Result<Option<Workload>, Stri
         Family::Gc => gen::gc_workload(id, &mut rng),
         Family::Faults => {
             let mut w = gen::fault_base(id, &mut rng);
+            w.knobs.nvm = nvm;
             // A dry run counts the device calls, so the fault lands inside the workload.
             let dry = record(&w, bases)?;
             let writes = dry.write_calls.max(1);
@@ -267,6 +272,7 @@ fn generate(f: Family, key: u64, bases: &Bases) -> Result<Option<Workload>, Stri
         }
         Family::Corrupt => return Err("corrupt cases are not workloads".into()),
     };
+    w.knobs.nvm = nvm;
     Ok(Some(w))
 }
 
@@ -304,12 +310,12 @@ fn check_recording(
 ) -> (u64, Vec<(usize, Vec<String>)>) {
     let mut bad = Vec::new();
     let mut n = 0;
-    for (k, s) in p.states.iter().enumerate() {
+    for k in 0..p.states.len() {
         if only.is_some_and(|o| o != k) {
             continue;
         }
         *slot.lock() = Some((Instant::now(), format!("{} state {k}", p.rec.workload.id)));
-        let v = p.check(s);
+        let v = p.check_indexed(k);
         n += 1;
         states_done.fetch_add(1, Ordering::Relaxed);
         if !v.is_empty() {
@@ -351,7 +357,10 @@ pub fn run(cfg: &Config, sink: Sink) -> Summary {
     let bases = Arc::new(Bases::default());
     let mut sum = Summary::default();
     for &f in &cfg.families {
-        let fs = if f == Family::Corrupt {
+        let fs = if f == Family::Corrupt && cfg.nvm {
+            sink(Event::Note("corrupt: skipped with --nvm (the sweep damages device images; a damaged region is covered by the pmem tests)"));
+            continue;
+        } else if f == Family::Corrupt {
             run_corrupt(cfg, &bases, sink, None)
         } else {
             run_family(cfg, f, &bases, sink)
@@ -403,7 +412,7 @@ fn family_worker(
         let i = sh.next.fetch_add(1, Ordering::Relaxed);
         let key = family_key(f, sh.cfg.seed, i);
         *slot.lock() = Some((Instant::now(), format!("{} (generating and recording)", workload_id(f, key))));
-        let w = match make_workload(f, key, &sh.bases, &sh.cfg.avoid) {
+        let w = match make_workload(f, key, &sh.bases, &sh.cfg.avoid, sh.cfg.nvm) {
             Ok(Some(w)) => w,
             Ok(None) => {
                 sh.exhausted.store(true, Ordering::Relaxed);
@@ -680,7 +689,7 @@ pub fn replay(cfg: &Config, id: &str, state: Option<usize>, sink: Sink) -> Summa
         return sum;
     }
     let w = parse_id(id).and_then(|(f, key)| {
-        make_workload(f, key, &bases, &cfg.avoid)?
+        make_workload(f, key, &bases, &cfg.avoid, cfg.nvm)?
             .ok_or_else(|| format!("{id}: no such workload"))
             .map(|w| (w, key))
     });
@@ -701,7 +710,10 @@ pub fn run_script(cfg: &Config, setup: workload::Setup, text: &str, sink: Sink) 
     let bases = Bases::default();
     let mut sum = Summary::default();
     match Workload::from_script(setup, text) {
-        Ok(w) => run_one(cfg, w, cfg.seed, None, &bases, sink, &mut sum),
+        Ok(mut w) => {
+            w.knobs.nvm |= cfg.nvm;
+            run_one(cfg, w, cfg.seed, None, &bases, sink, &mut sum)
+        }
         Err(e) => {
             sink(Event::Violation(&format!("VIOLATION script: {e}")));
             sum.violations = 1;
@@ -730,13 +742,25 @@ fn run_one(
     };
     let findings = rec.findings.clone();
     let p = Prepared::new(rec, derive(key, 0x57A7E), density(cfg.quick));
+    let timeline = match &p.rec.region {
+        Some(run) => format!(
+            "\n  timeline: {} events ({} device, {} region), device flushes at positions {:?}; \
+             history positions are timeline points",
+            run.end,
+            run.dev_seqs.len(),
+            run.trace.events().len(),
+            p.flushes.iter().map(|&f| run.dev_seqs[f]).collect::<Vec<_>>()
+        ),
+        None => String::new(),
+    };
     sink(Event::Note(&format!(
-        "{}: {}\n  write log: {} entries, flushes at {:?}, crash at {}\n  operations:\n{}  file versions:\n{}",
+        "{}: {}\n  write log: {} entries, flushes at {:?}, crash at {}{timeline}\n  {} crash states\n  operations:\n{}  file versions:\n{}",
         w.id,
         w.describe(),
         p.rec.log.len(),
         p.flushes,
         p.rec.crash_at,
+        p.states.len(),
         p.rec.hist.listing(),
         p.rec.hist.file_listing()
     )));
@@ -753,7 +777,7 @@ fn run_one(
 /// Checks one workload given as a script, at the given density; returns every violation as
 /// text (empty: none). For regression tests.
 pub fn check_script(setup: workload::Setup, text: &str, quick: bool) -> Vec<String> {
-    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![] };
+    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![], nvm: false };
     let out = Mutex::new(Vec::new());
     let sink = |e: Event<'_>| {
         if let Event::Violation(v) = e {
@@ -766,7 +790,7 @@ pub fn check_script(setup: workload::Setup, text: &str, quick: bool) -> Vec<Stri
 
 /// As [`check_script`] for a workload of several threads or with a fault.
 pub fn check_workload(w: Workload, quick: bool) -> Vec<String> {
-    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![] };
+    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![], nvm: false };
     let out = Mutex::new(Vec::new());
     let sink = |e: Event<'_>| {
         if let Event::Violation(v) = e {
