@@ -98,8 +98,10 @@ impl Family {
 
     /// How much of the family a run covers: quick mode about a minute on two idle cores
     /// (at least 10,000 crash states without counting the corruption sweep), full mode over a
-    /// million crash states.
-    fn budget(self, quick: bool) -> Budget {
+    /// million crash states. With a region (`nvm`) a workload has several times more crash
+    /// states (a cut at every persist too) that are cheaper each, so quick mode takes twice
+    /// the states of the bounded families, to check a reasonable number of workloads.
+    fn budget(self, quick: bool, nvm: bool) -> Budget {
         let states = match (self, quick) {
             (Family::Seq1, _) | (Family::Corrupt, _) => u64::MAX,
             (Family::Seq2, true) => 4_000,
@@ -113,6 +115,7 @@ impl Family {
             (Family::MtLanes, false) | (Family::MtRename, false) => 100_000,
             (Family::Faults, false) => 100_000,
         };
+        let states = if quick && nvm { states.saturating_mul(2) } else { states };
         Budget { states }
     }
 }
@@ -450,7 +453,7 @@ fn family_worker(
 /// replaced, up to [`MAX_HANGS`] times.
 fn run_family(cfg: &Config, f: Family, bases: &Arc<Bases>, sink: Sink) -> FamilySummary {
     let start = Instant::now();
-    let budget = f.budget(cfg.quick);
+    let budget = f.budget(cfg.quick, cfg.nvm);
     sink(Event::Family { family: f, target: budget.states.min(1 << 40) });
     let sh = Arc::new(FamilyShared {
         cfg: cfg.clone(),
