@@ -25,8 +25,28 @@
 //! - `corrupt`: a deterministic corruption sweep over every kind of metadata block and over
 //!   truncated images ([`corrupt`]); no panic, hang or unbounded allocation.
 //!
+//! With `--nvm` ([`Config::nvm`], [`nvm`]) every workload runs on a file system mounted with a
+//! persistent-memory region (a scratch file in /dev/shm, NAT and lane journals in it, so an
+//! fsync commits to the region instead of writing journal blocks). The device and the
+//! region's recorder number their events from one shared clock
+//! ([`crate::device::EventClock`]); a number is taken after the event happened and before
+//! its call returned, so the merged order never puts a region persist before a device flush
+//! that returned before the persist was issued. A crash state is a cut of that timeline: the
+//! device durable up to its last flush below the cut plus subsets of the writes in flight,
+//! and the region persisted up to the cut plus any subset of the 8-byte words stored since
+//! their line was last persisted, each with any value it was given (torn stores of a
+//! transaction, the TAIL word stored but not persisted). Cuts fall just before and after every
+//! flush and every persist; the same [`Density`] bounds the states per cut. The history notes
+//! positions on the same timeline, so "the fsync returned before the crash" means "before the
+//! cut". Each state writes its region image to a scratch file, mounts (recovery runs), walks,
+//! checks, unmounts and runs fsck with the region; one in four is first mounted read-only, one
+//! in four remounted after fsck. There, `corrupt` damages the region of a crash state with
+//! journal records instead (live words set to random or extreme values, bits flipped, lines
+//! zeroed): mount must refuse it with an error or read it back, fsck must finish, never a
+//! panic or a hang.
+//!
 //! Everything is derived from `--seed`; each violation prints the workload id and state index
-//! that `--replay ID --state K` runs again. (Multi-threaded workloads replay the same operations,
+//! that `--replay ID --state K` runs again (with `--nvm` if it was found with it). (Multi-threaded workloads replay the same operations,
 //! not necessarily the same interleaving.)
 //!
 //! A crash state that does not finish within [`workload::STATE_TIMEOUT`] is a hang: the harness
@@ -361,8 +381,7 @@ pub fn run(cfg: &Config, sink: Sink) -> Summary {
     let mut sum = Summary::default();
     for &f in &cfg.families {
         let fs = if f == Family::Corrupt && cfg.nvm {
-            sink(Event::Note("corrupt: skipped with --nvm (the sweep damages device images; a damaged region is covered by the pmem tests)"));
-            continue;
+            run_corrupt_region(cfg, &bases, sink, None)
         } else if f == Family::Corrupt {
             run_corrupt(cfg, &bases, sink, None)
         } else {
@@ -671,12 +690,102 @@ fn run_corrupt(cfg: &Config, bases: &Bases, sink: Sink, only: Option<(&str, usiz
     out
 }
 
+/// The region corruption sweep of `--nvm` (the device images' sweep is the same as without a
+/// region): damaged regions of a crash state with journal records, mounted, read back,
+/// unmounted and checked by fsck; any outcome but a panic or a hang is fine. `only`: replay
+/// one case.
+fn run_corrupt_region(cfg: &Config, bases: &Bases, sink: Sink, only: Option<usize>) -> FamilySummary {
+    let start = Instant::now();
+    let mut out = FamilySummary {
+        family: Family::Corrupt,
+        workloads: 0,
+        states: 0,
+        violations: 0,
+        elapsed: Duration::ZERO,
+    };
+    let r = match nvm::region_reference(bases) {
+        Ok(r) => r,
+        Err(e) => {
+            out.violations += 1;
+            sink(Event::Violation(&format!("VIOLATION corrupt-region: could not build the reference: {e}")));
+            return out;
+        }
+    };
+    let n = if cfg.quick { 300 } else { 10_000 };
+    let cases = nvm::region_damages(&r, &mut Rng::new(derive(cfg.seed, 0xC0DE)), n);
+    sink(Event::Family { family: Family::Corrupt, target: cases.len() as u64 });
+    let (mut mounted, mut refused) = (0u64, 0u64);
+    for (k, d) in cases.iter().enumerate() {
+        if only.is_some_and(|o| o != k) {
+            continue;
+        }
+        out.states += 1;
+        let id = format!("corrupt-region:{k}");
+        match nvm::run_region_case(&r, d) {
+            Some((m, v)) => {
+                if m {
+                    mounted += 1;
+                } else {
+                    refused += 1;
+                }
+                if only.is_some() {
+                    sink(Event::Note(&format!(
+                        "{id}: {}: {}",
+                        d.what,
+                        if m { "mounted" } else { "refused" }
+                    )));
+                }
+                if !v.is_empty() {
+                    out.violations += 1;
+                    sink(Event::Violation(&format!(
+                        "VIOLATION {id}: {}: {}\n  replay: lanefs crashtest --nvm --replay {id}",
+                        d.what,
+                        v.join("; ")
+                    )));
+                }
+            }
+            None => {
+                out.violations += 1;
+                sink(Event::Violation(&format!(
+                    "VIOLATION {id}: {}: mount, walk or fsck did not finish within {} s (sweep stopped)\n  replay: lanefs crashtest --nvm --replay {id}",
+                    d.what,
+                    corrupt::CASE_TIMEOUT.as_secs()
+                )));
+                break;
+            }
+        }
+        if out.states.is_multiple_of(16) {
+            sink(Event::Progress { states: out.states, violations: out.violations });
+        }
+    }
+    sink(Event::Note(&format!(
+        "corrupt (region): {} damaged regions ({} live words): {mounted} mounted and were read back, {refused} refused",
+        out.states,
+        r.stored.len()
+    )));
+    out.elapsed = start.elapsed();
+    out
+}
+
 /// Runs one workload (by id, as printed in a violation) or one corruption case, verbosely.
 /// `state`: only that crash state.
 pub fn replay(cfg: &Config, id: &str, state: Option<usize>, sink: Sink) -> Summary {
     let start = Instant::now();
     let bases = Bases::default();
     let mut sum = Summary::default();
+    if let Some(rest) = id.strip_prefix("corrupt-region:") {
+        let Ok(k) = rest.parse::<usize>() else {
+            sink(Event::Violation(&format!("VIOLATION {id}: expected corrupt-region:INDEX")));
+            sum.violations = 1;
+            return sum;
+        };
+        let fs = run_corrupt_region(cfg, &bases, sink, Some(k));
+        sum.states = fs.states;
+        sum.violations = fs.violations;
+        sum.families.push(fs);
+        sum.elapsed = start.elapsed();
+        return sum;
+    }
     if let Some(rest) = id.strip_prefix("corrupt:") {
         let Some((name, k)) = rest.split_once(':').and_then(|(n, k)| Some((n, k.parse::<usize>().ok()?)))
         else {

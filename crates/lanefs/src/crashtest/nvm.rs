@@ -112,6 +112,10 @@ impl Drop for Scratch {
 /// order of [`crate::pmem::PmemCrash::pending`]).
 type Pending = Vec<(usize, Vec<(u64, u64)>)>;
 
+/// What a state keeps of the volatile part: device writes, region words (pending index, value
+/// index).
+type Choice = (Vec<usize>, Vec<(usize, usize)>);
+
 /// The pending words at each of `cuts` (increasing), in one pass over the region's events.
 fn pending_at(run: &RegionRun, cuts: &[u64]) -> Vec<Pending> {
     let mut out = Vec::with_capacity(cuts.len());
@@ -163,13 +167,13 @@ pub fn plan(log: &WriteLog, run: &RegionRun, seed: u64, d: Density, skip_below: 
     }
     let cuts: Vec<u64> = cuts.into_iter().filter(|&c| c <= run.end && (c == 0 || c >= skip_below)).collect();
     let pend = pending_at(run, &cuts);
-    let mut rng = Rng::new(derive(seed, 0x4E56_4D));
+    let mut rng = Rng::new(derive(seed, 0x004E_564D));
     let mut out = Vec::new();
     for (&c, pending) in cuts.iter().zip(&pend) {
         let k = flushes.partition_point(|&f| seq(f) < c);
         let flush = k.checked_sub(1);
         let win: Vec<usize> = log.window(flush.map(|k| flushes[k])).filter(|&i| seq(i) < c).collect();
-        let mut seen: BTreeSet<(Vec<usize>, Vec<(usize, usize)>)> = BTreeSet::new();
+        let mut seen: BTreeSet<Choice> = BTreeSet::new();
         let mut push = |extra: Vec<usize>, region: Vec<(usize, usize)>, what: &'static str| {
             if seen.insert((extra.clone(), region.clone())) {
                 out.push(StateSpec { flush, extra, what, cut: Some(c), region });
@@ -376,6 +380,146 @@ pub fn check_state(
     }
 }
 
+/// A damaged region of the corruption sweep.
+#[derive(Debug, Clone)]
+pub struct RegionDamage {
+    /// What was done, for the report.
+    pub what: String,
+    /// (offset, new word) pairs.
+    pub words: Vec<(usize, u64)>,
+}
+
+/// The reference of the region corruption sweep: the device and the region as a crash left
+/// them, with records in the lane journals to replay, and the offsets of every word the run
+/// stored (the live structures: control words, NAT entries and log, journal entries).
+pub struct RegionReference {
+    /// The device image (shared by every case: each mounts an overlay of it).
+    pub device: Arc<Vec<u8>>,
+    pub region: Vec<u8>,
+    pub stored: Vec<usize>,
+}
+
+/// Records the corruption reference workload with a region and keeps its crash state.
+pub fn region_reference(bases: &super::workload::Bases) -> Result<RegionReference, String> {
+    use super::workload::{record, Knobs, Setup, Workload};
+    let ops = super::ops::parse_script(super::corrupt::REFERENCE_OPS)?;
+    let w = Workload {
+        id: "corrupt-region-reference".into(),
+        setup: Setup::Ace,
+        threads: vec![ops],
+        knobs: Knobs { nvm: true, ..Knobs::default() },
+        fault: None,
+    };
+    let rec = record(&w, bases)?;
+    let run = rec.region.as_ref().ok_or("the reference run recorded no region")?;
+    let cut = rec.crash_at as u64;
+    let device = Overlay::new(rec.base.clone());
+    let upto: Vec<usize> = (0..rec.log.len()).filter(|&i| run.dev_seqs[i] < cut).collect();
+    device.apply_log(&rec.log, &upto);
+    let region = run.trace.model_before(cut).everything();
+    let stored: BTreeSet<usize> = run
+        .trace
+        .events()
+        .iter()
+        .filter(|(q, _)| *q < cut)
+        .filter_map(|(_, e)| match e {
+            RegionEvent::Store { offset, .. } => Some(*offset),
+            RegionEvent::Persist { .. } => None,
+        })
+        .collect();
+    Ok(RegionReference { device: Arc::new(device.image()), region, stored: stored.into_iter().collect() })
+}
+
+/// `n` damages of the reference's region: a live word set to a random value, to an extreme
+/// one, or with one bit flipped; a live 64-byte line zeroed; a random word of the data area.
+pub fn region_damages(r: &RegionReference, rng: &mut Rng, n: usize) -> Vec<RegionDamage> {
+    let word = |o: usize| u64::from_le_bytes(r.region[o..o + 8].try_into().expect("8 bytes"));
+    let data_words = (r.region.len() - crate::pmem::HEADER_BYTES) / 8;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        if r.stored.is_empty() {
+            break;
+        }
+        let o = *rng.pick(&r.stored);
+        let d = match rng.below(5) {
+            0 => RegionDamage {
+                what: format!("word {o} set to a random value"),
+                words: vec![(o, rng.next_u64())],
+            },
+            1 => {
+                let v = *rng.pick(&[0, u64::MAX, u32::MAX as u64, 1 << 63, (u32::MAX as u64) << 32]);
+                RegionDamage { what: format!("word {o} set to {v:#x}"), words: vec![(o, v)] }
+            }
+            2 => {
+                let bit = rng.index(64);
+                RegionDamage {
+                    what: format!("word {o} bit {bit} flipped"),
+                    words: vec![(o, word(o) ^ (1 << bit))],
+                }
+            }
+            3 => {
+                let line = o & !(crate::pmem::LINE - 1);
+                let words = (0..crate::pmem::LINE / 8).map(|k| (line + 8 * k, 0)).collect();
+                RegionDamage { what: format!("line {line} zeroed"), words }
+            }
+            _ => {
+                let o = crate::pmem::HEADER_BYTES + 8 * rng.index(data_words);
+                RegionDamage {
+                    what: format!("data-area word {o} set to a random value"),
+                    words: vec![(o, rng.next_u64())],
+                }
+            }
+        };
+        out.push(d);
+    }
+    out
+}
+
+/// What one damaged region did: `None` if it hung, else (mounted, violations).
+pub fn run_region_case(r: &RegionReference, d: &RegionDamage) -> Option<(bool, Vec<String>)> {
+    let mut img = r.region.clone();
+    for &(o, v) in &d.words {
+        if let Some(w) = img.get_mut(o..o + 8) {
+            w.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    let scratch = match Scratch::with_bytes("corrupt", &img) {
+        Ok(s) => s,
+        Err(e) => return Some((false, vec![format!("could not write the region: {e}")])),
+    };
+    let path = scratch.path().to_path_buf();
+    let dev = Arc::new(Overlay::new(r.device.clone()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new().name("crashtest-corrupt-region".into()).spawn(move || {
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let mut v = Vec::new();
+            let mounted = match Fs::open(dev.clone() as Arc<dyn BlockDevice>, options(&path, false)) {
+                Ok(fs) => {
+                    let fs = std::mem::ManuallyDrop::new(fs);
+                    let _ = walk(&fs);
+                    let _ = std::mem::ManuallyDrop::into_inner(fs).unmount();
+                    true
+                }
+                Err(e) => {
+                    if e.to_string().trim().is_empty() {
+                        v.push("mount refused the region with an empty message".into());
+                    }
+                    false
+                }
+            };
+            let _ = fsck::check(&*dev, &FsckOptions { nvm: Some(path.clone()), ..Default::default() });
+            (mounted, v)
+        }));
+        let _ = tx.send(r.unwrap_or_else(|p| (false, vec![format!("panic: {}", panic_text(&*p))])));
+    });
+    if let Err(e) = spawned {
+        return Some((false, vec![format!("could not start a thread: {e}")]));
+    }
+    // The scratch file outlives a hung case's thread only until this returns; the thread then
+    // sees a removed file, which it has open already.
+    rx.recv_timeout(super::corrupt::CASE_TIMEOUT).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,6 +571,25 @@ mod tests {
             let v = p.check_indexed(k);
             assert!(v.is_empty(), "state {k} {:?}: {v:?}", p.states[k]);
         }
+    }
+
+    /// Damaged regions are refused or mounted, never a panic.
+    #[test]
+    fn damaged_regions_never_panic() {
+        let r = region_reference(&Bases::default()).unwrap();
+        assert!(r.stored.len() > 50, "{} live words", r.stored.len());
+        let mut rng = Rng::new(3);
+        let (mut mounted, mut refused) = (0, 0);
+        for d in region_damages(&r, &mut rng, 40) {
+            let (m, v) = run_region_case(&r, &d).expect("no hang");
+            assert!(v.is_empty(), "{}: {v:?}", d.what);
+            if m {
+                mounted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        assert!(mounted > 0 && refused > 0, "{mounted} mounted, {refused} refused");
     }
 
     /// The harness sees a broken ordering: on a device that acknowledges flushes without

@@ -53,7 +53,10 @@
 //!
 //! [`RegionOptions::record`] keeps what is persistent and what is not yet ([`crash`]), so that
 //! tests can build every image a crash may leave: the persisted content plus any subset of the
-//! 8-byte words stored since their line was last persisted.
+//! 8-byte words stored since their line was last persisted. [`RegionOptions::clock`] numbers
+//! the recorded events from a clock shared with a `device::CrashDevice`, so that device and
+//! region events form one timeline (`lanefs crashtest --nvm`), and
+//! [`PmemRegion::recording`] hands out the recorder so that it outlives the mount.
 
 //!
 //! # The NAT in the region (`FsOptions::nvm`, [`nat`])
