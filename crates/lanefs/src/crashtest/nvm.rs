@@ -606,7 +606,18 @@ mod tests {
             (0..p.states.len()).map(|k| p.check_indexed(k)).filter(|v| !v.is_empty()).collect();
         assert!(!bad.is_empty(), "no violation in {} states", p.states.len());
         assert!(bad.iter().flatten().any(|m| m.contains("/A/x") || m.contains("/foo")), "{bad:?}");
-        // And the same workload on an honest device is clean.
+        eprintln!("lying flushes: {} of {} states violate, e.g. {:?}", bad.len(), p.states.len(), bad[0]);
+        // A region whose persists are lies: a crash may keep the TAIL of an append without its
+        // entry, or lose the whole transaction of an acknowledged fsync.
+        w.knobs.lying_flushes = false;
+        w.knobs.lying_persists = true;
+        let p = Prepared::new(record(&w, &bases).unwrap(), 1, Density::QUICK);
+        let bad: Vec<Vec<String>> =
+            (0..p.states.len()).map(|k| p.check_indexed(k)).filter(|v| !v.is_empty()).collect();
+        assert!(!bad.is_empty(), "no violation in {} states", p.states.len());
+        eprintln!("lying persists: {} of {} states violate, e.g. {:?}", bad.len(), p.states.len(), bad[0]);
+        // And the same workload on an honest device and region is clean.
+        w.knobs.lying_persists = false;
         w.knobs.lying_flushes = false;
         let p = Prepared::new(record(&w, &bases).unwrap(), 1, Density::QUICK);
         for k in 0..p.states.len() {

@@ -144,11 +144,22 @@ pub struct Knobs {
     /// never set it; it exists to show that the harness sees such a bug.
     #[doc(hidden)]
     pub lying_flushes: bool,
+    /// Test-only fault: crash states are built as if the region never persisted anything
+    /// (any store may be lost, a commit word may land without its entry). Never set by
+    /// generated workloads.
+    #[doc(hidden)]
+    pub lying_persists: bool,
 }
 
 impl Default for Knobs {
     fn default() -> Knobs {
-        Knobs { cache_bytes: 256 << 20, journal_blocks_limit: 1 << 20, nvm: false, lying_flushes: false }
+        Knobs {
+            cache_bytes: 256 << 20,
+            journal_blocks_limit: 1 << 20,
+            nvm: false,
+            lying_flushes: false,
+            lying_persists: false,
+        }
     }
 }
 
@@ -538,7 +549,7 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
     let dev_events = crash.events();
     let log = WriteLog::from_events(&dev_events);
     let region = recording.map(|r| RegionRun {
-        trace: r.trace(),
+        trace: if w.knobs.lying_persists { r.trace().without_persists() } else { r.trace() },
         dev_seqs: dev_events.iter().map(|e| e.seq).collect(),
         end: clock.now(),
     });

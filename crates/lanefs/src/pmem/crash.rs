@@ -171,6 +171,15 @@ impl RegionTrace {
         &self.events
     }
 
+    /// The trace as if no persist had happened (every store stays pending): a test-only fault
+    /// for showing that a checker sees a region that loses what it was told to keep.
+    #[doc(hidden)]
+    pub fn without_persists(&self) -> RegionTrace {
+        let events =
+            self.events.iter().filter(|(_, e)| matches!(e, RegionEvent::Store { .. })).copied().collect();
+        RegionTrace { base: self.base.clone(), events }
+    }
+
     /// Events with a sequence number below `cut`.
     fn before(&self, cut: u64) -> &[(u64, RegionEvent)] {
         &self.events[..self.events.partition_point(|&(s, _)| s < cut)]
