@@ -370,7 +370,8 @@ fn workload_report(p: &Prepared, findings: &[String], bad: &[(usize, Vec<String>
         s.push_str(&format!("  ... and {} more violating states\n", bad.len() - MAX_PRINTED_STATES));
     }
     let first = bad.first().map(|(k, _)| format!(" --state {k}")).unwrap_or_default();
-    s.push_str(&format!("  replay: lanefs crashtest --replay {}{first}", w.id));
+    let nvm = if w.knobs.nvm { "--nvm " } else { "" };
+    s.push_str(&format!("  replay: lanefs crashtest {nvm}--replay {}{first}", w.id));
     s
 }
 
