@@ -135,6 +135,11 @@ enum Cmd {
         /// CI mode: at least 10,000 crash states across the families in a few minutes.
         #[arg(long)]
         quick: bool,
+        /// Mount every workload with a persistent-memory region (NAT and lane journals there):
+        /// crash states cut one timeline of device and region events, with torn (unpersisted)
+        /// 8-byte region stores. The corrupt family is skipped.
+        #[arg(long)]
+        nvm: bool,
         /// Master seed: every workload and crash state derives from it.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -197,17 +202,20 @@ fn main() -> ExitCode {
             exit(lanefs_fuse::mount_command(&args), "mount")
         }
         Cmd::Umount { mountpoint } => exit(umount(&mountpoint), "umount"),
-        Cmd::Crashtest { quick, seed, workloads, threads, replay, state, script, setup, avoid } => crashtest(
-            quick,
-            seed,
-            &workloads,
-            threads,
-            replay.as_deref(),
-            state,
-            script.as_deref(),
-            &setup,
-            &avoid,
-        ),
+        Cmd::Crashtest { quick, nvm, seed, workloads, threads, replay, state, script, setup, avoid } => {
+            crashtest(
+                quick,
+                nvm,
+                seed,
+                &workloads,
+                threads,
+                replay.as_deref(),
+                state,
+                script.as_deref(),
+                &setup,
+                &avoid,
+            )
+        }
         Cmd::Bench(args) => exit(bench(&args), "bench"),
     }
 }
@@ -538,6 +546,7 @@ fn umount(mountpoint: &Path) -> Result<(), String> {
 #[allow(clippy::too_many_arguments)]
 fn crashtest(
     quick: bool,
+    nvm: bool,
     seed: u64,
     workloads: &[String],
     threads: Option<usize>,
@@ -583,7 +592,7 @@ fn crashtest(
         );
         return ExitCode::from(2);
     }
-    let cfg = crashtest::Config { quick, seed, families, threads, avoid };
+    let cfg = crashtest::Config { quick, seed, families, threads, avoid, nvm };
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(0);
         b.set_style(
@@ -630,10 +639,11 @@ fn crashtest(
         );
     }
     println!(
-        "time: {:.1} s, {} threads{}",
+        "time: {:.1} s, {} threads{}{}",
         sum.elapsed.as_secs_f64(),
         threads,
-        if quick { ", quick" } else { "" }
+        if quick { ", quick" } else { "" },
+        if nvm { ", nvm" } else { "" }
     );
     println!("{}", sum.last_line());
     if sum.violations > 0 {

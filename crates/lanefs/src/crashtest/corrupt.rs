@@ -105,7 +105,7 @@ pub struct Reference {
 
 /// The operations of the reference images: directories, files with data (one past the
 /// inode's direct addresses, so it has a direct node), hard links, xattrs.
-const REFERENCE_OPS: &str = "mkdir /A/D; create /A/D/x; write /A/D/x 0 9000 5; create /big; \
+pub(crate) const REFERENCE_OPS: &str = "mkdir /A/D; create /A/D/x; write /A/D/x 0 9000 5; create /big; \
     write /big 0 4096 6; write /big 4194304 8192 7; link /A/foo /B/foo2; setxattr /A/foo user.q 40 8; \
     create /B/e; rename /B/e /A/e; sync; create /j1; write /j1 0 6000 9; fsync /j1; mkdir /J; \
     create /J/k; write /J/k 100 3000 10; fsync /J/k; rename /A/bar /J/bar; fsync /J; \

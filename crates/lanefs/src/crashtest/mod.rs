@@ -25,8 +25,28 @@
 //! - `corrupt`: a deterministic corruption sweep over every kind of metadata block and over
 //!   truncated images ([`corrupt`]); no panic, hang or unbounded allocation.
 //!
+//! With `--nvm` ([`Config::nvm`], [`nvm`]) every workload runs on a file system mounted with a
+//! persistent-memory region (a scratch file in /dev/shm, NAT and lane journals in it, so an
+//! fsync commits to the region instead of writing journal blocks). The device and the
+//! region's recorder number their events from one shared clock
+//! ([`crate::device::EventClock`]); a number is taken after the event happened and before
+//! its call returned, so the merged order never puts a region persist before a device flush
+//! that returned before the persist was issued. A crash state is a cut of that timeline: the
+//! device durable up to its last flush below the cut plus subsets of the writes in flight,
+//! and the region persisted up to the cut plus any subset of the 8-byte words stored since
+//! their line was last persisted, each with any value it was given (torn stores of a
+//! transaction, the TAIL word stored but not persisted). Cuts fall just before and after every
+//! flush and every persist; the same [`Density`] bounds the states per cut. The history notes
+//! positions on the same timeline, so "the fsync returned before the crash" means "before the
+//! cut". Each state writes its region image to a scratch file, mounts (recovery runs), walks,
+//! checks, unmounts and runs fsck with the region; one in four is first mounted read-only, one
+//! in four remounted after fsck. There, `corrupt` damages the region of a crash state with
+//! journal records instead (live words set to random or extreme values, bits flipped, lines
+//! zeroed): mount must refuse it with an error or read it back, fsck must finish, never a
+//! panic or a hang.
+//!
 //! Everything is derived from `--seed`; each violation prints the workload id and state index
-//! that `--replay ID --state K` runs again. (Multi-threaded workloads replay the same operations,
+//! that `--replay ID --state K` runs again (with `--nvm` if it was found with it). (Multi-threaded workloads replay the same operations,
 //! not necessarily the same interleaving.)
 //!
 //! A crash state that does not finish within [`workload::STATE_TIMEOUT`] is a hang: the harness
@@ -38,6 +58,7 @@
 pub mod corrupt;
 pub mod exec;
 pub mod gen;
+pub mod nvm;
 pub mod ops;
 pub mod oracle;
 pub mod overlay;
@@ -97,8 +118,10 @@ impl Family {
 
     /// How much of the family a run covers: quick mode about a minute on two idle cores
     /// (at least 10,000 crash states without counting the corruption sweep), full mode over a
-    /// million crash states.
-    fn budget(self, quick: bool) -> Budget {
+    /// million crash states. With a region (`nvm`) a workload has several times more crash
+    /// states (a cut at every persist too) that are cheaper each, so quick mode takes twice
+    /// the states of the bounded families, to check a reasonable number of workloads.
+    fn budget(self, quick: bool, nvm: bool) -> Budget {
         let states = match (self, quick) {
             (Family::Seq1, _) | (Family::Corrupt, _) => u64::MAX,
             (Family::Seq2, true) => 4_000,
@@ -112,6 +135,7 @@ impl Family {
             (Family::MtLanes, false) | (Family::MtRename, false) => 100_000,
             (Family::Faults, false) => 100_000,
         };
+        let states = if quick && nvm { states.saturating_mul(2) } else { states };
         Budget { states }
     }
 }
@@ -132,6 +156,8 @@ pub struct Config {
     /// Operation kinds left out of generated workloads ([`ops::Op::kind`]), to look past a
     /// known bug.
     pub avoid: Vec<String>,
+    /// Mount every workload with a persistent-memory region ([`nvm`]).
+    pub nvm: bool,
 }
 
 /// What the harness reports while it runs.
@@ -219,14 +245,15 @@ pub fn parse_id(id: &str) -> Result<(Family, u64), String> {
 pub const BG_CHECKPOINT: &str = "bg-checkpoint";
 
 /// Generates the workload `key` of family `f` (None: past the end of a finite family), without
-/// the operation kinds in `avoid`.
+/// the operation kinds in `avoid`, with a persistent-memory region when `nvm`.
 pub fn make_workload(
     f: Family,
     key: u64,
     bases: &Bases,
     avoid: &[String],
+    nvm: bool,
 ) -> Result<Option<Workload>, String> {
-    let Some(mut w) = generate(f, key, bases)? else { return Ok(None) };
+    let Some(mut w) = generate(f, key, bases, nvm)? else { return Ok(None) };
     for t in &mut w.threads {
         t.retain(|op| !avoid.iter().any(|a| a == op.kind()));
     }
@@ -236,10 +263,10 @@ pub fn make_workload(
     Ok(Some(w))
 }
 
-fn generate(f: Family, key: u64, bases: &Bases) -> Result<Option<Workload>, String> {
+fn generate(f: Family, key: u64, bases: &Bases, nvm: bool) -> Result<Option<Workload>, String> {
     let id = workload_id(f, key);
     let mut rng = Rng::new(key);
-    let w = match f {
+    let mut w = match f {
         Family::Seq1 => match seq1_all().get(key as usize) {
             Some(ops) => gen::ace_workload(id, ops.clone()),
             None => return Ok(None),
@@ -251,6 +278,7 @@ fn generate(f: Family, key: u64, bases: &Bases) -> Result<Option<Workload>, Stri
         Family::Gc => gen::gc_workload(id, &mut rng),
         Family::Faults => {
             let mut w = gen::fault_base(id, &mut rng);
+            w.knobs.nvm = nvm;
             // A dry run counts the device calls, so the fault lands inside the workload.
             let dry = record(&w, bases)?;
             let writes = dry.write_calls.max(1);
@@ -267,6 +295,7 @@ fn generate(f: Family, key: u64, bases: &Bases) -> Result<Option<Workload>, Stri
         }
         Family::Corrupt => return Err("corrupt cases are not workloads".into()),
     };
+    w.knobs.nvm = nvm;
     Ok(Some(w))
 }
 
@@ -304,12 +333,12 @@ fn check_recording(
 ) -> (u64, Vec<(usize, Vec<String>)>) {
     let mut bad = Vec::new();
     let mut n = 0;
-    for (k, s) in p.states.iter().enumerate() {
+    for k in 0..p.states.len() {
         if only.is_some_and(|o| o != k) {
             continue;
         }
         *slot.lock() = Some((Instant::now(), format!("{} state {k}", p.rec.workload.id)));
-        let v = p.check(s);
+        let v = p.check_indexed(k);
         n += 1;
         states_done.fetch_add(1, Ordering::Relaxed);
         if !v.is_empty() {
@@ -341,7 +370,8 @@ fn workload_report(p: &Prepared, findings: &[String], bad: &[(usize, Vec<String>
         s.push_str(&format!("  ... and {} more violating states\n", bad.len() - MAX_PRINTED_STATES));
     }
     let first = bad.first().map(|(k, _)| format!(" --state {k}")).unwrap_or_default();
-    s.push_str(&format!("  replay: lanefs crashtest --replay {}{first}", w.id));
+    let nvm = if w.knobs.nvm { "--nvm " } else { "" };
+    s.push_str(&format!("  replay: lanefs crashtest {nvm}--replay {}{first}", w.id));
     s
 }
 
@@ -351,7 +381,9 @@ pub fn run(cfg: &Config, sink: Sink) -> Summary {
     let bases = Arc::new(Bases::default());
     let mut sum = Summary::default();
     for &f in &cfg.families {
-        let fs = if f == Family::Corrupt {
+        let fs = if f == Family::Corrupt && cfg.nvm {
+            run_corrupt_region(cfg, &bases, sink, None)
+        } else if f == Family::Corrupt {
             run_corrupt(cfg, &bases, sink, None)
         } else {
             run_family(cfg, f, &bases, sink)
@@ -403,7 +435,7 @@ fn family_worker(
         let i = sh.next.fetch_add(1, Ordering::Relaxed);
         let key = family_key(f, sh.cfg.seed, i);
         *slot.lock() = Some((Instant::now(), format!("{} (generating and recording)", workload_id(f, key))));
-        let w = match make_workload(f, key, &sh.bases, &sh.cfg.avoid) {
+        let w = match make_workload(f, key, &sh.bases, &sh.cfg.avoid, sh.cfg.nvm) {
             Ok(Some(w)) => w,
             Ok(None) => {
                 sh.exhausted.store(true, Ordering::Relaxed);
@@ -441,7 +473,7 @@ fn family_worker(
 /// replaced, up to [`MAX_HANGS`] times.
 fn run_family(cfg: &Config, f: Family, bases: &Arc<Bases>, sink: Sink) -> FamilySummary {
     let start = Instant::now();
-    let budget = f.budget(cfg.quick);
+    let budget = f.budget(cfg.quick, cfg.nvm);
     sink(Event::Family { family: f, target: budget.states.min(1 << 40) });
     let sh = Arc::new(FamilyShared {
         cfg: cfg.clone(),
@@ -659,12 +691,102 @@ fn run_corrupt(cfg: &Config, bases: &Bases, sink: Sink, only: Option<(&str, usiz
     out
 }
 
+/// The region corruption sweep of `--nvm` (the device images' sweep is the same as without a
+/// region): damaged regions of a crash state with journal records, mounted, read back,
+/// unmounted and checked by fsck; any outcome but a panic or a hang is fine. `only`: replay
+/// one case.
+fn run_corrupt_region(cfg: &Config, bases: &Bases, sink: Sink, only: Option<usize>) -> FamilySummary {
+    let start = Instant::now();
+    let mut out = FamilySummary {
+        family: Family::Corrupt,
+        workloads: 0,
+        states: 0,
+        violations: 0,
+        elapsed: Duration::ZERO,
+    };
+    let r = match nvm::region_reference(bases) {
+        Ok(r) => r,
+        Err(e) => {
+            out.violations += 1;
+            sink(Event::Violation(&format!("VIOLATION corrupt-region: could not build the reference: {e}")));
+            return out;
+        }
+    };
+    let n = if cfg.quick { 300 } else { 10_000 };
+    let cases = nvm::region_damages(&r, &mut Rng::new(derive(cfg.seed, 0xC0DE)), n);
+    sink(Event::Family { family: Family::Corrupt, target: cases.len() as u64 });
+    let (mut mounted, mut refused) = (0u64, 0u64);
+    for (k, d) in cases.iter().enumerate() {
+        if only.is_some_and(|o| o != k) {
+            continue;
+        }
+        out.states += 1;
+        let id = format!("corrupt-region:{k}");
+        match nvm::run_region_case(&r, d) {
+            Some((m, v)) => {
+                if m {
+                    mounted += 1;
+                } else {
+                    refused += 1;
+                }
+                if only.is_some() {
+                    sink(Event::Note(&format!(
+                        "{id}: {}: {}",
+                        d.what,
+                        if m { "mounted" } else { "refused" }
+                    )));
+                }
+                if !v.is_empty() {
+                    out.violations += 1;
+                    sink(Event::Violation(&format!(
+                        "VIOLATION {id}: {}: {}\n  replay: lanefs crashtest --nvm --replay {id}",
+                        d.what,
+                        v.join("; ")
+                    )));
+                }
+            }
+            None => {
+                out.violations += 1;
+                sink(Event::Violation(&format!(
+                    "VIOLATION {id}: {}: mount, walk or fsck did not finish within {} s (sweep stopped)\n  replay: lanefs crashtest --nvm --replay {id}",
+                    d.what,
+                    corrupt::CASE_TIMEOUT.as_secs()
+                )));
+                break;
+            }
+        }
+        if out.states.is_multiple_of(16) {
+            sink(Event::Progress { states: out.states, violations: out.violations });
+        }
+    }
+    sink(Event::Note(&format!(
+        "corrupt (region): {} damaged regions ({} live words): {mounted} mounted and were read back, {refused} refused",
+        out.states,
+        r.stored.len()
+    )));
+    out.elapsed = start.elapsed();
+    out
+}
+
 /// Runs one workload (by id, as printed in a violation) or one corruption case, verbosely.
 /// `state`: only that crash state.
 pub fn replay(cfg: &Config, id: &str, state: Option<usize>, sink: Sink) -> Summary {
     let start = Instant::now();
     let bases = Bases::default();
     let mut sum = Summary::default();
+    if let Some(rest) = id.strip_prefix("corrupt-region:") {
+        let Ok(k) = rest.parse::<usize>() else {
+            sink(Event::Violation(&format!("VIOLATION {id}: expected corrupt-region:INDEX")));
+            sum.violations = 1;
+            return sum;
+        };
+        let fs = run_corrupt_region(cfg, &bases, sink, Some(k));
+        sum.states = fs.states;
+        sum.violations = fs.violations;
+        sum.families.push(fs);
+        sum.elapsed = start.elapsed();
+        return sum;
+    }
     if let Some(rest) = id.strip_prefix("corrupt:") {
         let Some((name, k)) = rest.split_once(':').and_then(|(n, k)| Some((n, k.parse::<usize>().ok()?)))
         else {
@@ -680,7 +802,7 @@ pub fn replay(cfg: &Config, id: &str, state: Option<usize>, sink: Sink) -> Summa
         return sum;
     }
     let w = parse_id(id).and_then(|(f, key)| {
-        make_workload(f, key, &bases, &cfg.avoid)?
+        make_workload(f, key, &bases, &cfg.avoid, cfg.nvm)?
             .ok_or_else(|| format!("{id}: no such workload"))
             .map(|w| (w, key))
     });
@@ -701,7 +823,10 @@ pub fn run_script(cfg: &Config, setup: workload::Setup, text: &str, sink: Sink) 
     let bases = Bases::default();
     let mut sum = Summary::default();
     match Workload::from_script(setup, text) {
-        Ok(w) => run_one(cfg, w, cfg.seed, None, &bases, sink, &mut sum),
+        Ok(mut w) => {
+            w.knobs.nvm |= cfg.nvm;
+            run_one(cfg, w, cfg.seed, None, &bases, sink, &mut sum)
+        }
         Err(e) => {
             sink(Event::Violation(&format!("VIOLATION script: {e}")));
             sum.violations = 1;
@@ -730,13 +855,25 @@ fn run_one(
     };
     let findings = rec.findings.clone();
     let p = Prepared::new(rec, derive(key, 0x57A7E), density(cfg.quick));
+    let timeline = match &p.rec.region {
+        Some(run) => format!(
+            "\n  timeline: {} events ({} device, {} region), device flushes at positions {:?}; \
+             history positions are timeline points",
+            run.end,
+            run.dev_seqs.len(),
+            run.trace.events().len(),
+            p.flushes.iter().map(|&f| run.dev_seqs[f]).collect::<Vec<_>>()
+        ),
+        None => String::new(),
+    };
     sink(Event::Note(&format!(
-        "{}: {}\n  write log: {} entries, flushes at {:?}, crash at {}\n  operations:\n{}  file versions:\n{}",
+        "{}: {}\n  write log: {} entries, flushes at {:?}, crash at {}{timeline}\n  {} crash states\n  operations:\n{}  file versions:\n{}",
         w.id,
         w.describe(),
         p.rec.log.len(),
         p.flushes,
         p.rec.crash_at,
+        p.states.len(),
         p.rec.hist.listing(),
         p.rec.hist.file_listing()
     )));
@@ -753,7 +890,7 @@ fn run_one(
 /// Checks one workload given as a script, at the given density; returns every violation as
 /// text (empty: none). For regression tests.
 pub fn check_script(setup: workload::Setup, text: &str, quick: bool) -> Vec<String> {
-    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![] };
+    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![], nvm: false };
     let out = Mutex::new(Vec::new());
     let sink = |e: Event<'_>| {
         if let Event::Violation(v) = e {
@@ -766,7 +903,7 @@ pub fn check_script(setup: workload::Setup, text: &str, quick: bool) -> Vec<Stri
 
 /// As [`check_script`] for a workload of several threads or with a fault.
 pub fn check_workload(w: Workload, quick: bool) -> Vec<String> {
-    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![] };
+    let cfg = Config { quick, seed: 1, families: vec![], threads: 1, avoid: vec![], nvm: false };
     let out = Mutex::new(Vec::new());
     let sink = |e: Event<'_>| {
         if let Event::Violation(v) = e {

@@ -5,15 +5,18 @@
 //! landed too — prefixes in order (a device that does not reorder), random subsets in random
 //! order (a volatile cache that does), all but one, and, for small windows, every subset. Each
 //! image is mounted (recovery runs), walked, checked against the oracle, unmounted, and checked
-//! by fsck.
+//! by fsck. A recording made with a persistent-memory region gets its states from
+//! [`super::nvm`] instead: cuts of the merged timeline of device and region events.
 
 use super::oracle::{check, walk};
 use super::overlay::{BlockMap, Overlay};
 use super::rng::{derive, Rng};
-use super::workload::Recording;
+use super::workload::{Recording, RegionRun};
 use crate::device::BlockDevice;
 use crate::fs::{Fs, FsOptions};
 use crate::fsck::{self, FsckOptions};
+use crate::pmem::PmemCrash;
+use parking_lot::Mutex;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -37,19 +40,44 @@ impl Density {
 
 /// One crash state: the durable prefix up to flush point `flush` (an index into the flush
 /// points; None: no flush yet) and the in-flight writes `extra` (log indices, in the order they
-/// land).
+/// land). With a region, also the cut of the timeline and the pending region words that landed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateSpec {
     pub flush: Option<usize>,
     pub extra: Vec<usize>,
     pub what: &'static str,
+    /// With a region: the crash point on the merged timeline (events numbered below it
+    /// happened); `flush` is then the last device flush below it and `extra` writes below it.
+    pub cut: Option<u64>,
+    /// With a region: the pending words that landed, as (index into the pending words at the
+    /// cut, index of the value it kept).
+    pub region: Vec<(usize, usize)>,
 }
 
 impl StateSpec {
+    /// A state of a device-only recording.
+    pub fn device(flush: Option<usize>, extra: Vec<usize>, what: &'static str) -> StateSpec {
+        StateSpec { flush, extra, what, cut: None, region: Vec::new() }
+    }
+
     pub fn describe(&self, flushes: &[usize], window: usize) -> String {
         let at = match self.flush {
             None => "before the first flush".to_string(),
             Some(k) => format!("after flush {}/{} (log index {})", k + 1, flushes.len(), flushes[k]),
+        };
+        let at = match self.cut {
+            None => at,
+            Some(c) => {
+                let shown: Vec<String> =
+                    self.region.iter().take(12).map(|(i, v)| format!("{i}:{v}")).collect();
+                let more = if self.region.len() > 12 { ", ..." } else { "" };
+                format!(
+                    "crash at timeline point {c} ({}, region: {} pending words landed [{}{more}]); device {at}",
+                    self.what,
+                    self.region.len(),
+                    shown.join(",")
+                )
+            }
         };
         if self.extra.is_empty() {
             at
@@ -74,7 +102,7 @@ pub fn plan(log: &super::overlay::WriteLog, seed: u64, d: Density) -> Vec<StateS
     let points: Vec<Option<usize>> = std::iter::once(None).chain((0..flushes.len()).map(Some)).collect();
     for f in points {
         let win: Vec<usize> = log.window(f.map(|k| flushes[k])).collect();
-        out.push(StateSpec { flush: f, extra: vec![], what: "exact" });
+        out.push(StateSpec::device(f, vec![], "exact"));
         if win.is_empty() {
             continue;
         }
@@ -88,7 +116,7 @@ pub fn plan(log: &super::overlay::WriteLog, seed: u64, d: Density) -> Vec<StateS
                 return;
             }
             seen.push(extra.clone());
-            out.push(StateSpec { flush: f, extra, what });
+            out.push(StateSpec::device(f, extra, what));
         };
         if n <= d.exhaustive_up_to {
             for mask in 1u32..(1 << n) {
@@ -125,19 +153,53 @@ pub struct Prepared {
     pub flushes: Vec<usize>,
     pub maps: Vec<Arc<BlockMap>>,
     pub states: Vec<StateSpec>,
+    /// The region's crash model at the last cut asked for (states come in cut order).
+    model: Mutex<Option<(u64, Arc<PmemCrash>)>>,
 }
 
 impl Prepared {
     pub fn new(rec: Recording, seed: u64, d: Density) -> Prepared {
         let flushes = rec.log.flush_points();
         let maps = rec.log.durable_maps();
-        let states = plan(&rec.log, seed, d);
-        Prepared { rec, flushes, maps, states }
+        let states = match &rec.region {
+            Some(run) => {
+                let first_op = rec.hist.log.iter().map(|o| o.ev_start as u64).min().unwrap_or(run.end);
+                let skip_below = if derive(seed, 0x3047).is_multiple_of(8) { 0 } else { first_op };
+                super::nvm::plan(&rec.log, run, seed, d, skip_below)
+            }
+            None => plan(&rec.log, seed, d),
+        };
+        Prepared { rec, flushes, maps, states, model: Mutex::new(None) }
     }
 
-    /// Size of the in-flight window of a state.
+    /// Size of the in-flight window of a state (with a region: below its cut).
     pub fn window_len(&self, s: &StateSpec) -> usize {
-        self.rec.log.window(s.flush.map(|k| self.flushes[k])).len()
+        let win = self.rec.log.window(s.flush.map(|k| self.flushes[k]));
+        match (&self.rec.region, s.cut) {
+            (Some(run), Some(c)) => win.filter(|&i| run.dev_seqs.get(i).is_some_and(|&q| q < c)).count(),
+            _ => win.len(),
+        }
+    }
+
+    /// The region's crash model at cut `c`.
+    fn model_at(&self, run: &RegionRun, c: u64) -> Arc<PmemCrash> {
+        let mut m = self.model.lock();
+        match &*m {
+            Some((at, model)) if *at == c => model.clone(),
+            _ => {
+                let model = Arc::new(run.trace.model_before(c));
+                *m = Some((c, model.clone()));
+                model
+            }
+        }
+    }
+
+    /// Checks the `k`-th state (with a region, some states get extra mounts).
+    pub fn check_indexed(&self, k: usize) -> Vec<String> {
+        match self.states.get(k) {
+            Some(s) => self.check_with(s, super::nvm::Extra::for_state(k)),
+            None => vec![format!("no state {k} (there are {})", self.states.len())],
+        }
     }
 
     /// Builds the device of state `s`.
@@ -153,9 +215,43 @@ impl Prepared {
 
     /// Checks state `s`; returns what is wrong.
     pub fn check(&self, s: &StateSpec) -> Vec<String> {
+        self.check_with(s, super::nvm::Extra::None)
+    }
+
+    fn check_with(&self, s: &StateSpec, extra: super::nvm::Extra) -> Vec<String> {
+        if let (Some(run), Some(c)) = (&self.rec.region, s.cut) {
+            return self.check_nvm(run, c, s, extra);
+        }
         let durable = s.flush.map_or(0, |k| self.flushes[k] + 1);
         let upper = s.extra.iter().max().map_or(durable, |&m| (m + 1).max(durable));
         self.check_device(Arc::new(self.device(s)), durable, upper)
+    }
+
+    /// Checks a state cut at `c` on the merged timeline of an nvm recording.
+    fn check_nvm(&self, run: &RegionRun, c: u64, s: &StateSpec, extra: super::nvm::Extra) -> Vec<String> {
+        let model = self.model_at(run, c);
+        let seq = |i: usize| run.dev_seqs.get(i).copied().unwrap_or(u64::MAX);
+        let mut bad = Vec::new();
+        // One past the last event the image holds: the last flush, the last persist, the
+        // writes and stores chosen.
+        let mut upper = s.flush.map_or(0, |k| seq(self.flushes[k]) + 1);
+        upper = upper.max(run.trace.last_persist_before(c).map_or(0, |p| p + 1));
+        for &i in &s.extra {
+            upper = upper.max(seq(i).saturating_add(1));
+        }
+        for &(i, v) in &s.region {
+            match model.value_seq(i, v) {
+                Some(q) => upper = upper.max(q + 1),
+                None => bad.push(format!("harness: no pending word {i} value {v} at cut {c}")),
+            }
+        }
+        if !bad.is_empty() {
+            return bad;
+        }
+        let image = model.image_with(|i, _| s.region.iter().find(|x| x.0 == i).map(|x| x.1));
+        let dev = Arc::new(self.device(s));
+        // An fsync noted as returned at position e <= c returned before the crash.
+        super::nvm::check_state(&self.rec.hist, dev, &image, c as usize, upper as usize, extra)
     }
 
     /// Checks an image that holds the log prefix `..durable` durably and nothing of the log
@@ -226,7 +322,7 @@ mod tests {
         let w = Workload::from_script(Setup::Ace, "create /A/x; write /A/x 0 5000 1; fsync /A/x").unwrap();
         let p = Prepared::new(record(&w, &bases).unwrap(), 1, Density::QUICK);
         let f = p.flushes[0];
-        let exact = StateSpec { flush: Some(0), extra: vec![], what: "exact" };
+        let exact = StateSpec::device(Some(0), vec![], "exact");
         assert!(p.check(&exact).is_empty(), "{:?}", p.check(&exact));
         // The fsync's writes never landed, yet the fsync returned.
         let lost = Overlay::new(p.rec.base.clone());

@@ -1,11 +1,19 @@
 //! Workloads: what runs on the recording device, and the recording it leaves.
+//!
+//! With [`Knobs::nvm`] the file system is mounted with a persistent-memory region (a scratch
+//! file in /dev/shm, a copy of the base image's region, removed when the run ends) whose
+//! recorder shares an [`EventClock`] with the [`CrashDevice`]: every position the history
+//! notes (an operation's start, an fsync's return) is then a point of that one timeline of
+//! device and region events, not an index in the device log.
 
 use super::exec::Exec;
+use super::nvm::{region_options, Scratch};
 use super::ops::{parse_script, script, Op};
 use super::oracle::{walk, Acked, History};
 use super::overlay::{Overlay, WriteLog};
-use crate::device::{BlockDevice, CrashDevice, FaultPlan, IoMode, MemDevice, ReadReq, WriteReq};
+use crate::device::{BlockDevice, CrashDevice, EventClock, FaultPlan, IoMode, MemDevice, ReadReq, WriteReq};
 use crate::fs::{Fs, FsOptions, MkfsOptions};
+use crate::pmem::RegionTrace;
 use parking_lot::Mutex;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -128,11 +136,30 @@ pub struct Knobs {
     pub cache_bytes: u64,
     /// Journal size that kicks a background checkpoint.
     pub journal_blocks_limit: u64,
+    /// Mount with a persistent-memory region (`lanefs crashtest --nvm`): NAT and lane journals
+    /// in the region, crash states from the merged timeline of device and region events.
+    pub nvm: bool,
+    /// Test-only fault: the device acknowledges flushes without making anything durable (a
+    /// lying write cache), so a region commit can outrun the data it maps. Generated workloads
+    /// never set it; it exists to show that the harness sees such a bug.
+    #[doc(hidden)]
+    pub lying_flushes: bool,
+    /// Test-only fault: crash states are built as if the region never persisted anything
+    /// (any store may be lost, a commit word may land without its entry). Never set by
+    /// generated workloads.
+    #[doc(hidden)]
+    pub lying_persists: bool,
 }
 
 impl Default for Knobs {
     fn default() -> Knobs {
-        Knobs { cache_bytes: 256 << 20, journal_blocks_limit: 1 << 20 }
+        Knobs {
+            cache_bytes: 256 << 20,
+            journal_blocks_limit: 1 << 20,
+            nvm: false,
+            lying_flushes: false,
+            lying_persists: false,
+        }
     }
 }
 
@@ -161,7 +188,7 @@ pub struct Workload {
 impl Workload {
     /// A single-threaded workload from a script (see [`super::ops`]). Besides operations, the
     /// script may hold a `fault ...` item ([`Fault::parse`]) and the mount options
-    /// `cache-bytes N` and `journal-limit N`.
+    /// `cache-bytes N`, `journal-limit N` and `nvm` (mount with a persistent-memory region).
     pub fn from_script(setup: Setup, text: &str) -> Result<Workload, String> {
         let mut fault = None;
         let mut knobs = Knobs::default();
@@ -175,6 +202,8 @@ impl Workload {
                 knobs.cache_bytes = num(n)?;
             } else if let Some(n) = item.strip_prefix("journal-limit ") {
                 knobs.journal_blocks_limit = num(n)?;
+            } else if item == "nvm" {
+                knobs.nvm = true;
             } else {
                 rest.push(item);
             }
@@ -197,6 +226,9 @@ impl Workload {
         }
         if self.knobs.journal_blocks_limit != d.journal_blocks_limit {
             items.push(format!("journal-limit {}", self.knobs.journal_blocks_limit));
+        }
+        if self.knobs.nvm {
+            items.push("nvm".into());
         }
         if let Some(f) = self.fault {
             items.push(f.script());
@@ -222,31 +254,47 @@ impl Workload {
 /// A base image and its history.
 pub struct BaseImage {
     pub image: Arc<Vec<u8>>,
+    /// The bytes of its persistent-memory region (built with [`Knobs::nvm`]): the image's
+    /// checkpoint is flagged, so it mounts only with them.
+    pub region: Option<Arc<Vec<u8>>>,
     pub hist: History,
 }
 
-/// Base images, built on first use.
+type BaseCell = OnceLock<Result<Arc<BaseImage>, String>>;
+
+/// Base images, built on first use: per setup, without and with a region.
 #[derive(Default)]
 pub struct Bases {
-    empty: OnceLock<Result<Arc<BaseImage>, String>>,
-    ace: OnceLock<Result<Arc<BaseImage>, String>>,
+    empty: [BaseCell; 2],
+    ace: [BaseCell; 2],
 }
 
 impl Bases {
     pub fn get(&self, s: Setup) -> Result<Arc<BaseImage>, String> {
+        self.get_for(s, false)
+    }
+
+    /// The base of `s`, with a region when `nvm`.
+    pub fn get_for(&self, s: Setup, nvm: bool) -> Result<Arc<BaseImage>, String> {
         let cell = match s {
-            Setup::Empty => &self.empty,
-            Setup::Ace => &self.ace,
+            Setup::Empty => &self.empty[nvm as usize],
+            Setup::Ace => &self.ace[nvm as usize],
         };
-        cell.get_or_init(|| build_base(s).map(Arc::new)).clone()
+        cell.get_or_init(|| build_base(s, nvm).map(Arc::new)).clone()
     }
 }
 
-fn build_base(setup: Setup) -> Result<BaseImage, String> {
+fn build_base(setup: Setup, nvm: bool) -> Result<BaseImage, String> {
     let dev = Arc::new(MemDevice::new(IMAGE_BYTES));
     Fs::format(&*dev, &MkfsOptions { lanes: LANES, ..Default::default() })
         .map_err(|e| format!("mkfs: {e}"))?;
-    let fs = Fs::open(dev.clone() as Arc<dyn BlockDevice>, Knobs::default().options())
+    // With a region: the first mount creates and seeds it (its checkpoint flags the image).
+    let scratch = if nvm { Some(Scratch::empty("base")?) } else { None };
+    let with_region = |o: FsOptions, s: &Option<Scratch>| match s {
+        Some(s) => FsOptions { nvm: Some(s.path().to_path_buf()), ..region_options(o, None) },
+        None => o,
+    };
+    let fs = Fs::open(dev.clone() as Arc<dyn BlockDevice>, with_region(Knobs::default().options(), &scratch))
         .map_err(|e| format!("mount of a new image: {e}"))?;
     let hist = Mutex::new(History::default());
     let findings = Mutex::new(Vec::new());
@@ -264,15 +312,48 @@ fn build_base(setup: Setup) -> Result<BaseImage, String> {
     }
     fs.unmount().map_err(|e| format!("unmount after setup: {e}"))?;
     let image = Arc::new(dev.snapshot());
+    let region = match &scratch {
+        Some(s) => Some(Arc::new(s.read()?)),
+        None => None,
+    };
+    // Read back from a copy (the region's too), as every crash state will be.
+    let copy = match &region {
+        Some(r) => Some(Scratch::with_bytes("base-check", r)?),
+        None => None,
+    };
     let ov = Arc::new(Overlay::new(image.clone()));
-    let fs = Fs::open(ov as Arc<dyn BlockDevice>, Knobs::default().options())
+    let fs = Fs::open(ov as Arc<dyn BlockDevice>, with_region(Knobs::default().options(), &copy))
         .map_err(|e| format!("mount of the base image: {e}"))?;
     let rec = walk(&fs);
     drop(fs);
     if !rec.problems.is_empty() {
         return Err(format!("walk of the base image: {}", rec.problems.join("; ")));
     }
-    Ok(BaseImage { image, hist: History::from_recovered(&rec) })
+    Ok(BaseImage { image, region, hist: History::from_recovered(&rec) })
+}
+
+/// A device whose flushes return success and do nothing ([`Knobs::lying_flushes`]).
+struct LyingFlushes(Arc<dyn BlockDevice>);
+
+impl BlockDevice for LyingFlushes {
+    fn block_count(&self) -> u64 {
+        self.0.block_count()
+    }
+    fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> io::Result<()> {
+        self.0.read_batch(reqs)
+    }
+    fn write_batch(&self, reqs: &[WriteReq<'_>]) -> io::Result<()> {
+        self.0.write_batch(reqs)
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn io_mode(&self) -> IoMode {
+        self.0.io_mode()
+    }
+    fn describe(&self) -> String {
+        format!("lying flushes over {}", self.0.describe())
+    }
 }
 
 /// Counts calls to a device and the errors it returns.
@@ -334,6 +415,19 @@ pub struct Recording {
     /// Device write and flush calls the run made.
     pub write_calls: u64,
     pub flush_calls: u64,
+    /// With [`Knobs::nvm`]: the region's side of the timeline.
+    pub region: Option<RegionRun>,
+}
+
+/// What the region of an nvm run recorded, and where the device's events fall on the shared
+/// timeline.
+pub struct RegionRun {
+    /// Region events with their positions on the timeline.
+    pub trace: RegionTrace,
+    /// Position on the timeline of each device event (indexed as [`Recording::log`]).
+    pub dev_seqs: Vec<u64>,
+    /// Events on the timeline in all (device and region), unmount included.
+    pub end: u64,
 }
 
 /// Pins the calling thread to the `k`-th CPU it may run on (best effort: lanes follow the CPU).
@@ -353,12 +447,36 @@ fn pin(k: usize) {
 /// crash states during the final checkpoint are checked and the last state must hold
 /// everything.
 pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
-    let base = bases.get(w.setup)?;
+    let nvm = w.knobs.nvm;
+    let base = bases.get_for(w.setup, nvm)?;
     let mem = MemDevice::from_bytes(base.image.as_ref().clone());
-    let crash = Arc::new(CrashDevice::new(mem));
-    let probe = Arc::new(Probe::new(crash.clone() as Arc<dyn BlockDevice>));
-    let fs = Fs::open(probe.clone() as Arc<dyn BlockDevice>, w.knobs.options())
+    let clock = EventClock::new();
+    let crash = Arc::new(CrashDevice::with_clock(mem, clock.clone()));
+    let below: Arc<dyn BlockDevice> = if w.knobs.lying_flushes {
+        Arc::new(LyingFlushes(crash.clone() as Arc<dyn BlockDevice>))
+    } else {
+        crash.clone()
+    };
+    let probe = Arc::new(Probe::new(below));
+    // Removed when the recording is done: crash states write their own region files.
+    let scratch = match &base.region {
+        Some(r) => Some(Scratch::with_bytes("run", r)?),
+        None if nvm => return Err("the base image has no region".into()),
+        None => None,
+    };
+    let opts = match &scratch {
+        Some(s) => FsOptions {
+            nvm: Some(s.path().to_path_buf()),
+            ..region_options(w.knobs.options(), Some(clock.clone()))
+        },
+        None => w.knobs.options(),
+    };
+    let fs = Fs::open(probe.clone() as Arc<dyn BlockDevice>, opts)
         .map_err(|e| format!("mount of the base image: {e}"))?;
+    let recording = match (nvm, fs.nvm().and_then(|n| n.region().recording())) {
+        (true, None) => return Err("the mount kept no recorded region".into()),
+        (_, r) => r,
+    };
     if let Some(f) = w.fault {
         crash.set_fault_plan(f.plan());
         probe.writes.store(0, Ordering::Relaxed);
@@ -370,7 +488,9 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
     h0.acked.push(Acked { ev_end: 0, op: "setup (the base image)".into(), promises: all });
     let hist = Mutex::new(h0);
     let findings = Mutex::new(Vec::new());
-    let events = || crash.event_count();
+    // Positions in the history: device log indices, or points of the shared timeline (the
+    // clock counts both logs' events) with a region.
+    let events = || if nvm { clock.now() as usize } else { crash.event_count() };
     let errors = || probe.errors.load(Ordering::Relaxed);
     if w.threads.len() == 1 {
         let exec = Exec {
@@ -415,18 +535,25 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
     let live = walk(&fs);
     findings.extend(hist.compare_live(&live).into_iter().map(|m| format!("before the crash: {m}")));
     // Unmount: its checkpoint makes everything durable (contract 3).
-    let crash_at = crash.event_count();
+    let crash_at = events();
     let promises = hist.promise_all();
     let errs = errors();
     match fs.unmount() {
         Ok(()) if errors() > errs => {
             findings.push("unmount: the device returned an error, but unmount succeeded".into())
         }
-        Ok(()) => hist.acked.push(Acked { ev_end: crash.event_count(), op: "unmount".into(), promises }),
+        Ok(()) => hist.acked.push(Acked { ev_end: events(), op: "unmount".into(), promises }),
         Err(e) if w.fault.is_none() => findings.push(format!("unmount failed: {e}")),
         Err(_) => {}
     }
-    let log = WriteLog::from_events(&crash.events());
+    let dev_events = crash.events();
+    let log = WriteLog::from_events(&dev_events);
+    let region = recording.map(|r| RegionRun {
+        trace: if w.knobs.lying_persists { r.trace().without_persists() } else { r.trace() },
+        dev_seqs: dev_events.iter().map(|e| e.seq).collect(),
+        end: clock.now(),
+    });
+    drop(scratch);
     Ok(Recording {
         workload: w.clone(),
         base: base.image.clone(),
@@ -436,6 +563,7 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
         crash_at,
         write_calls: probe.writes.load(Ordering::Relaxed),
         flush_calls: probe.flushes.load(Ordering::Relaxed),
+        region,
     })
 }
 

@@ -8,10 +8,19 @@
 //!
 //! A flush takes an exclusive barrier against writes, so the log position of a flush separates
 //! exactly the writes it covers (completed before it was called) from those it does not.
+//!
+//! Every event takes its sequence number from an [`EventClock`], private to the device unless
+//! one is shared ([`CrashDevice::with_clock`]) with a persistent-memory region's recorder
+//! (`crate::pmem::RegionOptions::clock`): the two logs then merge into one timeline. A number
+//! is taken under the log's lock after the event reached the wrapped device and before the call
+//! returns, so if one event's call returned before another's began (a flush before the region
+//! persist that commits the fsync it served), its number is the smaller.
 //! [`FaultPlan`] makes chosen calls fail the way real devices do: EIO, a short write, a torn block.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -27,7 +36,40 @@ pub enum EventKind {
     Flush,
 }
 
-/// One logged event; `seq` counts from 0 in the order events reached the log.
+/// A counter of events shared by the recorders of one run (a [`CrashDevice`] and a region's
+/// recorder): its value is the number of events recorded so far, in all logs together, and
+/// each event takes the next number. Clones share the counter.
+#[derive(Debug, Clone, Default)]
+pub struct EventClock(Arc<AtomicU64>);
+
+impl EventClock {
+    pub fn new() -> EventClock {
+        EventClock::default()
+    }
+
+    /// Takes the next number. Callers take it while holding their log's lock, so numbers are
+    /// increasing within each log.
+    pub fn tick(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Events recorded so far.
+    pub fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Two clocks are equal when they share the counter.
+impl PartialEq for EventClock {
+    fn eq(&self, other: &EventClock) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for EventClock {}
+
+/// One logged event; `seq` is its number on the device's [`EventClock`] (from 0 in log order
+/// when the clock is the device's own).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CrashEvent {
     pub seq: u64,
@@ -100,13 +142,13 @@ struct FaultState {
 #[derive(Debug, Default)]
 struct Log {
     events: Vec<CrashEvent>,
-    next_seq: u64,
+    clock: EventClock,
 }
 
 impl Log {
     fn push(&mut self, kind: EventKind) {
-        self.events.push(CrashEvent { seq: self.next_seq, kind });
-        self.next_seq += 1;
+        let seq = self.clock.tick();
+        self.events.push(CrashEvent { seq, kind });
     }
 }
 
@@ -131,12 +173,25 @@ impl<D: BlockDevice> CrashDevice<D> {
     }
 
     pub fn with_faults(inner: D, plan: FaultPlan) -> CrashDevice<D> {
+        let dev = CrashDevice::with_clock(inner, EventClock::new());
+        dev.set_fault_plan(plan);
+        dev
+    }
+
+    /// A recording device whose events take their numbers from `clock` (shared with a region's
+    /// recorder, so both logs merge into one timeline).
+    pub fn with_clock(inner: D, clock: EventClock) -> CrashDevice<D> {
         CrashDevice {
             inner,
             barrier: RwLock::new(()),
-            log: Mutex::new(Log::default()),
-            faults: Mutex::new(FaultState { plan, writes: 0, flushes: 0 }),
+            log: Mutex::new(Log { events: Vec::new(), clock }),
+            faults: Mutex::new(FaultState::default()),
         }
+    }
+
+    /// The clock the log's sequence numbers come from.
+    pub fn clock(&self) -> EventClock {
+        self.log.lock().clock.clone()
     }
 
     /// Installs a new plan and restarts the call counters.
@@ -385,5 +440,20 @@ mod tests {
         dev.flush().unwrap();
         let seqs: Vec<u64> = dev.events().iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_shared_clock_numbers_both_logs() {
+        let clock = EventClock::new();
+        let dev = CrashDevice::with_clock(MemDevice::new(4 * BLOCK_SIZE as u64), clock.clone());
+        dev.write_block(0, &block(1)).unwrap();
+        // Another recorder takes number 1.
+        assert_eq!(clock.tick(), 1);
+        dev.flush().unwrap();
+        let seqs: Vec<u64> = dev.events().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![0, 2]);
+        assert_eq!(clock.now(), 3);
+        assert_eq!(dev.clock(), clock);
+        assert_ne!(EventClock::new(), clock);
     }
 }

@@ -31,8 +31,8 @@ mod uring;
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_ALIGN};
 pub use bench::{batch_bench, BatchBenchReport};
 pub use crash::{
-    flush_points, in_flight_after, state_at, state_with_subset, CrashDevice, CrashEvent, EventKind,
-    FaultPlan, WriteFault,
+    flush_points, in_flight_after, state_at, state_with_subset, CrashDevice, CrashEvent, EventClock,
+    EventKind, FaultPlan, WriteFault,
 };
 pub use file::{create_image, DeviceOptions, FileDevice, IoChoice};
 pub(crate) use file::{fs_name, TMPFS_MAGIC};

@@ -11,9 +11,22 @@
 //!
 //! Recording copies the region once and takes a lock per store: it is for tests on small
 //! regions, never for a mount.
+//!
+//! Every event also gets a sequence number: its index in the log, or, with
+//! [`super::RegionOptions::clock`], a number from an [`EventClock`] shared with a
+//! `CrashDevice`, so that region and device events merge into one timeline (`lanefs
+//! crashtest --nvm`). The number is taken under the recorder's lock after the store or the
+//! write-back happened and before the call returns; see `device::crash` for why that orders
+//! every pair of events one of which returned before the other began. [`RegionRecording`]
+//! shares the recorder with whoever opened the region, so the log outlives the mount (the
+//! unmount's own events included), and [`RegionTrace`] rebuilds crash states at any point of
+//! the shared timeline.
 
 use super::persist::LINE;
+use crate::device::EventClock;
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// One word stored since its line was last persisted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,23 +49,34 @@ pub enum RegionEvent {
 /// What the recorder knows.
 #[derive(Debug)]
 pub(super) struct Recorder {
-    base: Vec<u8>,
-    events: Vec<RegionEvent>,
+    base: Arc<Vec<u8>>,
+    /// Events with their sequence numbers (increasing).
+    events: Vec<(u64, RegionEvent)>,
+    /// Where sequence numbers come from (None: the index in `events`).
+    clock: Option<EventClock>,
 }
 
 impl Recorder {
-    pub fn new(base: Vec<u8>) -> Recorder {
-        Recorder { base, events: Vec::new() }
+    pub fn new(base: Vec<u8>, clock: Option<EventClock>) -> Recorder {
+        Recorder { base: Arc::new(base), events: Vec::new(), clock }
+    }
+
+    fn push(&mut self, e: RegionEvent) {
+        let seq = match &self.clock {
+            Some(c) => c.tick(),
+            None => self.events.len() as u64,
+        };
+        self.events.push((seq, e));
     }
 
     pub fn stored(&mut self, offset: usize, value: u64) {
         debug_assert_eq!(offset % 8, 0);
-        self.events.push(RegionEvent::Store { offset, value });
+        self.push(RegionEvent::Store { offset, value });
     }
 
     pub fn persisted(&mut self, start: usize, end: usize) {
         if start < end {
-            self.events.push(RegionEvent::Persist { start, end });
+            self.push(RegionEvent::Persist { start, end });
         }
     }
 
@@ -62,32 +86,120 @@ impl Recorder {
 
     /// The crash states after the first `upto` events (clamped to the log).
     pub fn snapshot_at(&self, upto: usize) -> PmemCrash {
-        let mut persisted = self.base.clone();
-        let mut pending: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-        for e in &self.events[..upto.min(self.events.len())] {
-            match *e {
-                RegionEvent::Store { offset, value } => {
-                    let v = pending.entry(offset).or_default();
-                    if v.last() != Some(&value) {
-                        v.push(value);
-                    }
+        replay(&self.base, &self.events[..upto.min(self.events.len())])
+    }
+}
+
+/// The crash states after `events` reached a region that held `base`.
+fn replay(base: &[u8], events: &[(u64, RegionEvent)]) -> PmemCrash {
+    let mut persisted = base.to_vec();
+    let pending = pending_after(events, |o, v| persisted[o..o + 8].copy_from_slice(&v.to_le_bytes()));
+    let (pending, seqs) = pending
+        .into_iter()
+        .map(|(offset, vs)| {
+            let (values, seqs) = vs.into_iter().unzip();
+            (PendingWord { offset, values }, seqs)
+        })
+        .unzip();
+    PmemCrash { persisted, pending, seqs }
+}
+
+/// Pending words (offset -> (value, sequence number of its first store) in order, consecutive
+/// repeats folded) after `events`; `persist(offset, value)` is called for each word a persist
+/// makes durable, in event order.
+fn pending_after(
+    events: &[(u64, RegionEvent)],
+    mut persist: impl FnMut(usize, u64),
+) -> BTreeMap<usize, Vec<(u64, u64)>> {
+    let mut pending: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
+    for &(seq, e) in events {
+        match e {
+            RegionEvent::Store { offset, value } => {
+                let v = pending.entry(offset).or_default();
+                if v.last().map(|x| x.0) != Some(value) {
+                    v.push((value, seq));
                 }
-                RegionEvent::Persist { start, end } => {
-                    let first = start & !(LINE - 1);
-                    let last = end.div_ceil(LINE) * LINE;
-                    let done: Vec<usize> = pending.range(first..last).map(|(&o, _)| o).collect();
-                    for o in done {
-                        let v = pending.remove(&o).expect("listed above");
-                        let latest = *v.last().expect("a pending word has a value");
-                        persisted[o..o + 8].copy_from_slice(&latest.to_le_bytes());
-                    }
+            }
+            RegionEvent::Persist { start, end } => {
+                let first = start & !(LINE - 1);
+                let last = end.div_ceil(LINE) * LINE;
+                let done: Vec<usize> = pending.range(first..last).map(|(&o, _)| o).collect();
+                for o in done {
+                    let v = pending.remove(&o).expect("listed above");
+                    let latest = v.last().expect("a pending word has a value").0;
+                    persist(o, latest);
                 }
             }
         }
-        PmemCrash {
-            persisted,
-            pending: pending.into_iter().map(|(offset, values)| PendingWord { offset, values }).collect(),
-        }
+    }
+    pending
+}
+
+/// The recorder of a region opened with `record`, shared with the region
+/// ([`super::PmemRegion::recording`]): it stays readable after the region is closed.
+#[derive(Debug, Clone)]
+pub struct RegionRecording(pub(super) Arc<Mutex<Recorder>>);
+
+impl RegionRecording {
+    /// Stores and persists recorded so far.
+    pub fn event_count(&self) -> usize {
+        self.0.lock().event_count()
+    }
+
+    /// A copy of what was recorded so far.
+    pub fn trace(&self) -> RegionTrace {
+        let r = self.0.lock();
+        RegionTrace { base: r.base.clone(), events: r.events.clone() }
+    }
+}
+
+/// A recorded region: its content at open and every event since, with sequence numbers.
+#[derive(Debug, Clone)]
+pub struct RegionTrace {
+    base: Arc<Vec<u8>>,
+    events: Vec<(u64, RegionEvent)>,
+}
+
+impl RegionTrace {
+    /// The content at open.
+    pub fn base(&self) -> &Arc<Vec<u8>> {
+        &self.base
+    }
+
+    /// Events and their sequence numbers, in order.
+    pub fn events(&self) -> &[(u64, RegionEvent)] {
+        &self.events
+    }
+
+    /// The trace as if no persist had happened (every store stays pending): a test-only fault
+    /// for showing that a checker sees a region that loses what it was told to keep.
+    #[doc(hidden)]
+    pub fn without_persists(&self) -> RegionTrace {
+        let events =
+            self.events.iter().filter(|(_, e)| matches!(e, RegionEvent::Store { .. })).copied().collect();
+        RegionTrace { base: self.base.clone(), events }
+    }
+
+    /// Events with a sequence number below `cut`.
+    fn before(&self, cut: u64) -> &[(u64, RegionEvent)] {
+        &self.events[..self.events.partition_point(|&(s, _)| s < cut)]
+    }
+
+    /// The crash states of a crash at `cut` on the timeline: every event numbered below it
+    /// happened, no other did.
+    pub fn model_before(&self, cut: u64) -> PmemCrash {
+        replay(&self.base, self.before(cut))
+    }
+
+    /// [`PmemCrash::pending`] of [`RegionTrace::model_before`] with the sequence number of each
+    /// value, without building the image (for planning).
+    pub fn pending_before(&self, cut: u64) -> Vec<(usize, Vec<(u64, u64)>)> {
+        pending_after(self.before(cut), |_, _| {}).into_iter().collect()
+    }
+
+    /// The sequence number of the last persist below `cut`.
+    pub fn last_persist_before(&self, cut: u64) -> Option<u64> {
+        self.before(cut).iter().rev().find(|(_, e)| matches!(e, RegionEvent::Persist { .. })).map(|x| x.0)
     }
 }
 
@@ -96,6 +208,8 @@ impl Recorder {
 pub struct PmemCrash {
     persisted: Vec<u8>,
     pending: Vec<PendingWord>,
+    /// Per pending word, the sequence number of the (first) store of each of its values.
+    seqs: Vec<Vec<u64>>,
 }
 
 impl PmemCrash {
@@ -107,6 +221,11 @@ impl PmemCrash {
     /// Words whose latest store is not yet known to be persistent, in offset order.
     pub fn pending(&self) -> &[PendingWord] {
         &self.pending
+    }
+
+    /// The sequence number of the store that gave pending word `i` its value `k`.
+    pub fn value_seq(&self, i: usize, k: usize) -> Option<u64> {
+        self.seqs.get(i).and_then(|s| s.get(k)).copied()
     }
 
     /// A crash image: for each pending word (by index into [`PmemCrash::pending`]) `choose`

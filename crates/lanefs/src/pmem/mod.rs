@@ -53,7 +53,10 @@
 //!
 //! [`RegionOptions::record`] keeps what is persistent and what is not yet ([`crash`]), so that
 //! tests can build every image a crash may leave: the persisted content plus any subset of the
-//! 8-byte words stored since their line was last persisted.
+//! 8-byte words stored since their line was last persisted. [`RegionOptions::clock`] numbers
+//! the recorded events from a clock shared with a `device::CrashDevice`, so that device and
+//! region events form one timeline (`lanefs crashtest --nvm`), and
+//! [`PmemRegion::recording`] hands out the recorder so that it outlives the mount.
 
 //!
 //! # The NAT in the region (`FsOptions::nvm`, [`nat`])
@@ -235,7 +238,7 @@ mod nat_tests;
 #[cfg(test)]
 mod tests;
 
-pub use crash::{PendingWord, PmemCrash, RegionEvent};
+pub use crash::{PendingWord, PmemCrash, RegionEvent, RegionRecording, RegionTrace};
 pub use header::{RegionHeader, HEADER_BYTES, MAX_REGION_SIZE, MIN_REGION_SIZE};
 pub use persist::{PersistMethod, LINE};
 
@@ -249,6 +252,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Size of a region created without `--nvm-size`.
 pub const DEFAULT_REGION_SIZE: u64 = 64 << 20;
@@ -280,11 +284,14 @@ pub struct RegionOptions {
     pub try_map_sync: bool,
     /// Keep the crash model (copies the region; tests only).
     pub record: bool,
+    /// With `record`: number the recorded events from this clock, shared with a
+    /// `device::CrashDevice`, so both logs form one timeline (`lanefs crashtest --nvm`).
+    pub clock: Option<crate::device::EventClock>,
 }
 
 impl Default for RegionOptions {
     fn default() -> Self {
-        RegionOptions { persist: None, try_map_sync: true, record: false }
+        RegionOptions { persist: None, try_map_sync: true, record: false, clock: None }
     }
 }
 
@@ -302,7 +309,8 @@ pub struct PmemRegion {
     method: PersistMethod,
     /// The file system holding the file ("tmpfs", "ext4", ...).
     backing: String,
-    recorder: Option<Mutex<Recorder>>,
+    /// Shared with [`RegionRecording`] handles, which outlive the region.
+    recorder: Option<Arc<Mutex<Recorder>>>,
 }
 
 // SAFETY: the mapping is owned by the region and lives until drop; every access to it goes
@@ -513,7 +521,7 @@ impl PmemRegion {
         if opts.record {
             let mut image = vec![0u8; len];
             region.read_raw(0, &mut image);
-            region.recorder = Some(Mutex::new(Recorder::new(image)));
+            region.recorder = Some(Arc::new(Mutex::new(Recorder::new(image, opts.clock.clone()))));
         }
         Ok(region)
     }
@@ -769,6 +777,12 @@ impl PmemRegion {
     /// Stores and persists recorded so far (0 without `record`): a point to crash at.
     pub fn recorded_events(&self) -> usize {
         self.recorder.as_ref().map_or(0, |r| r.lock().event_count())
+    }
+
+    /// The recorder, if the region was opened with `record`: it keeps recording while the
+    /// region is open and stays readable after it is closed.
+    pub fn recording(&self) -> Option<RegionRecording> {
+        self.recorder.as_ref().map(|r| RegionRecording(r.clone()))
     }
 
     /// The crash states after the first `upto` recorded events, if the region was opened with
