@@ -385,7 +385,7 @@ fn fsynced_data_survives_a_crash_at_every_flush_point() {
             for _ in 0..40 {
                 let k = first + rng.below((total - first + 1) as u64) as usize;
                 let dev = run.device_events_by(k);
-                let last_flush = flushes.iter().copied().filter(|&f| f < dev).next_back();
+                let last_flush = flushes.iter().copied().rfind(|&f| f < dev);
                 let landed: Vec<usize> =
                     in_flight_after(&events, last_flush).into_iter().filter(|&i| i < dev).collect();
                 let img = state_with_subset(&run.base, &events, last_flush, &landed).unwrap();
