@@ -410,7 +410,12 @@ impl PmemRegion {
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(Error::region(path, RegionFault::InUse, "in use by another process (locked)"))
+                return Err(Error::region(
+                    path,
+                    RegionFault::InUse,
+                    "in use (locked by another open of it, such as the mount of its image): unmount the \
+                     image first; `lanefs inspect` without --nvm works on a mounted image",
+                ))
             }
             Err(e) => return Err(io_fault(path, "cannot lock", e.into())),
         }
