@@ -18,16 +18,6 @@ pub fn enabled() -> bool {
     matches!(std::env::var("LANEFS_TEST_NVM").as_deref(), Ok("1" | "true" | "yes"))
 }
 
-/// Prints why a test does not run its nvm variant; returns whether nvm mode is on (so a test
-/// can `if nvm_mode::skip("...") { return; }`).
-pub fn skip(why: &str) -> bool {
-    let on = enabled();
-    if on {
-        eprintln!("LANEFS_TEST_NVM: skipped in nvm mode: {why}");
-    }
-    on
-}
-
 /// The region file of one image. Created by the first mount with it; removed (with its
 /// directory) when dropped.
 pub struct Region {
