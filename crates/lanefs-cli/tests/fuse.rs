@@ -539,6 +539,17 @@ fn nvm_region_through_mount_fsck_and_inspect() {
     for (p, d) in &files {
         assert!(fs::read(m.mp.join(p)).unwrap() == *d, "{p}");
     }
+    // The mount holds the region's lock: inspect --nvm and fsck --nvm say so, in one line that
+    // tells what to do; inspect without the region works.
+    for cmd in ["inspect", "fsck"] {
+        let (code, _, err) = lanefs(&[os(cmd), img.as_os_str(), os(nvm[0]), os(nvm[1])]);
+        assert_eq!(code, Some(if cmd == "fsck" { 8 } else { 1 }), "{cmd}: {err}");
+        assert_eq!(err.lines().count(), 1, "{cmd}: {err}");
+        assert!(err.contains("locked") && err.contains("unmount the image first"), "{cmd}: {err}");
+    }
+    let (code, out, err) = lanefs(&[os("inspect"), img.as_os_str()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("in a persistent-memory region"), "{out}");
     m.umount();
     let (code, out, err) = lanefs(&[os("fsck"), img.as_os_str(), os(nvm[0]), os(nvm[1])]);
     assert_eq!(code, Some(0), "{out}{err}");

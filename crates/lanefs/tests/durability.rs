@@ -3,35 +3,205 @@
 //! flight after it (a volatile write cache persists any subset, in any order), mounted, and
 //! checked: every fsync acknowledged before the crash kept its data, size and name; fsck finds
 //! the recovered image consistent.
+//!
+//! With `LANEFS_TEST_NVM=1` the file system keeps its NAT and lane journals in a region
+//! (`nvm_mode`) opened with the crash model, and every crash state pairs the device state with
+//! the region as a crash at that moment leaves it: the region's events up to the moment the
+//! device takes its next write or flush (or the next flush, with writes in flight), then its
+//! persisted content plus none, all or a random subset of the stores not yet persisted.
+
+mod nvm_mode;
 
 use lanefs::crashtest::rng::Rng;
-use lanefs::device::{flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, MemDevice};
+use lanefs::device::{
+    flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, IoMode, MemDevice, ReadReq,
+    WriteReq,
+};
 use lanefs::fsck::{check, FsckOptions};
+use lanefs::pmem::{PmemRegion, RegionOptions, MIN_REGION_SIZE};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
 
-/// What an acknowledged fsync promised: once `after_event` events are on the log, `path` holds
+/// A point of the run: how many events the device and the region (0 without one) had then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Point {
+    dev: usize,
+    region: usize,
+}
+
+/// What an acknowledged fsync promised: after a crash that comes after `at`, `path` holds
 /// `data` — or any later version of the file from before the crash (a checkpoint may have made
 /// later writes durable too).
 struct Promise {
-    after_event: usize,
+    at: Point,
+    /// Changes from this index of the history on are later versions.
+    seq: usize,
     path: String,
     data: Vec<u8>,
 }
 
-/// Every version of every file: (path, event count when the change began, contents after it).
-type History = Vec<(String, usize, Vec<u8>)>;
-
-fn opts() -> FsOptions {
-    FsOptions { checkpoint_interval: None, journal_blocks_limit: 64, ..Default::default() }
+/// One version of a file: its path, the point where the change began, its contents after it.
+struct Change {
+    path: String,
+    at: Point,
+    data: Vec<u8>,
 }
 
-fn run_workload(seed: u64) -> (Vec<u8>, Arc<CrashDevice<MemDevice>>, Vec<Promise>, History) {
-    let dev = MemDevice::new(64 << 20);
+/// Every version of every file, in the order they were made.
+type History = Vec<Change>;
+
+/// When a crash happened.
+#[derive(Debug, Clone, Copy)]
+enum Moment {
+    /// Without a region: right after device flush `upto - 1` (promises made before the device
+    /// saw event `upto` count; changes begun before it may have landed).
+    Flush { upto: usize },
+    /// With one: right before the device was handed its event `dev` and the region recorded
+    /// its event `region + 1`.
+    Both { dev: usize, region: usize },
+}
+
+impl Moment {
+    /// Whether a promise made at `p` must hold after this crash.
+    fn promised(&self, p: Point) -> bool {
+        match *self {
+            Moment::Flush { upto } => p.dev <= upto,
+            Moment::Both { dev, region } => p.dev <= dev && p.region <= region,
+        }
+    }
+
+    /// Whether a change begun at `p` may have landed.
+    fn begun(&self, p: Point) -> bool {
+        match *self {
+            Moment::Flush { upto } => p.dev < upto,
+            Moment::Both { .. } => self.promised(p),
+        }
+    }
+}
+
+/// Mount options; `nvm`: the region file (nvm mode), small so that its lane journals fill and
+/// fsyncs take checkpoints now and then.
+fn opts(nvm: Option<&Path>) -> FsOptions {
+    FsOptions {
+        checkpoint_interval: None,
+        journal_blocks_limit: 64,
+        nvm: nvm.map(Path::to_path_buf),
+        nvm_size: MIN_REGION_SIZE,
+        ..Default::default()
+    }
+}
+
+/// nvm mode: the crash device, tapped so that each of its events knows how many events the
+/// region had recorded when the device was handed it (the region belongs to the `Fs`, which is
+/// leaked at the crash, so a `'static` reference to it is sound).
+struct Tap {
+    crash: Arc<CrashDevice<MemDevice>>,
+    region: OnceLock<&'static PmemRegion>,
+    /// `marks[i]`: region events recorded before device event `i` was issued.
+    marks: Mutex<Vec<usize>>,
+}
+
+impl Tap {
+    fn issue<R>(&self, op: impl FnOnce(&CrashDevice<MemDevice>) -> R) -> R {
+        // One device operation at a time, so the marks follow the device's event order.
+        let mut marks = self.marks.lock().unwrap();
+        let k = self.region.get().map_or(0, |r| r.recorded_events());
+        let r = op(&self.crash);
+        let n = self.crash.event_count();
+        marks.resize(n, k);
+        r
+    }
+}
+
+impl BlockDevice for Tap {
+    fn block_count(&self) -> u64 {
+        self.crash.block_count()
+    }
+    fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> std::io::Result<()> {
+        self.crash.read_batch(reqs)
+    }
+    fn write_batch(&self, reqs: &[WriteReq<'_>]) -> std::io::Result<()> {
+        self.issue(|d| d.write_batch(reqs))
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.issue(|d| d.flush())
+    }
+    fn io_mode(&self) -> IoMode {
+        self.crash.io_mode()
+    }
+    fn discard(&self, addr: u64, blocks: u64) -> std::io::Result<()> {
+        self.crash.discard(addr, blocks)
+    }
+}
+
+/// What a run leaves for the crash states: the device before it, its events, and in nvm mode
+/// the tap and the region.
+struct Run {
+    base: Vec<u8>,
+    crash: Arc<CrashDevice<MemDevice>>,
+    nvm: Option<(Arc<Tap>, &'static PmemRegion)>,
+    /// Device events issued while the file system was opening (before the region was known).
+    open_events: usize,
+    /// nvm mode: region events recorded by then.
+    region_at_open: usize,
+}
+
+impl Run {
+    /// nvm mode: the region's events recorded before the device was handed its event `dev`
+    /// (all of them when it never was).
+    fn region_events_before(&self, dev: usize) -> usize {
+        let (tap, region) = self.nvm.as_ref().expect("nvm mode");
+        tap.marks.lock().unwrap().get(dev).copied().unwrap_or_else(|| region.recorded_events())
+    }
+
+    /// nvm mode: how many device events had been issued before the region recorded its event
+    /// `k + 1` (those whose mark is at most `k`; marks never decrease).
+    fn device_events_by(&self, k: usize) -> usize {
+        let (tap, _) = self.nvm.as_ref().expect("nvm mode");
+        tap.marks.lock().unwrap().partition_point(|&m| m <= k)
+    }
+}
+
+fn run_workload(seed: u64, region: Option<&nvm_mode::Region>) -> (Run, Vec<Promise>, History) {
+    let mut dev = MemDevice::new(64 << 20);
     Fs::format(&dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
+    if let Some(r) = region {
+        // The first mount with a region seeds it and flags the image; the crashes come after.
+        let _ = std::fs::remove_file(r.path());
+        let d = Arc::new(dev);
+        Fs::open(d.clone() as Arc<dyn BlockDevice>, opts(Some(r.path()))).unwrap().unmount().unwrap();
+        dev = MemDevice::from_bytes(d.snapshot());
+    }
     let base = dev.snapshot();
     let crash = Arc::new(CrashDevice::new(dev));
-    let fs = Fs::open(crash.clone() as Arc<dyn BlockDevice>, opts()).unwrap();
+    let (fs, nvm, open_events) = match region {
+        None => (Fs::open(crash.clone() as Arc<dyn BlockDevice>, opts(None)).unwrap(), None, 0),
+        Some(r) => {
+            let tap = Arc::new(Tap {
+                crash: crash.clone(),
+                region: OnceLock::new(),
+                marks: Mutex::new(Vec::new()),
+            });
+            let record = FsOptions {
+                nvm_region: RegionOptions { record: true, ..Default::default() },
+                ..opts(Some(r.path()))
+            };
+            let fs = Fs::open(tap.clone() as Arc<dyn BlockDevice>, record).unwrap();
+            let open_events = crash.event_count();
+            (fs, Some(tap), open_events)
+        }
+    };
+    // A crash, not an unmount, ends the run: the file system is never dropped.
+    let fs: &'static Fs = Box::leak(Box::new(fs));
+    let nvm = nvm.map(|tap| {
+        let region = fs.nvm().expect("the NAT is in the region").region();
+        assert!(tap.region.set(region).is_ok());
+        (tap, region)
+    });
+    let region_events = nvm.as_ref().map(|(_, r)| *r);
+    let region_at_open = region_events.map_or(0, |r| r.recorded_events());
+    let now = || Point { dev: crash.event_count(), region: region_events.map_or(0, |r| r.recorded_events()) };
     let mut rng = Rng::new(seed);
     let mut promises = Vec::new();
     let d1 = fs.mkdir(ROOT, b"d1", 0o755, 0, 0).unwrap().ino;
@@ -48,15 +218,15 @@ fn run_workload(seed: u64) -> (Vec<u8>, Arc<CrashDevice<MemDevice>>, Vec<Promise
                 let a = fs.create(d, name.as_bytes(), 0o644, 0, 0).unwrap();
                 let len = (r >> 16) as usize % 20_000;
                 let data: Vec<u8> = (0..len).map(|k| (k as u64 ^ r) as u8).collect();
-                let at = crash.event_count();
+                let at = now();
                 fs.write_at(a.ino, 0, &data).unwrap();
-                history.push((format!("{dp}{name}"), at, data.clone()));
+                history.push(Change { path: format!("{dp}{name}"), at, data: data.clone() });
                 files.push((a.ino, format!("{dp}{name}"), data));
             }
             4..=5 if !files.is_empty() => {
                 let k = (r >> 8) as usize % files.len();
                 let (ino, path, data) = &mut files[k];
-                let at = crash.event_count();
+                let at = now();
                 let off = (r >> 20) % 30_000;
                 let chunk: Vec<u8> = (0..1 + (r >> 40) % 6000).map(|x| (x ^ off) as u8).collect();
                 fs.write_at(*ino, off, &chunk).unwrap();
@@ -65,16 +235,16 @@ fn run_workload(seed: u64) -> (Vec<u8>, Arc<CrashDevice<MemDevice>>, Vec<Promise
                     data.resize(end, 0);
                 }
                 data[off as usize..end].copy_from_slice(&chunk);
-                history.push((path.clone(), at, data.clone()));
+                history.push(Change { path: path.clone(), at, data: data.clone() });
             }
             6 if !files.is_empty() => {
                 let k = (r >> 8) as usize % files.len();
                 let (ino, path, data) = &mut files[k];
-                let at = crash.event_count();
+                let at = now();
                 let size = (r >> 24) as usize % 25_000;
                 fs.truncate(*ino, size as u64).unwrap();
                 data.resize(size, 0);
-                history.push((path.clone(), at, data.clone()));
+                history.push(Change { path: path.clone(), at, data: data.clone() });
             }
             7 => fs.fsync(dirs[(r >> 8) as usize % dirs.len()].0, false).unwrap(),
             8 if r.is_multiple_of(7) => fs.sync().unwrap(),
@@ -83,7 +253,8 @@ fn run_workload(seed: u64) -> (Vec<u8>, Arc<CrashDevice<MemDevice>>, Vec<Promise
                 let (ino, path, data) = &files[k];
                 fs.fsync(*ino, false).unwrap();
                 promises.push(Promise {
-                    after_event: crash.event_count(),
+                    at: now(),
+                    seq: history.len(),
                     path: path.clone(),
                     data: data.clone(),
                 });
@@ -91,65 +262,154 @@ fn run_workload(seed: u64) -> (Vec<u8>, Arc<CrashDevice<MemDevice>>, Vec<Promise
             _ => {}
         }
     }
-    // A crash, not an unmount: no final checkpoint.
-    std::mem::forget(fs);
-    (base, crash, promises, history)
+    (Run { base, crash, nvm, open_events, region_at_open }, promises, history)
 }
 
-fn verify(image: Vec<u8>, upto: usize, promises: &[Promise], history: &History, what: &str) {
+/// Mounts a crash state (the device image, and in nvm mode the region image written to
+/// `region`), checks the promises, unmounts and runs fsck.
+fn verify(
+    image: Vec<u8>,
+    region: Option<(&Path, Vec<u8>)>,
+    moment: Moment,
+    promises: &[Promise],
+    history: &History,
+    what: &str,
+) {
+    let nvm = region.map(|(path, bytes)| {
+        std::fs::write(path, bytes).unwrap();
+        path
+    });
     let dev = Arc::new(MemDevice::from_bytes(image));
-    let fs = Fs::open(dev.clone() as Arc<dyn BlockDevice>, opts())
+    let fs = Fs::open(dev.clone() as Arc<dyn BlockDevice>, opts(nvm))
         .unwrap_or_else(|e| panic!("{what}: mount failed: {e}"));
     // The newest promise for each path that the crash point covers.
     let mut latest: std::collections::BTreeMap<&str, &Promise> = Default::default();
-    for p in promises.iter().filter(|p| p.after_event <= upto) {
+    for p in promises.iter().filter(|p| moment.promised(p.at)) {
         latest.insert(&p.path, p);
     }
     for (path, p) in latest {
         let a = fs.resolve(path).unwrap_or_else(|e| panic!("{what}: fsynced {path} is gone: {e}"));
         let mut got = vec![0u8; a.size as usize];
         fs.read_at(a.ino, 0, &mut got).unwrap();
-        let later = history.iter().filter(|(hp, at, _)| hp == path && *at >= p.after_event && *at < upto);
-        let ok = got == p.data || later.clone().any(|(_, _, d)| *d == got);
+        let later = history[p.seq..].iter().filter(|c| c.path == path && moment.begun(c.at));
+        let ok = got == p.data || later.clone().any(|c| c.data == got);
         assert!(ok, "{what}: {path} ({} bytes) matches neither the fsynced version ({} bytes) nor any of {} later ones", got.len(), p.data.len(), later.count());
     }
     fs.unmount().unwrap();
-    let r = check(&*dev, &FsckOptions::default()).unwrap();
+    let r = check(&*dev, &FsckOptions { nvm: nvm.map(Path::to_path_buf), ..Default::default() }).unwrap();
     assert!(r.is_clean(), "{what}: fsck after recovery: {:#?}", r.problems);
 }
 
 #[test]
 fn fsynced_data_survives_a_crash_at_every_flush_point() {
+    let region = nvm_mode::Region::if_enabled();
+    let crashed = region.as_ref().map(|r| r.sibling("crashed.nvm"));
     let mut states = 0;
+    let mut region_states = [0usize; 3];
+    let mut region_moments = 0;
     for seed in [3u64, 11, 29] {
-        let (base, crash, promises, history) =
-            run_workload(0xABCD_EF01 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let (run, promises, history) =
+            run_workload(0xABCD_EF01 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), region.as_ref());
         assert!(!promises.is_empty());
-        let events = crash.events();
+        let events = run.crash.events();
         let flushes = flush_points(&events);
         let mut rng = Rng::new(seed + 1);
+        let mut region_rng = Rng::new(seed + 2);
+        // nvm mode: the region as a crash leaves it after its first `k` events: persisted only,
+        // everything stored, or a random subset of the words not persisted.
+        let mut region_image = |k: usize, what: &mut String| {
+            let (_, r) = run.nvm.as_ref()?;
+            let cm = r.crash_model_at(k).expect("the region records");
+            let pick = if cm.pending().is_empty() { 0 } else { region_rng.below(3) as usize };
+            region_states[pick] += 1;
+            what.push_str(&format!(
+                ", region after {k} events, {} of {} pending words",
+                ["none", "all", "some"][pick],
+                cm.pending().len()
+            ));
+            let mask = region_rng.next_u64();
+            Some(match pick {
+                0 => cm.image_with(|_, _| None),
+                1 => cm.everything(),
+                _ => cm.image_with(|i, w| (mask >> (i % 64) & 1 != 0).then(|| w.values.len() - 1)),
+            })
+        };
+        // The moment right before the device is handed event `dev`.
+        let before = |dev: usize| match &run.nvm {
+            None => Moment::Flush { upto: dev },
+            Some(_) => Moment::Both { dev, region: run.region_events_before(dev) },
+        };
         for (n, &f) in flushes.iter().enumerate() {
-            let img = state_with_subset(&base, &events, Some(f), &[]).unwrap();
-            verify(img, f + 1, &promises, &history, &format!("seed {seed} flush {n}/{}", flushes.len()));
+            if f < run.open_events {
+                // nvm mode: the mount's own flushes, before the region could be tapped.
+                continue;
+            }
+            let mut what = format!("seed {seed} flush {n}/{}", flushes.len());
+            let img = state_with_subset(&run.base, &events, Some(f), &[]).unwrap();
+            let moment = before(f + 1);
+            let r = match moment {
+                Moment::Both { region, .. } => region_image(region, &mut what),
+                Moment::Flush { .. } => None,
+            };
+            verify(img, crashed.as_deref().zip(r), moment, &promises, &history, &what);
             states += 1;
-            // The writes in flight after this flush, persisted partly and out of order.
+            // The writes in flight after this flush, persisted partly and out of order (with a
+            // region: a crash right before the next flush).
             let inflight = in_flight_after(&events, Some(f));
             if !inflight.is_empty() {
+                let next_flush = flushes.get(n + 1).copied().unwrap_or(events.len());
                 for _ in 0..2 {
                     let subset: Vec<usize> =
                         inflight.iter().copied().filter(|_| rng.next_u64().is_multiple_of(2)).collect();
-                    let img = state_with_subset(&base, &events, Some(f), &subset).unwrap();
-                    verify(
-                        img,
-                        f + 1,
-                        &promises,
-                        &history,
-                        &format!("seed {seed} flush {n} + {} of {} in flight", subset.len(), inflight.len()),
-                    );
+                    let mut what =
+                        format!("seed {seed} flush {n} + {} of {} in flight", subset.len(), inflight.len());
+                    let img = state_with_subset(&run.base, &events, Some(f), &subset).unwrap();
+                    let moment = match before(next_flush) {
+                        Moment::Flush { .. } => Moment::Flush { upto: f + 1 },
+                        m => m,
+                    };
+                    let r = match moment {
+                        Moment::Both { region, .. } => region_image(region, &mut what),
+                        Moment::Flush { .. } => None,
+                    };
+                    verify(img, crashed.as_deref().zip(r), moment, &promises, &history, &what);
                     states += 1;
                 }
             }
         }
+        // nvm mode: crashes between region events too (inside an fsync's commit, a checkpoint's
+        // NAT log and journal reset), with every device write issued by then landed.
+        if let Some((_, r)) = &run.nvm {
+            let (first, total) = (run.region_at_open, r.recorded_events());
+            assert!(total > first, "seed {seed}: the region saw no event");
+            for _ in 0..40 {
+                let k = first + rng.below((total - first + 1) as u64) as usize;
+                let dev = run.device_events_by(k);
+                let last_flush = flushes.iter().copied().rfind(|&f| f < dev);
+                let landed: Vec<usize> =
+                    in_flight_after(&events, last_flush).into_iter().filter(|&i| i < dev).collect();
+                let img = state_with_subset(&run.base, &events, last_flush, &landed).unwrap();
+                let mut what = format!("seed {seed} region event {k} of {total}, device events {dev}");
+                let r = region_image(k, &mut what);
+                verify(
+                    img,
+                    crashed.as_deref().zip(r),
+                    Moment::Both { dev, region: k },
+                    &promises,
+                    &history,
+                    &what,
+                );
+                states += 1;
+                region_moments += 1;
+            }
+        }
     }
     assert!(states > 100, "only {states} crash states checked");
+    if region.is_some() {
+        eprintln!(
+            "nvm mode: {states} crash states ({region_moments} between region events); region persisted \
+             only / everything / a subset: {region_states:?}"
+        );
+        assert!(region_states.iter().all(|&n| n > 0), "every kind of region state: {region_states:?}");
+    }
 }

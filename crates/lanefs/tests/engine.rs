@@ -1,6 +1,11 @@
 //! The engine against a reference: the same scripted workload runs on lanefs and on a directory
 //! of the host file system, and the trees (names, types, sizes, contents, permission bits, link
 //! counts, symlink targets) are compared after every step and after unmount and remount.
+//!
+//! With `LANEFS_TEST_NVM=1` every image gets a persistent-memory region (`nvm_mode`), used by
+//! every mount and fsck of that image.
+
+mod nvm_mode;
 
 use lanefs::crashtest::rng::Rng;
 use lanefs::device::{BlockDevice, MemDevice};
@@ -72,18 +77,63 @@ fn walk_fs(fs: &Fs, ino: Ino) -> Node {
     }
 }
 
-fn fresh(size: u64, lanes: u32) -> Arc<MemDevice> {
+/// A formatted in-memory image and, in nvm mode, its region (which lives as long as it does).
+struct Image {
+    dev: Arc<MemDevice>,
+    region: Option<nvm_mode::Region>,
+}
+
+impl std::ops::Deref for Image {
+    type Target = MemDevice;
+    fn deref(&self) -> &MemDevice {
+        &self.dev
+    }
+}
+
+impl Image {
+    /// After a simulated crash (`mem::forget` of the `Fs`, which keeps its region locked): the
+    /// image goes on with a copy of its region as the crash left it.
+    fn crashed(&mut self) {
+        if let Some(r) = &self.region {
+            self.region = Some(r.copy());
+        }
+    }
+}
+
+fn fresh(size: u64, lanes: u32) -> Image {
     let dev = Arc::new(MemDevice::new(size));
     Fs::format(&*dev, &MkfsOptions { lanes, ..Default::default() }).unwrap();
-    dev
+    Image { dev, region: nvm_mode::Region::if_enabled() }
 }
 
-fn mount(dev: &Arc<MemDevice>, opts: FsOptions) -> Fs {
-    Fs::open(dev.clone() as Arc<dyn BlockDevice>, opts).unwrap()
+fn mount(img: &Image, opts: FsOptions) -> Fs {
+    let read_only = opts.read_only;
+    let fs =
+        Fs::open(img.dev.clone() as Arc<dyn BlockDevice>, nvm_mode::with_region(opts, img.region.as_ref()))
+            .unwrap();
+    // A read-only mount reads the region and keeps none.
+    assert_eq!(
+        fs.nvm().is_some(),
+        img.region.is_some() && !read_only,
+        "the NAT is in the region in nvm mode"
+    );
+    fs
 }
 
-fn fsck_clean(dev: &MemDevice) {
-    let r = check(dev, &FsckOptions::default()).unwrap();
+/// fsck of the image (and its region). While it is mounted the region is locked by the mount,
+/// so fsck reads a copy of it (the tests check a mounted image only when it is quiet: synced,
+/// no operation running).
+fn fsck_clean(img: &Image) {
+    let check_with = |nvm: Option<&nvm_mode::Region>| {
+        check(&*img.dev, &FsckOptions { nvm: nvm.map(|r| r.path().to_path_buf()), ..Default::default() })
+    };
+    let r = match check_with(img.region.as_ref()) {
+        Err(lanefs::Error::Region { fault: lanefs::error::RegionFault::InUse, .. }) => {
+            check_with(img.region.as_ref().map(|r| r.copy()).as_ref())
+        }
+        r => r,
+    }
+    .unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 }
 
@@ -645,13 +695,16 @@ fn directory_size_is_the_same_before_and_after_remount() {
 
 #[test]
 fn read_only_mount_recovers_in_memory_and_writes_nothing() {
-    let dev = fresh(64 << 20, 1);
+    let mut dev = fresh(64 << 20, 1);
     let fs = mount(&dev, FsOptions { checkpoint_interval: None, ..Default::default() });
     let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap();
     fs.write_at(f.ino, 0, b"journaled, not checkpointed").unwrap();
     fs.fsync(f.ino, false).unwrap();
     std::mem::forget(fs); // a crash: only the journal has the file
+    dev.crashed();
     let before = dev.snapshot();
+    // In nvm mode the journal is the region's: the read-only mount must not write it either.
+    let region_before = dev.region.as_ref().map(|r| r.bytes());
     let ro = mount(&dev, FsOptions { read_only: true, ..Default::default() });
     let a = ro.lookup(ROOT, b"f").unwrap();
     let mut buf = vec![0u8; a.size as usize];
@@ -664,6 +717,10 @@ fn read_only_mount_recovers_in_memory_and_writes_nothing() {
     ro.sync().unwrap();
     ro.unmount().unwrap();
     assert!(dev.snapshot() == before, "a read-only mount wrote to the device");
+    if let (Some(r), Some(b)) = (&dev.region, &region_before) {
+        assert!(!b.is_empty(), "the first mount created the region");
+        assert!(r.bytes() == *b, "a read-only mount wrote to the region");
+    }
     // A read-write mount afterwards still recovers the file from the journal.
     let rw = mount(&dev, FsOptions::default());
     assert_eq!(rw.lookup(ROOT, b"f").unwrap().size, 27);

@@ -1,6 +1,10 @@
 //! Segment cleaning on a real image file: a nearly full file system keeps accepting overwrites
 //! (the cleaner makes room), says ENOSPC only when the space is really used, keeps every byte,
 //! and stays consistent across remounts. Sizes grow with `LANEFS_GC_SCALE` (default 1, quick).
+//! With `LANEFS_TEST_NVM=1` every image has a persistent-memory region, `IMAGE.nvm` next to it
+//! in its temporary directory (removed with it), used by every mount and fsck of the image.
+
+mod nvm_mode;
 
 use lanefs::crashtest::rng::Rng;
 use lanefs::device::BlockDevice;
@@ -34,14 +38,22 @@ fn mount(path: &std::path::Path) -> Fs {
     mount_with(path, opts())
 }
 
+/// nvm mode: the region of the image at `path`.
+fn region_of(path: &std::path::Path) -> Option<std::path::PathBuf> {
+    nvm_mode::enabled().then(|| path.with_extension("nvm"))
+}
+
 fn mount_with(path: &std::path::Path, opts: FsOptions) -> Fs {
     let dev = FileDevice::open(path, DeviceOptions::default()).unwrap();
-    Fs::open(Arc::new(dev) as Arc<dyn BlockDevice>, opts).unwrap()
+    let opts = FsOptions { nvm: region_of(path), ..opts };
+    let fs = Fs::open(Arc::new(dev) as Arc<dyn BlockDevice>, opts).unwrap();
+    assert_eq!(fs.nvm().is_some(), nvm_mode::enabled(), "the NAT is in the region exactly in nvm mode");
+    fs
 }
 
 fn fsck_clean(path: &std::path::Path) {
     let dev = FileDevice::open(path, DeviceOptions::default()).unwrap();
-    let r = check(&dev, &FsckOptions::default()).unwrap();
+    let r = check(&dev, &FsckOptions { nvm: region_of(path), ..Default::default() }).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 }
 

@@ -395,3 +395,62 @@ fn fsck_checks_the_region_with_the_image_and_repairs_through_it() {
     let fs = mount(&dev, Some(&region)).unwrap();
     check_files(&fs, &files);
 }
+
+/// Regression (found by `LANEFS_TEST_NVM=1` on tests/cli.rs): when the newest checkpoint pack
+/// is unreadable, mount falls back to the other one; with a region whose NAT log of the lost
+/// checkpoint was already written in place, the region's entries are no longer those of the
+/// older checkpoint. Mount and fsck used them anyway (fsck then found SIT and tree at odds; a
+/// mount would reuse blocks the NAT still names). Now both refuse with an error naming the
+/// region; with an empty log (no NAT entry changed) the fallback still works.
+#[test]
+fn a_lost_newest_pack_is_not_paired_with_the_nat_of_the_region() {
+    let d = scratch();
+    let region = d.path().join("r.nvm");
+    let mem = Arc::new(image());
+    let dev: Arc<dyn BlockDevice> = mem.clone();
+    let corrupt_newest = |mem: &MemDevice| {
+        let g = read_superblock(mem).unwrap().sb.geometry;
+        let pack = lanefs::checkpoint::read_checkpoint(mem, &g).unwrap().pack as u64;
+        let at = g.cp_blkaddr as u64 + pack * g.cp_pack_blocks as u64 + 1;
+        let mut b = vec![0u8; 4096];
+        mem.read_block(at, &mut b).unwrap();
+        b[77] ^= 0xFF;
+        mem.write_block(at, &b).unwrap();
+    };
+    let version = |mem: &MemDevice| {
+        let g = read_superblock(mem).unwrap().sb.geometry;
+        read_checkpoint(mem, &g).unwrap().cp.version
+    };
+
+    // Two checkpoints with the same NAT (nothing changed in between): the fallback works.
+    let fs = mount(&dev, Some(&region)).unwrap();
+    let files = populate(&fs, "a", 3, 1);
+    fs.sync().unwrap();
+    fs.unmount().unwrap();
+    let v = version(&mem);
+    corrupt_newest(&mem);
+    assert!(version(&mem) < v);
+    let fs = mount(&dev, Some(&region)).unwrap();
+    check_files(&fs, &files);
+    fs.unmount().unwrap();
+
+    // The newest checkpoint changed NAT entries and applied them in place: refused.
+    let fs = mount(&dev, Some(&region)).unwrap();
+    fs.sync().unwrap();
+    populate(&fs, "b", 3, 2);
+    fs.unmount().unwrap();
+    corrupt_newest(&mem);
+    match mount(&dev, Some(&region)) {
+        Err(Error::Region { fault: RegionFault::Stale, path, reason }) => {
+            assert_eq!(path, region);
+            assert!(reason.contains("unreadable"), "{reason}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("mounted the older checkpoint with the NAT of the lost one"),
+    }
+    // fsck reports it as a problem of the region (exit 4), naming the file.
+    let opts = lanefs::fsck::FsckOptions { nvm: Some(region.clone()), ..Default::default() };
+    let r = lanefs::fsck::check(&*mem, &opts).unwrap();
+    let named = |m: &str| m.contains("unreadable") && m.contains(&*region.to_string_lossy());
+    assert!(r.problems.iter().any(|p| named(&p.message)), "{:#?}", r.problems);
+}

@@ -9,6 +9,31 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
 
+/// `LANEFS_TEST_NVM=1`: every image these helpers mount gets a persistent-memory region
+/// (`--nvm FILE`), and fsck checks it with the image. Read only by test code.
+pub fn nvm_mode() -> bool {
+    matches!(std::env::var("LANEFS_TEST_NVM").as_deref(), Ok("1" | "true" | "yes"))
+}
+
+/// The region of `img` in nvm mode: `IMAGE.nvm` next to it, so it lives exactly as long as the
+/// image does (in the test's temporary directory, removed with it) and every remount of the
+/// image finds it. `mkfs` removes it, since a fresh image needs a fresh region.
+pub fn region_of(img: &Path) -> Option<PathBuf> {
+    nvm_mode().then(|| {
+        let mut name = img.as_os_str().to_os_string();
+        name.push(".nvm");
+        std::path::absolute(PathBuf::from(name)).expect("absolute region path")
+    })
+}
+
+/// `--nvm REGION` for `img` in nvm mode, unless `extra` names a region already.
+pub fn nvm_args<S: AsRef<std::ffi::OsStr>>(img: &Path, extra: &[S]) -> Vec<std::ffi::OsString> {
+    match region_of(img) {
+        Some(r) if !extra.iter().any(|a| a.as_ref() == "--nvm") => vec!["--nvm".into(), r.into_os_string()],
+        _ => Vec::new(),
+    }
+}
+
 /// Whether FUSE tests can run here: root, /dev/fuse and fusermount3. Prints why not.
 pub fn fuse_available() -> bool {
     if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
@@ -71,12 +96,17 @@ pub struct Mounted {
 impl Mounted {
     /// `lanefs mount` as a daemon (the default): the command returns once the mount is up.
     pub fn daemon(img: &Path, mp: &Path, extra: &[&str]) -> Mounted {
+        let nvm = nvm_args(img, extra);
         let mut args = vec![os("mount"), img.as_os_str(), mp.as_os_str()];
         args.extend(extra.iter().map(os));
+        args.extend(nvm.iter().map(os));
         let out = run(&args, Duration::from_secs(60));
         assert!(out.status.success(), "mount failed: {}", String::from_utf8_lossy(&out.stderr));
         let mp = mp.canonicalize().unwrap();
         assert!(is_mounted(&mp), "mount returned but {} is not mounted", mp.display());
+        if !nvm.is_empty() {
+            assert!(region_of(img).unwrap().exists(), "nvm mode: the mount made no region");
+        }
         Mounted { mp, child: None }
     }
 
@@ -96,6 +126,9 @@ impl Mounted {
             assert!(start.elapsed() < Duration::from_secs(60), "mount did not come up");
             std::thread::sleep(Duration::from_millis(5));
         }
+        if !nvm_args(img, extra).is_empty() {
+            assert!(region_of(img).unwrap().exists(), "nvm mode: the mount made no region");
+        }
         m
     }
 
@@ -111,6 +144,7 @@ impl Mounted {
                 os("2"),
             ])
             .args(extra)
+            .args(nvm_args(img, extra))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -208,6 +242,9 @@ impl Drop for Mounted {
 }
 
 pub fn mkfs(img: &Path) {
+    if let Some(r) = region_of(img) {
+        let _ = fs::remove_file(r);
+    }
     let out = run(
         &[os("mkfs"), img.as_os_str(), os("--size"), os("1G"), os("--lanes"), os("2")],
         Duration::from_secs(60),
@@ -215,21 +252,23 @@ pub fn mkfs(img: &Path) {
     assert!(out.status.success(), "mkfs: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// `lanefs fsck IMAGE` must exit 0 (clean).
+/// `lanefs fsck IMAGE` must exit 0 (clean); in nvm mode, having checked the region (which
+/// every mount through these helpers creates and uses).
 pub fn fsck_clean(img: &Path) {
     let out = fsck(img);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "fsck: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "fsck: {text}");
+    if region_of(img).is_some_and(|r| r.exists()) {
+        assert!(text.contains("note: region "), "nvm mode: fsck did not check the region: {text}");
+    }
 }
 
-/// `lanefs fsck IMAGE`, whatever it finds.
+/// `lanefs fsck IMAGE` (with `--nvm REGION` in nvm mode), whatever it finds.
 pub fn fsck(img: &Path) -> Output {
-    run(&[os("fsck"), img.as_os_str()], Duration::from_secs(120))
+    let nvm = nvm_args::<&str>(img, &[]);
+    let mut args = vec![os("fsck"), img.as_os_str()];
+    args.extend(nvm.iter().map(os));
+    run(&args, Duration::from_secs(120))
 }
 
 /// A page-aligned buffer for O_DIRECT.

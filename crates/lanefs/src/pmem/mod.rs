@@ -92,7 +92,8 @@
 //! 3. `checkpoint::commit` with no NAT block: SIT and summaries, flush, pack (flagged
 //!    `CP_FLAG_NVM_NAT`), flush.
 //! 4. apply: store each logged entry in place (one 8-byte atomic store each), persist exactly
-//!    those lines (one fence).
+//!    those lines (one fence); then store COMMIT = (V+1, n | APPLIED) (bit 31 of the count)
+//!    and persist it.
 //!
 //! Mount with a region, given the newest valid pack of version V:
 //!
@@ -100,9 +101,13 @@
 //!   region), be bound to the image's UUID, and be seeded for the image's `max_nid`. If
 //!   COMMIT's ver32 is V, the log is re-applied in place (a crash during step 4); if it is V+1
 //!   the log is ignored (a crash before the pack of V+1 was durable: the in-place entries are
-//!   still those of V); anything else means the region is not the one this image was last
-//!   checkpointed with, and the mount fails naming the file. Every entry is checked against the
-//!   geometry, as a decoded NAT block is.
+//!   still those of V) — unless it is marked APPLIED with records in it: then pack V+1 was
+//!   durable and has been lost since (a corrupt pack, so mount fell back to V), and the in-place
+//!   entries are those of V+1, which the region cannot undo: the mount fails naming the file
+//!   (fsck reports it), rather than pair checkpoint V with another checkpoint's NAT. Anything
+//!   else means the region is not the one this image was last checkpointed with, and the mount
+//!   fails naming the file. Every entry is checked against the geometry, as a decoded NAT block
+//!   is.
 //! - unflagged pack (first mount with this region, or an image last checkpointed without one):
 //!   the device NAT is authoritative. The region is created if missing, cleared, filled with
 //!   that NAT, COMMIT = (V, 0), then SEEDED set, each persisted in that order. A crash during
@@ -437,7 +442,12 @@ impl PmemRegion {
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(Error::region(path, RegionFault::InUse, "in use by another process (locked)"))
+                return Err(Error::region(
+                    path,
+                    RegionFault::InUse,
+                    "in use (locked by another open of it, such as the mount of its image): unmount the \
+                     image first; `lanefs inspect` without --nvm works on a mounted image",
+                ))
             }
             Err(e) => return Err(io_fault(path, "cannot lock", e.into())),
         }

@@ -21,6 +21,9 @@ const CONTROL: usize = HEADER_BYTES;
 const SEEDED: usize = CONTROL;
 const COMMIT: usize = CONTROL + 8;
 const NAT_BASE: usize = HEADER_BYTES + 4096;
+/// In the count half of COMMIT: the log was written in place after its pack was durable, so the
+/// in-place entries are those of the log's checkpoint and no longer those of the one before.
+const APPLIED: u64 = 1 << 31;
 const RECORD: usize = 16;
 const PER_BLOCK: usize = NAT_ENTRIES_PER_BLOCK as usize;
 
@@ -105,10 +108,10 @@ impl NvmNat {
         Ok(self.region.load_u64(SEEDED)? == self.seeded_word())
     }
 
-    /// (ver32, count) of the log.
-    fn commit_word(&self) -> Result<(u32, usize)> {
+    /// (ver32, count, applied) of the log.
+    fn commit_word(&self) -> Result<(u32, usize, bool)> {
         let c = self.region.load_u64(COMMIT)?;
-        Ok(((c >> 32) as u32, c as u32 as usize))
+        Ok(((c >> 32) as u32, (c & (APPLIED - 1)) as usize, c & APPLIED != 0))
     }
 
     fn set_commit(&self, version: u64, count: usize) -> Result<()> {
@@ -153,8 +156,22 @@ impl NvmNat {
                 ),
             ));
         }
-        let (cver, count) = self.commit_word()?;
+        let (cver, count, applied) = self.commit_word()?;
         if cver == ver32(version.wrapping_add(1)) {
+            if applied && count > 0 {
+                // Only a pack that was durable is ever applied: the image's newest checkpoint
+                // was lost after it was written (a corrupt pack), and the entries of `version`
+                // were overwritten by its successor's, so the region cannot give them. (With
+                // an empty log the entries are those of `version` still.)
+                return Err(self.fault(
+                    RegionFault::Stale,
+                    format!(
+                        "holds the NAT of checkpoint {cver} (low 32 bits), but the image's newest usable \
+                         checkpoint is {version}: its pack for checkpoint {cver} is unreadable, and the \
+                         region no longer has the NAT of checkpoint {version}"
+                    ),
+                ));
+            }
             return Ok(None);
         }
         if cver != ver32(version) {
@@ -269,7 +286,13 @@ impl NvmNat {
     pub fn apply(&self, version: u64) -> Result<()> {
         let staged = self.staged.lock().take();
         match staged {
-            Some((v, recs)) if v == version => self.write_in_place(&recs),
+            Some((v, recs)) if v == version => {
+                self.write_in_place(&recs)?;
+                // After the entries are persistent: from now on a mount of the checkpoint
+                // before `version` (its successor's pack lost) is refused, not given them.
+                self.region.store_u64(COMMIT, (ver32(version) as u64) << 32 | APPLIED | recs.len() as u64)?;
+                self.region.persist(COMMIT..COMMIT + 8)
+            }
             _ => Err(Error::InvalidArgument(format!("no NAT log staged for checkpoint {version}"))),
         }
     }
