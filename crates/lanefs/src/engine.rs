@@ -56,6 +56,13 @@ pub struct FsOptions {
     pub nvm_size: u64,
     /// How the region is mapped and persisted (tests and benchmarks force a method).
     pub nvm_region: crate::pmem::RegionOptions,
+    /// With a region: an fsync with at most this many dirty pages logs them inline in the
+    /// region's journal (no data block write, no device flush on that fsync); the device gets
+    /// them at the next checkpoint. 0 (the default): data always goes to data blocks. Inline
+    /// takes the device's flush off small fsyncs, but fills the region a page per record, so
+    /// checkpoints come far more often; on a RAM-backed image (`lanefs bench`, DWSL) that costs
+    /// more than the flush it saves, hence off by default. See `crate::pmem`.
+    pub nvm_inline_pages: usize,
 }
 
 impl Default for FsOptions {
@@ -69,6 +76,7 @@ impl Default for FsOptions {
             nvm: None,
             nvm_size: crate::pmem::DEFAULT_REGION_SIZE,
             nvm_region: crate::pmem::RegionOptions::default(),
+            nvm_inline_pages: 0,
         }
     }
 }

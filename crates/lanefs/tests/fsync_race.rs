@@ -16,11 +16,13 @@ use std::sync::Arc;
 /// bounds, an image with room to spare), so that the device and the region copied after the
 /// threads stop form an image a crash could leave: a copy taken while a checkpoint writes
 /// would not be one.
+/// With a region, small fsyncs log their pages inline (`FsOptions::nvm_inline_pages`).
 fn opts(nvm: Option<&Path>, cache_bytes: Option<u64>) -> FsOptions {
     let mut o = FsOptions {
         checkpoint_interval: None,
         journal_blocks_limit: u64::MAX / 4,
         nvm: nvm.map(Path::to_path_buf),
+        nvm_inline_pages: 4,
         ..Default::default()
     };
     if let Some(c) = cache_bytes {

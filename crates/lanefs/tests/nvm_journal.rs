@@ -78,12 +78,14 @@ fn device_io(crash: &CrashDevice<MemDevice>, from: usize) -> (u64, usize) {
 fn fsync_writes_no_journal_block_with_a_region() {
     const N: u64 = 32;
     let mut per_fsync = Vec::new();
-    for with_region in [false, true] {
+    // Without a region; with one; with one and small fsyncs' pages inline.
+    for (with_region, inline) in [(false, 0), (true, 0), (true, 4)] {
         let d = scratch();
         let region = d.path().join("r.nvm");
         let crash = Arc::new(CrashDevice::new(image()));
         let dev: Arc<dyn BlockDevice> = crash.clone();
-        let fs = Fs::open(dev, opts(with_region.then_some(region.as_path()))).unwrap();
+        let o = FsOptions { nvm_inline_pages: inline, ..opts(with_region.then_some(region.as_path())) };
+        let fs = Fs::open(dev, o).unwrap();
         let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         fs.write_at(f, 0, &data(1, 64 << 10)).unwrap();
         fs.sync().unwrap();
@@ -96,7 +98,7 @@ fn fsync_writes_no_journal_block_with_a_region() {
         let (bytes, flushes) = device_io(&crash, start);
         let after = fs.io_stats();
         eprintln!(
-            "region {with_region}: 4 KiB write + fsync: {} device bytes, {} flushes, {} region bytes per fsync",
+            "region {with_region}, inline {inline}: 4 KiB write + fsync: {} device bytes, {} flushes, {} region bytes per fsync",
             bytes / N,
             flushes as f64 / N as f64,
             (after.nvm_journal_bytes - before.nvm_journal_bytes) / N
@@ -104,11 +106,15 @@ fn fsync_writes_no_journal_block_with_a_region() {
         assert_eq!(after.journal_bytes - before.journal_bytes, bytes, "io_stats counts what the device saw");
         per_fsync.push(bytes / N);
         let region_bytes = after.nvm_journal_bytes - before.nvm_journal_bytes;
-        if with_region {
+        if inline > 0 {
             // The page goes inline into the region's journal; the device gets it at the next
             // checkpoint.
             assert_eq!((bytes, flushes), (0, 0), "nothing for the device");
             assert!((N * 4096..N * (4096 + 512)).contains(&region_bytes), "{region_bytes}");
+        } else if with_region {
+            assert_eq!(flushes as u64, N, "one device flush per fsync");
+            assert_eq!(bytes, N * 4096, "the data block only");
+            assert!(region_bytes > 0 && region_bytes < N * 512, "{region_bytes}");
         } else {
             assert_eq!(flushes as u64, N, "one device flush per fsync");
             assert_eq!(bytes, N * 8192, "data block and journal block");
@@ -123,7 +129,7 @@ fn fsync_writes_no_journal_block_with_a_region() {
         let (bytes, flushes) = device_io(&crash, start);
         let region_bytes = fs.io_stats().nvm_journal_bytes - before.nvm_journal_bytes;
         eprintln!(
-            "region {with_region}: 32 KiB write + fsync: {} device bytes, {} flushes, {} region bytes per fsync",
+            "region {with_region}, inline {inline}: 32 KiB write + fsync: {} device bytes, {} flushes, {} region bytes per fsync",
             bytes / N,
             flushes as f64 / N as f64,
             region_bytes / N
@@ -144,7 +150,7 @@ fn fsync_writes_no_journal_block_with_a_region() {
         }
         let (bytes, flushes) = device_io(&crash, start);
         eprintln!(
-            "region {with_region}: chmod + fsync: {} device bytes, {flushes} flushes in all",
+            "region {with_region}, inline {inline}: chmod + fsync: {} device bytes, {flushes} flushes in all",
             bytes / N
         );
         if with_region {
@@ -165,7 +171,7 @@ fn fsync_writes_no_journal_block_with_a_region() {
         assert!(fs.recovery().transactions >= 2 * N as usize, "{:?}", fs.recovery());
         assert_eq!(state(&fs, &["/"]), want);
     }
-    assert_eq!(per_fsync, vec![8192, 0]);
+    assert_eq!(per_fsync, vec![8192, 4096, 0]);
 }
 
 #[test]
@@ -273,8 +279,12 @@ fn a_crash_at_every_region_event_of_a_run_of_fsyncs() {
     let crashed = d.path().join("crash.nvm");
     let mem = Arc::new(image());
     let dev: Arc<dyn BlockDevice> = mem.clone();
-    let record =
-        FsOptions { nvm_region: RegionOptions { record: true, ..Default::default() }, ..opts(Some(&region)) };
+    // Small fsyncs log their pages inline: the crash states cover `Data` records too.
+    let record = FsOptions {
+        nvm_region: RegionOptions { record: true, ..Default::default() },
+        nvm_inline_pages: 4,
+        ..opts(Some(&region))
+    };
     let fs = Fs::open(dev, record).unwrap();
     let dirs = ["/d", "/e"];
     let dn = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;

@@ -442,6 +442,11 @@ fn pin(k: usize) {
     }
 }
 
+/// Whether the workload `id` runs with `FsOptions::nvm_inline_pages` (half of them, by id).
+fn inline_pages(id: &str) -> bool {
+    crc32c::crc32c(id.as_bytes()) % 2 == 1
+}
+
 /// Runs `w` on a recording device over a copy of its base image. The run ends in a crash
 /// (the log is what reached the device) followed by an unmount whose writes are logged too, so
 /// crash states during the final checkpoint are checked and the last state must hold
@@ -467,6 +472,8 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
     let opts = match &scratch {
         Some(s) => FsOptions {
             nvm: Some(s.path().to_path_buf()),
+            // Every other workload logs small fsyncs' pages inline in the region.
+            nvm_inline_pages: if inline_pages(&w.id) { 4 } else { 0 },
             ..region_options(w.knobs.options(), Some(clock.clone()))
         },
         None => w.knobs.options(),

@@ -114,7 +114,7 @@ impl Engine {
         // Stamped after every record collected: replay applies the file's own records last.
         let stamp = self.clock.now();
         let pages = m.pages().map(|(p, _)| p.take_unsynced()).unwrap_or_default();
-        let inline = self.nvm_log.is_some() && pages.len() <= INLINE_PAGES;
+        let inline = self.nvm_log.is_some() && !pages.is_empty() && pages.len() <= self.opts.nvm_inline_pages;
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages, inline);
         let written = matches!(result, Ok(Commit::Durable | Commit::FlushOwed));
         if let (true, Some((p, _))) = (written, m.pages()) {
@@ -445,12 +445,6 @@ impl Engine {
         self.age_at_mount + self.mounted_at.elapsed().as_secs()
     }
 }
-
-/// An fsync with at most this many dirty pages logs them inline in the region's journal (no
-/// data block write, no device flush); the device gets them at the next checkpoint. More
-/// pages go to data blocks as without a region: the region is small, and a large fsync gains
-/// little from skipping the device.
-const INLINE_PAGES: usize = 4;
 
 /// What became of an fsync's transaction.
 enum Commit {
