@@ -138,6 +138,10 @@ impl Engine {
             for op in &dir_ops.taken {
                 op.journaled.store(false, Ordering::Release);
             }
+            // Their logs' cursors may have passed them.
+            for d in &dirs {
+                d.dir().expect("dir").log.rewind();
+            }
             if let Some((p, _)) = m.pages() {
                 p.restore_dirty(&pages);
             }

@@ -6,6 +6,12 @@
 //! directory (records not yet journaled, merged by timestamp) and the checkpoint (every record
 //! since the last checkpoint, to learn which names changed). A rename appears in the logs of
 //! both directories as one shared record, so it is journaled once, atomically.
+//!
+//! A log holds every record since the last checkpoint, journaled or not, and fsyncs come far
+//! more often than checkpoints (with a persistent-memory region, tens of thousands of them in
+//! between), so each per-core log keeps a cursor before which every record is journaled: an
+//! fsync reads only the tail, not the whole history. Records become journaled, and only go back
+//! to unjournaled when a failed fsync gives them back, which then calls [`DirLog::rewind`].
 
 use crate::journal::{Record, Stamp};
 use crate::sync::PerCpu;
@@ -61,9 +67,28 @@ pub fn removes(r: &Record) -> Option<u32> {
     }
 }
 
+/// One core's log of a directory.
+#[derive(Default)]
+struct Shard {
+    ops: Vec<Arc<LoggedOp>>,
+    /// Every record before this index is journaled (unless a rewind is pending).
+    skip: usize,
+}
+
+impl Shard {
+    /// The records from the first unjournaled one on, moving the cursor up to it.
+    fn tail(&mut self) -> &[Arc<LoggedOp>] {
+        debug_assert!(self.skip <= self.ops.len());
+        while self.skip < self.ops.len() && self.ops[self.skip].journaled.load(Ordering::Acquire) {
+            self.skip += 1;
+        }
+        &self.ops[self.skip..]
+    }
+}
+
 /// The logs of one directory.
 pub struct DirLog {
-    shards: PerCpu<Mutex<Vec<Arc<LoggedOp>>>>,
+    shards: PerCpu<Mutex<Shard>>,
 }
 
 impl Default for DirLog {
@@ -74,43 +99,122 @@ impl Default for DirLog {
 
 impl DirLog {
     pub fn new() -> DirLog {
-        DirLog { shards: PerCpu::new(|_| Mutex::new(Vec::new())) }
+        DirLog { shards: PerCpu::new(|_| Mutex::new(Shard::default())) }
     }
 
     /// Appends to the current core's log.
     pub fn push(&self, op: Arc<LoggedOp>) {
-        self.shards.current().lock().push(op);
+        self.shards.current().lock().ops.push(op);
     }
 
     /// Records not yet journaled, in no particular order.
     pub fn unjournaled(&self) -> Vec<Arc<LoggedOp>> {
         let mut out = Vec::new();
         for s in self.shards.iter() {
-            out.extend(s.lock().iter().filter(|o| !o.journaled.load(Ordering::Acquire)).cloned());
+            out.extend(s.lock().tail().iter().filter(|o| !o.journaled.load(Ordering::Acquire)).cloned());
         }
         out
     }
 
     /// Whether any record is not yet journaled.
     pub fn has_unjournaled(&self) -> bool {
-        self.shards.iter().any(|s| s.lock().iter().any(|o| !o.journaled.load(Ordering::Acquire)))
+        self.shards.iter().any(|s| s.lock().tail().iter().any(|o| !o.journaled.load(Ordering::Acquire)))
+    }
+
+    /// After records of this directory went back to unjournaled (a failed fsync gave them
+    /// back): the next reader looks at the whole log again.
+    pub fn rewind(&self) {
+        for s in self.shards.iter() {
+            s.lock().skip = 0;
+        }
     }
 
     /// Every record, emptying the logs (the checkpoint's snapshot).
     pub fn take_all(&self) -> Vec<Arc<LoggedOp>> {
         let mut out = Vec::new();
         for s in self.shards.iter() {
-            out.append(&mut s.lock());
+            let mut s = s.lock();
+            s.skip = 0;
+            out.append(&mut s.ops);
         }
         out
     }
 
     /// Number of records held.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards.iter().map(|s| s.lock().ops.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(i: u64) -> Arc<LoggedOp> {
+        LoggedOp::new(Record::Free { stamp: Stamp { ticks: i, cpu: 0 }, ino: 1 + i as u32 })
+    }
+
+    fn ticks(v: &[Arc<LoggedOp>]) -> Vec<u64> {
+        let mut t: Vec<u64> = v.iter().map(|o| o.stamp().ticks).collect();
+        t.sort_unstable();
+        t
+    }
+
+    #[test]
+    fn the_cursor_skips_journaled_records_and_rewinds() {
+        let log = DirLog::new();
+        let ops: Vec<_> = (0..6).map(op).collect();
+        ops.iter().for_each(|o| log.push(o.clone()));
+        // Journaled out of order (a rename journaled through the other directory).
+        for i in [0, 1, 3] {
+            ops[i].journaled.store(true, Ordering::Release);
+        }
+        assert_eq!(ticks(&log.unjournaled()), vec![2, 4, 5]);
+        for i in [2, 4, 5] {
+            ops[i].journaled.store(true, Ordering::Release);
+        }
+        assert!(log.unjournaled().is_empty() && !log.has_unjournaled());
+        // A failed fsync gives two back: without the rewind the cursor has passed them.
+        ops[1].journaled.store(false, Ordering::Release);
+        ops[4].journaled.store(false, Ordering::Release);
+        log.rewind();
+        assert_eq!(ticks(&log.unjournaled()), vec![1, 4]);
+        assert_eq!(log.take_all().len(), 6);
+        assert!(log.is_empty() && log.unjournaled().is_empty());
+        log.push(op(9));
+        assert_eq!(ticks(&log.unjournaled()), vec![9], "the cursor starts again after take_all");
+    }
+
+    #[test]
+    fn concurrent_pushes_and_journaling_agree_with_a_full_scan() {
+        let log = Arc::new(DirLog::new());
+        let all = Arc::new(Mutex::new(Vec::new()));
+        let hs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (log, all) = (log.clone(), all.clone());
+                std::thread::spawn(move || {
+                    for i in 0..2000u64 {
+                        let o = op(t * 10_000 + i);
+                        all.lock().push(o.clone());
+                        log.push(o);
+                        if i % 3 == 0 {
+                            // An fsync: journal everything unjournaled now, in any order.
+                            for o in log.unjournaled().iter().rev() {
+                                o.journaled.store(true, Ordering::Release);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        let want: Vec<Arc<LoggedOp>> =
+            all.lock().iter().filter(|o| !o.journaled.load(Ordering::Acquire)).cloned().collect();
+        assert_eq!(ticks(&log.unjournaled()), ticks(&want));
+        assert_eq!(log.len(), 8000);
     }
 }
