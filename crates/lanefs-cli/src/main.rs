@@ -342,6 +342,25 @@ fn fsck(image: &Path, repair: bool, nvm: Option<PathBuf>, io: IoChoice) -> ExitC
     ExitCode::from(report.exit_code() as u8)
 }
 
+/// `writeln!` into a `String` (which cannot fail).
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// Writes a command's whole output to stdout. A reader that went away (`lanefs inspect | head`)
+/// is not an error: the output was simply not wanted any more.
+fn emit(out: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("writing to stdout: {e}")),
+        _ => Ok(()),
+    }
+}
+
 fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result<(), String> {
     let dev = open(image, io)?;
     let info = lanefs::inspect::inspect(&dev).map_err(|e| format!("{}: {e}", image.display()))?;
@@ -350,6 +369,7 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
         None => None,
     };
     let g = &info.geometry;
+    let mut out = String::new();
     let names = lanefs::inspect::ImageInfo::log_names();
     if json {
         let lanes: Vec<serde_json::Value> = info
@@ -393,26 +413,28 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
                 "journal_transactions": r.journal_transactions,
             })),
         });
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
-        return Ok(());
+        say!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        return emit(&out);
     }
-    println!("image         {}", image.display());
-    println!("uuid          {}", info.uuid);
+    say!(out, "image         {}", image.display());
+    say!(out, "uuid          {}", info.uuid);
     if !info.label.is_empty() {
-        println!("label         {}", info.label);
+        say!(out, "label         {}", info.label);
     }
-    println!("format        version {}, 4 KiB blocks, 2 MiB segments", info.format_version);
-    println!("size          {} ({} blocks)", size::show(g.total_blocks * 4096), g.total_blocks);
-    println!("I/O           {}", dev.describe());
-    println!("superblocks   A {}, B {}", ok(info.superblock_copies_ok[0]), ok(info.superblock_copies_ok[1]));
-    println!(
+    say!(out, "format        version {}, 4 KiB blocks, 2 MiB segments", info.format_version);
+    say!(out, "size          {} ({} blocks)", size::show(g.total_blocks * 4096), g.total_blocks);
+    say!(out, "I/O           {}", dev.describe());
+    say!(out, "superblocks   A {}, B {}", ok(info.superblock_copies_ok[0]), ok(info.superblock_copies_ok[1]));
+    say!(
+        out,
         "checkpoint    version {} in pack {} ({}); other pack {}",
         info.checkpoint_version,
         info.checkpoint_pack,
         if info.clean_unmount { "clean unmount" } else { "needs roll-forward" },
         info.other_pack
     );
-    println!(
+    say!(
+        out,
         "areas         cp @{} ({} blocks x2), NAT @{} ({} x2), SIT @{} ({} x2), SSA @{}, main @{}",
         g.cp_blkaddr,
         g.cp_pack_blocks,
@@ -423,21 +445,28 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
         g.ssa_blkaddr,
         g.main_blkaddr
     );
-    println!(
+    say!(
+        out,
         "segments      {} main: {} free, {} active, {} dirty; {} reserved for cleaning",
-        g.main_segments, info.usage.free, info.usage.active, info.usage.dirty, g.reserved_segments
+        g.main_segments,
+        info.usage.free,
+        info.usage.active,
+        info.usage.dirty,
+        g.reserved_segments
     );
-    println!("space         {} valid blocks, {} free", info.usage.valid_blocks, size::show(info.free_bytes));
-    println!(
+    say!(out, "space         {} valid blocks, {} free", info.usage.valid_blocks, size::show(info.free_bytes));
+    say!(
+        out,
         "written       {} by users, {} by the file system, {} by cleaning; write amplification {}",
         size::show(info.user_bytes_written),
         size::show(info.cp_bytes_written),
         size::show(info.gc_bytes_written),
         write_amplification(&info).map_or("-".to_string(), |w| format!("{w:.2}"))
     );
-    println!("orphans       {}", info.orphans);
+    say!(out, "orphans       {}", info.orphans);
     if info.nat_in_region || region.is_some() {
-        println!(
+        say!(
+            out,
             "NAT           {}",
             if info.nat_in_region {
                 "in a persistent-memory region, with the lane journals (mount with --nvm FILE)"
@@ -447,20 +476,20 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
         );
     }
     if let Some(r) = &region {
-        println!("region        {}: {}", r.path, r.region);
-        println!("region NAT    {}", r.nat);
-        println!("region log    {}", r.journals);
+        say!(out, "region        {}: {}", r.path, r.region);
+        say!(out, "region NAT    {}", r.nat);
+        say!(out, "region log    {}", r.journals);
         if !r.journal_transactions.is_empty() {
             let t: Vec<String> = r.journal_transactions.iter().map(|n| n.to_string()).collect();
-            println!("              transactions per lane, replayed by the next mount: {}", t.join(", "));
+            say!(out, "              transactions per lane, replayed by the next mount: {}", t.join(", "));
         }
     }
     for (i, logs) in info.lanes.iter().enumerate() {
         let s: Vec<String> =
             logs.iter().zip(names).map(|(c, n)| format!("{n} {}+{}", c.segno, c.next_off)).collect();
-        println!("lane {i:<8} {}", s.join(", "));
+        say!(out, "lane {i:<8} {}", s.join(", "));
     }
-    Ok(())
+    emit(&out)
 }
 
 /// Device bytes (file system and cleaning) per user byte, over the image's life.

@@ -169,3 +169,29 @@ fn fsck_operational_errors_exit_8() {
     // One line, no panic.
     assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1, "{}", text(&o));
 }
+
+#[test]
+fn inspect_into_a_closed_pipe_is_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("i.img");
+    let img = img.to_str().unwrap();
+    assert!(lanefs(&["mkfs", img, "--size", "64M"]).status.success());
+    for json in [true, false] {
+        let mut args = vec!["inspect", img];
+        if json {
+            args.push("--json");
+        }
+        // The reading end is closed before the child writes (it has not even started): its
+        // write fails with EPIPE, as under `lanefs inspect | head -1` with a long output.
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lanefs"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && err.is_empty(), "json {json}: {:?} {err}", o.status);
+    }
+}
