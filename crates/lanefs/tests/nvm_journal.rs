@@ -447,3 +447,42 @@ fn full_lane_journals_are_emptied_by_checkpoints_and_nothing_is_lost() {
     let fs = Fs::open(dev2, opts(Some(&copy))).unwrap();
     assert_eq!(state(&fs, &["/d"]), want);
 }
+
+/// A page an fsync logged inline (`Record::Data`) and a later punch dropped: the page was
+/// never on the device, so the punch must still journal a hole, or replay brings the logged
+/// page back (found by `lanefs crashtest --nvm`, mt-lanes, seed 11).
+#[test]
+fn a_punched_page_that_was_only_logged_inline_stays_a_hole() {
+    for punch_fsynced in [true, false] {
+        let d = scratch();
+        let region = d.path().join("r.nvm");
+        let copy = d.path().join("copy.nvm");
+        let mem = Arc::new(image());
+        let dev: Arc<dyn BlockDevice> = mem.clone();
+        let o = FsOptions { nvm_inline_pages: 4, ..opts(Some(&region)) };
+        let fs = Fs::open(dev, o).unwrap();
+        let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        fs.sync().unwrap();
+        fs.write_at(f, 0, &data(7, 3 * 4096)).unwrap();
+        fs.fsync(f, false).unwrap();
+        assert_eq!(fs.io_stats().journal_bytes, 0, "the pages went inline, not to the device");
+        fs.fallocate(f, lanefs::fs::FALLOC_FL_PUNCH_HOLE | lanefs::fs::FALLOC_FL_KEEP_SIZE, 4096, 4096)
+            .unwrap();
+        let mut want = data(7, 3 * 4096);
+        if punch_fsynced {
+            fs.fsync(f, false).unwrap();
+            want[4096..8192].fill(0);
+        }
+        let img = mem.snapshot();
+        std::fs::copy(&region, &copy).unwrap();
+        drop(fs);
+        let fs = Fs::open(Arc::new(MemDevice::from_bytes(img)), opts(Some(&copy))).unwrap();
+        let f = fs.resolve("/f").unwrap().ino;
+        let mut got = vec![0u8; 3 * 4096];
+        assert_eq!(fs.read_at(f, 0, &mut got).unwrap(), got.len());
+        assert!(
+            got == want,
+            "punch fsynced {punch_fsynced}: the punched page came back or the data was lost"
+        );
+    }
+}

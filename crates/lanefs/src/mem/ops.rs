@@ -763,9 +763,14 @@ impl Engine {
             // Whole pages: drop them and their blocks.
             let mut disk = m.disk.lock();
             for idx in first_full..end_full {
-                pages.truncate_one(idx);
+                let was_cached = pages.truncate_one(idx);
                 if disk.cur_map.contains_key(&idx) {
                     disk.remap(idx, 0);
+                    disk.unjournaled.insert(idx, (0, 0));
+                } else if was_cached {
+                    // Never on the device, but perhaps in a journal: an fsync may have logged the
+                    // page inline (`Record::Data`), or be logging it now. The hole must replay
+                    // after it.
                     disk.unjournaled.insert(idx, (0, 0));
                 }
             }

@@ -309,18 +309,18 @@ impl PageMap {
         }
     }
 
-    /// Drops page `idx`, dirty or not (a punched hole).
-    pub fn truncate_one(&self, idx: u64) {
+    /// Drops page `idx`, dirty or not (a punched hole); returns whether it was cached.
+    pub fn truncate_one(&self, idx: u64) -> bool {
         let mut guard = self.shard(idx).lock();
         let s = &mut *guard;
-        if let Some(p) = s.pages.remove(&idx) {
-            if p.dirty {
-                let at = s.dirty.iter().position(|&i| i == idx).expect("a dirty page is listed");
-                s.dirty.swap_remove(at);
-            }
-            // A logged entry goes stale and is skipped when drained.
-            self.forget(&p);
+        let Some(p) = s.pages.remove(&idx) else { return false };
+        if p.dirty {
+            let at = s.dirty.iter().position(|&i| i == idx).expect("a dirty page is listed");
+            s.dirty.swap_remove(at);
         }
+        // A logged entry goes stale and is skipped when drained.
+        self.forget(&p);
+        true
     }
 
     /// Dirty and logged pages for which `mapped` is false (not yet given a block).
@@ -477,7 +477,9 @@ mod tests {
                                 }
                             }
                             1 => m.truncate(idx),
-                            2 => m.truncate_one(idx),
+                            2 => {
+                                m.truncate_one(idx);
+                            }
                             3 => m.zero_tail(idx, 100),
                             4 => {
                                 m.evict_clean(5);
