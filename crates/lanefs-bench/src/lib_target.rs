@@ -5,7 +5,7 @@
 //! skip the inode table on every read and write. A missing image is created (sparse, 8 GiB) and
 //! formatted; an existing lanefs image is mounted as it is.
 
-use crate::target::{File, IoCounters, OpenOptions, Stat, Target};
+use crate::target::{File, IoCounters, OpenOptions, Stat, Target, TargetOptions};
 use lanefs::device::{create_image, DeviceOptions, FileDevice};
 use lanefs::{FileKind, Fs, FsOptions, Handle, Ino, MkfsOptions, ROOT};
 use std::ffi::OsString;
@@ -30,18 +30,23 @@ fn err(e: lanefs::Error) -> io::Error {
 
 impl LibTarget {
     pub fn open(image: &Path) -> Result<LibTarget, String> {
-        Self::open_with(image, None, None)
+        Self::open_with(image, &TargetOptions::default())
     }
 
-    /// As [`LibTarget::open`], with a page cache of `cache` bytes instead of lanefs's default
-    /// ([`FsOptions::cache_bytes`]; dirty pages beyond half of it are written back), and the
-    /// persistent-memory region `nvm` (`FsOptions::nvm`) if given.
-    pub fn open_with(image: &Path, cache: Option<u64>, nvm: Option<&Path>) -> Result<LibTarget, String> {
+    /// As [`LibTarget::open`], with a page cache of `o.lib_cache` bytes instead of lanefs's
+    /// default ([`FsOptions::cache_bytes`]; dirty pages beyond half of it are written back), and
+    /// the persistent-memory region `o.nvm` (`FsOptions::nvm`, with
+    /// `FsOptions::nvm_inline_pages` = `o.nvm_inline_pages`) if given.
+    pub fn open_with(image: &Path, o: &TargetOptions) -> Result<LibTarget, String> {
         let spec = format!("lib:{}", image.display());
         create_if_missing(image).map_err(|e| format!("{spec}: {e}"))?;
         let dev = FileDevice::open(image, DeviceOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
-        let mut opts = FsOptions { nvm: nvm.map(Path::to_path_buf), ..FsOptions::default() };
-        let cache = cache.filter(|&c| c != opts.cache_bytes);
+        let mut opts = FsOptions {
+            nvm: o.nvm.clone(),
+            nvm_inline_pages: if o.nvm.is_some() { o.nvm_inline_pages } else { 0 },
+            ..FsOptions::default()
+        };
+        let cache = o.lib_cache.filter(|&c| c != opts.cache_bytes);
         if let Some(c) = cache {
             opts.cache_bytes = c;
         }

@@ -223,6 +223,8 @@ pub struct TargetOptions {
     pub lib_cache: Option<u64>,
     /// Persistent-memory region of a `lib:` target (`FsOptions::nvm`).
     pub nvm: Option<PathBuf>,
+    /// With `nvm`: `FsOptions::nvm_inline_pages`.
+    pub nvm_inline_pages: usize,
 }
 
 /// Opens a target for benchmarking.
@@ -234,11 +236,9 @@ pub fn open_target(spec: &TargetSpec) -> Result<Box<dyn Target>, String> {
 pub fn open_target_with(spec: &TargetSpec, opts: &TargetOptions) -> Result<Box<dyn Target>, String> {
     match spec {
         TargetSpec::Dir(p) => Ok(Box::new(DirTarget::new(p)?)),
-        TargetSpec::Lib(p) => Ok(Box::new(crate::lib_target::LibTarget::open_with(
-            &crate::lib_target::image_path(p),
-            opts.lib_cache,
-            opts.nvm.as_deref(),
-        )?)),
+        TargetSpec::Lib(p) => {
+            Ok(Box::new(crate::lib_target::LibTarget::open_with(&crate::lib_target::image_path(p), opts)?))
+        }
         TargetSpec::Mount(p) => {
             Ok(Box::new(crate::mount_target::MountTarget::open(&crate::lib_target::image_path(p))?))
         }
