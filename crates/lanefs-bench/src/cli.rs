@@ -75,10 +75,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub nvm: Option<PathBuf>,
     /// With --nvm: fsyncs of at most N dirty pages log the pages inline in the region instead
-    /// of writing data blocks (lanefs's `FsOptions::nvm_inline_pages`; 0, the default: never).
-    /// The row is labelled `lib:IMAGE+nvm-inlineN`.
-    #[arg(long, value_name = "N", default_value_t = 0, requires = "nvm")]
-    pub nvm_inline: usize,
+    /// of writing data blocks (lanefs's `FsOptions::nvm_inline_pages`; 0: never; default:
+    /// lanefs's choice, 4 unless the image is in RAM, then 0). The row is labelled
+    /// `lib:IMAGE+nvm-inlineN` when given.
+    #[arg(long, value_name = "N", requires = "nvm")]
+    pub nvm_inline: Option<usize>,
     /// Fraction of the default file-set sizes (smoke runs only).
     #[arg(long, value_name = "F", default_value_t = 1.0, hide = true)]
     pub scale: f64,
@@ -242,8 +243,8 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         let role = if a.compare { Role::Subject } else { Role::Reference };
         let nvm = a.nvm.clone().filter(|_| matches!(spec, TargetSpec::Lib(_)));
         let label = match (&nvm, a.nvm_inline) {
-            (Some(_), 0) => format!("{spec}+nvm"),
-            (Some(_), n) => format!("{spec}+nvm-inline{n}"),
+            (Some(_), None) => format!("{spec}+nvm"),
+            (Some(_), Some(n)) => format!("{spec}+nvm-inline{n}"),
             (None, _) => spec.to_string(),
         };
         let opts = TargetOptions { lib_cache: a.lib_cache, nvm, nvm_inline_pages: a.nvm_inline };
@@ -456,9 +457,9 @@ mod tests {
     fn nvm_region_for_a_lib_target() {
         let a = parse(&["--target", "lib:/a.img", "--target", "dir:/x", "--nvm", "/dev/shm/r.nvm"]).unwrap();
         assert_eq!(a.nvm, Some(PathBuf::from("/dev/shm/r.nvm")));
-        assert_eq!(a.nvm_inline, 0);
+        assert_eq!(a.nvm_inline, None);
         let a = parse(&["--target", "lib:/a.img", "--nvm", "/dev/shm/r.nvm", "--nvm-inline", "4"]).unwrap();
-        assert_eq!(a.nvm_inline, 4);
+        assert_eq!(a.nvm_inline, Some(4));
         assert!(parse(&["--target", "lib:/a.img", "--nvm-inline", "4"]).is_err(), "--nvm-inline needs --nvm");
     }
 

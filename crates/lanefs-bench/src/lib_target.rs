@@ -41,11 +41,8 @@ impl LibTarget {
         let spec = format!("lib:{}", image.display());
         create_if_missing(image).map_err(|e| format!("{spec}: {e}"))?;
         let dev = FileDevice::open(image, DeviceOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
-        let mut opts = FsOptions {
-            nvm: o.nvm.clone(),
-            nvm_inline_pages: if o.nvm.is_some() { o.nvm_inline_pages } else { 0 },
-            ..FsOptions::default()
-        };
+        let mut opts =
+            FsOptions { nvm: o.nvm.clone(), nvm_inline_pages: o.nvm_inline_pages, ..FsOptions::default() };
         let cache = o.lib_cache.filter(|&c| c != opts.cache_bytes);
         if let Some(c) = cache {
             opts.cache_bytes = c;

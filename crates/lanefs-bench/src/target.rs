@@ -223,8 +223,8 @@ pub struct TargetOptions {
     pub lib_cache: Option<u64>,
     /// Persistent-memory region of a `lib:` target (`FsOptions::nvm`).
     pub nvm: Option<PathBuf>,
-    /// With `nvm`: `FsOptions::nvm_inline_pages`.
-    pub nvm_inline_pages: usize,
+    /// With `nvm`: `FsOptions::nvm_inline_pages` (None: lanefs's choice for the device).
+    pub nvm_inline_pages: Option<usize>,
 }
 
 /// Opens a target for benchmarking.

@@ -33,6 +33,9 @@ use std::time::Duration;
 /// except the checkpoint's own cold copies of nodes, so the journal stays compact.
 pub const JOURNAL_LOG: LogType = LogType::ColdNode;
 
+/// `FsOptions::nvm_inline_pages` on a device whose flush costs something.
+pub const DEFAULT_INLINE_PAGES: usize = 4;
+
 /// How a mounted file system behaves.
 #[derive(Debug, Clone)]
 pub struct FsOptions {
@@ -58,11 +61,12 @@ pub struct FsOptions {
     pub nvm_region: crate::pmem::RegionOptions,
     /// With a region: an fsync with at most this many dirty pages logs them inline in the
     /// region's journal (no data block write, no device flush on that fsync); the device gets
-    /// them at the next checkpoint. 0 (the default): data always goes to data blocks. Inline
-    /// takes the device's flush off small fsyncs, but fills the region a page per record, so
-    /// checkpoints come far more often; on a RAM-backed image (`lanefs bench`, DWSL) that costs
-    /// more than the flush it saves, hence off by default. See `crate::pmem`.
-    pub nvm_inline_pages: usize,
+    /// them at the next checkpoint; 0: data always goes to data blocks. Inline takes the
+    /// device's flush off small fsyncs but fills the region a page per record, so checkpoints
+    /// come far more often. `None` (the default): [`DEFAULT_INLINE_PAGES`] unless the device's
+    /// flush is free (`BlockDevice::flush_is_free`: an image in RAM), where the extra
+    /// checkpoints cost more than the flushes saved. See `crate::pmem`.
+    pub nvm_inline_pages: Option<usize>,
 }
 
 impl Default for FsOptions {
@@ -76,7 +80,7 @@ impl Default for FsOptions {
             nvm: None,
             nvm_size: crate::pmem::DEFAULT_REGION_SIZE,
             nvm_region: crate::pmem::RegionOptions::default(),
-            nvm_inline_pages: 0,
+            nvm_inline_pages: None,
         }
     }
 }

@@ -184,6 +184,13 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     report.records_replayed = records.len();
     let orphans = cp.orphans.clone();
     let pack = cpr.pack;
+    // Resolved once, for this device.
+    let inline = opts.nvm_inline_pages.unwrap_or(if dev.flush_is_free() {
+        0
+    } else {
+        crate::engine::DEFAULT_INLINE_PAGES
+    });
+    let opts = FsOptions { nvm_inline_pages: Some(inline), ..opts };
     let engine = Arc::new(Engine {
         dev,
         g,

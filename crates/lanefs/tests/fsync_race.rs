@@ -22,7 +22,7 @@ fn opts(nvm: Option<&Path>, cache_bytes: Option<u64>) -> FsOptions {
         checkpoint_interval: None,
         journal_blocks_limit: u64::MAX / 4,
         nvm: nvm.map(Path::to_path_buf),
-        nvm_inline_pages: 4,
+        nvm_inline_pages: Some(4),
         ..Default::default()
     };
     if let Some(c) = cache_bytes {

@@ -84,7 +84,7 @@ fn fsync_writes_no_journal_block_with_a_region() {
         let region = d.path().join("r.nvm");
         let crash = Arc::new(CrashDevice::new(image()));
         let dev: Arc<dyn BlockDevice> = crash.clone();
-        let o = FsOptions { nvm_inline_pages: inline, ..opts(with_region.then_some(region.as_path())) };
+        let o = FsOptions { nvm_inline_pages: Some(inline), ..opts(with_region.then_some(region.as_path())) };
         let fs = Fs::open(dev, o).unwrap();
         let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         fs.write_at(f, 0, &data(1, 64 << 10)).unwrap();
@@ -282,7 +282,7 @@ fn a_crash_at_every_region_event_of_a_run_of_fsyncs() {
     // Small fsyncs log their pages inline: the crash states cover `Data` records too.
     let record = FsOptions {
         nvm_region: RegionOptions { record: true, ..Default::default() },
-        nvm_inline_pages: 4,
+        nvm_inline_pages: Some(4),
         ..opts(Some(&region))
     };
     let fs = Fs::open(dev, record).unwrap();
@@ -459,7 +459,7 @@ fn a_punched_page_that_was_only_logged_inline_stays_a_hole() {
         let copy = d.path().join("copy.nvm");
         let mem = Arc::new(image());
         let dev: Arc<dyn BlockDevice> = mem.clone();
-        let o = FsOptions { nvm_inline_pages: 4, ..opts(Some(&region)) };
+        let o = FsOptions { nvm_inline_pages: Some(4), ..opts(Some(&region)) };
         let fs = Fs::open(dev, o).unwrap();
         let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         fs.sync().unwrap();
@@ -484,5 +484,36 @@ fn a_punched_page_that_was_only_logged_inline_stays_a_hole() {
             got == want,
             "punch fsynced {punch_fsynced}: the punched page came back or the data was lost"
         );
+    }
+}
+
+/// `FsOptions::nvm_inline_pages` left to lanefs: small fsyncs go inline where a device flush
+/// costs something (an image on a disk file system), not where it is free (an image in tmpfs).
+#[test]
+fn inline_pages_by_default_only_where_a_flush_costs_something() {
+    use lanefs::device::{create_image, DeviceOptions, FileDevice};
+    let on_disk = tempfile::tempdir().unwrap();
+    let in_ram = scratch();
+    for d in [on_disk.path(), in_ram.path()] {
+        let img = d.join("i.img");
+        create_image(&img, 64 << 20).unwrap();
+        let dev = FileDevice::open(&img, DeviceOptions::default()).unwrap();
+        Fs::format(&dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
+        let free = dev.flush_is_free();
+        let region = d.join("r.nvm");
+        let fs = Fs::open(Arc::new(dev), opts(Some(&region))).unwrap();
+        let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        fs.sync().unwrap();
+        let before = fs.io_stats();
+        fs.write_at(f, 0, &data(3, 4096)).unwrap();
+        fs.fsync(f, false).unwrap();
+        let device = fs.io_stats().journal_bytes - before.journal_bytes;
+        eprintln!("{}: flush free {free}: {device} device bytes for a 4 KiB write + fsync", d.display());
+        assert_eq!(device, if free { 4096 } else { 0 }, "{}", d.display());
+    }
+    let shm_is_tmpfs = rustix::fs::statfs("/dev/shm").is_ok_and(|s| s.f_type as u64 == 0x0102_1994);
+    if shm_is_tmpfs {
+        let img = in_ram.path().join("i.img");
+        assert!(FileDevice::open(&img, DeviceOptions::default()).unwrap().flush_is_free());
     }
 }

@@ -473,7 +473,7 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
         Some(s) => FsOptions {
             nvm: Some(s.path().to_path_buf()),
             // Every other workload logs small fsyncs' pages inline in the region.
-            nvm_inline_pages: if inline_pages(&w.id) { 4 } else { 0 },
+            nvm_inline_pages: Some(if inline_pages(&w.id) { 4 } else { 0 }),
             ..region_options(w.knobs.options(), Some(clock.clone()))
         },
         None => w.knobs.options(),

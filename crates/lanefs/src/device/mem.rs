@@ -109,6 +109,10 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
+    fn flush_is_free(&self) -> bool {
+        true
+    }
+
     fn io_mode(&self) -> IoMode {
         IoMode::Memory
     }

@@ -103,6 +103,11 @@ pub trait BlockDevice: Send + Sync {
     fn describe(&self) -> String {
         self.io_mode().to_string()
     }
+    /// Whether `flush` costs next to nothing because the device is memory (an image in tmpfs,
+    /// a `MemDevice`): a policy that writes more to flush less does not pay there.
+    fn flush_is_free(&self) -> bool {
+        false
+    }
 
     fn read_block(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.read_batch(&mut [ReadReq { addr, buf }])
@@ -136,6 +141,9 @@ macro_rules! forward_block_device {
             }
             fn describe(&self) -> String {
                 (**self).describe()
+            }
+            fn flush_is_free(&self) -> bool {
+                (**self).flush_is_free()
             }
         }
     };

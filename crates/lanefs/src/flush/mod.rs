@@ -114,7 +114,9 @@ impl Engine {
         // Stamped after every record collected: replay applies the file's own records last.
         let stamp = self.clock.now();
         let pages = m.pages().map(|(p, _)| p.take_unsynced()).unwrap_or_default();
-        let inline = self.nvm_log.is_some() && !pages.is_empty() && pages.len() <= self.opts.nvm_inline_pages;
+        let inline = self.nvm_log.is_some()
+            && !pages.is_empty()
+            && pages.len() <= self.opts.nvm_inline_pages.unwrap_or(0);
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages, inline);
         let written = matches!(result, Ok(Commit::Durable | Commit::FlushOwed));
         if let (true, Some((p, _))) = (written, m.pages()) {
