@@ -186,6 +186,13 @@ pub struct FamilySummary {
     pub elapsed: Duration,
 }
 
+impl FamilySummary {
+    /// Nothing run yet.
+    pub fn empty(family: Family) -> FamilySummary {
+        FamilySummary { family, workloads: 0, states: 0, violations: 0, elapsed: Duration::ZERO }
+    }
+}
+
 /// The outcome of a run.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
@@ -585,13 +592,7 @@ fn thread_stacks() -> String {
 /// measures that image alone). `only`: replay one case (reference name, index).
 fn run_corrupt(cfg: &Config, bases: &Bases, sink: Sink, only: Option<(&str, usize)>) -> FamilySummary {
     let start = Instant::now();
-    let mut out = FamilySummary {
-        family: Family::Corrupt,
-        workloads: 0,
-        states: 0,
-        violations: 0,
-        elapsed: Duration::ZERO,
-    };
+    let mut out = FamilySummary::empty(Family::Corrupt);
     let refs = match corrupt::references(bases) {
         Ok(r) => r,
         Err(e) => {
@@ -697,13 +698,7 @@ fn run_corrupt(cfg: &Config, bases: &Bases, sink: Sink, only: Option<(&str, usiz
 /// one case.
 fn run_corrupt_region(cfg: &Config, bases: &Bases, sink: Sink, only: Option<usize>) -> FamilySummary {
     let start = Instant::now();
-    let mut out = FamilySummary {
-        family: Family::Corrupt,
-        workloads: 0,
-        states: 0,
-        violations: 0,
-        elapsed: Duration::ZERO,
-    };
+    let mut out = FamilySummary::empty(Family::Corrupt);
     let r = match nvm::region_reference(bases) {
         Ok(r) => r,
         Err(e) => {

@@ -45,7 +45,7 @@ use crate::device::{BlockDevice, EventClock};
 use crate::fs::{Fs, FsOptions};
 use crate::fsck::{self, FsckOptions};
 use crate::pmem::{RegionEvent, RegionOptions, MIN_REGION_SIZE};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -119,7 +119,7 @@ type Choice = (Vec<usize>, Vec<(usize, usize)>);
 /// The pending words at each of `cuts` (increasing), in one pass over the region's events.
 fn pending_at(run: &RegionRun, cuts: &[u64]) -> Vec<Pending> {
     let mut out = Vec::with_capacity(cuts.len());
-    let mut pending: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut pending = crate::pmem::crash::PendingWords::default();
     let mut events = run.trace.events().iter().peekable();
     for &c in cuts {
         // Bounded: each round consumes one event.
@@ -128,24 +128,9 @@ fn pending_at(run: &RegionRun, cuts: &[u64]) -> Vec<Pending> {
                 break;
             }
             events.next();
-            match e {
-                RegionEvent::Store { offset, value } => {
-                    let v = pending.entry(offset).or_default();
-                    if v.last().map(|x| x.0) != Some(value) {
-                        v.push((value, seq));
-                    }
-                }
-                RegionEvent::Persist { start, end } => {
-                    let line = crate::pmem::LINE;
-                    let (first, last) = (start & !(line - 1), end.div_ceil(line) * line);
-                    let done: Vec<usize> = pending.range(first..last).map(|(&o, _)| o).collect();
-                    for o in done {
-                        pending.remove(&o);
-                    }
-                }
-            }
+            pending.apply(seq, e, |_, _| {});
         }
-        out.push(pending.iter().map(|(&o, v)| (o, v.clone())).collect());
+        out.push(pending.0.iter().map(|(&o, v)| (o, v.clone())).collect());
     }
     out
 }

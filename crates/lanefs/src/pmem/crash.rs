@@ -111,11 +111,25 @@ fn pending_after(
     events: &[(u64, RegionEvent)],
     mut persist: impl FnMut(usize, u64),
 ) -> BTreeMap<usize, Vec<(u64, u64)>> {
-    let mut pending: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut pending = PendingWords::default();
     for &(seq, e) in events {
+        pending.apply(seq, e, &mut persist);
+    }
+    pending.0
+}
+
+/// The words stored and not yet persisted, folded one event at a time: offset -> (value,
+/// sequence number of its first store) in order, consecutive repeats folded.
+#[derive(Debug, Clone, Default)]
+pub struct PendingWords(pub BTreeMap<usize, Vec<(u64, u64)>>);
+
+impl PendingWords {
+    /// Takes event `e` (number `seq`); `persist(offset, value)` is called for each word it
+    /// makes durable.
+    pub fn apply(&mut self, seq: u64, e: RegionEvent, mut persist: impl FnMut(usize, u64)) {
         match e {
             RegionEvent::Store { offset, value } => {
-                let v = pending.entry(offset).or_default();
+                let v = self.0.entry(offset).or_default();
                 if v.last().map(|x| x.0) != Some(value) {
                     v.push((value, seq));
                 }
@@ -123,16 +137,15 @@ fn pending_after(
             RegionEvent::Persist { start, end } => {
                 let first = start & !(LINE - 1);
                 let last = end.div_ceil(LINE) * LINE;
-                let done: Vec<usize> = pending.range(first..last).map(|(&o, _)| o).collect();
+                let done: Vec<usize> = self.0.range(first..last).map(|(&o, _)| o).collect();
                 for o in done {
-                    let v = pending.remove(&o).expect("listed above");
+                    let v = self.0.remove(&o).expect("listed above");
                     let latest = v.last().expect("a pending word has a value").0;
                     persist(o, latest);
                 }
             }
         }
     }
-    pending
 }
 
 /// The recorder of a region opened with `record`, shared with the region
