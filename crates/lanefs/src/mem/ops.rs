@@ -590,20 +590,8 @@ impl Engine {
             let slot = (idx - first) as usize;
             cached[slot] = Some(if keep { pages.insert_clean(*idx, data) } else { Arc::new(data) });
         }
-        let mut done = 0usize;
-        let mut pos = off;
-        while pos < end {
-            let idx = pos / PAGE_SIZE as u64;
-            let po = (pos % PAGE_SIZE as u64) as usize;
-            let n = (PAGE_SIZE - po).min((end - pos) as usize);
-            match &cached[(idx - first) as usize] {
-                Some(p) => buf[done..done + n].copy_from_slice(&p[po..po + n]),
-                None => buf[done..done + n].fill(0),
-            }
-            done += n;
-            pos += n as u64;
-        }
-        Ok(done)
+        let done = copy_pages(off, end, buf, |idx| Some(cached[(idx - first) as usize].clone()));
+        Ok(done.expect("every page is cached or a hole"))
     }
 
     /// Writes `data` at `off`; returns the bytes written.
@@ -937,6 +925,18 @@ const _: () = assert!(S_IFREG == 0o100000);
 /// Copies bytes `[off, end)` of a file into `buf` if every page they touch is cached; `None`
 /// (with `buf` partly written) as soon as one is not. The caller holds the range lock.
 fn read_cached(pages: &crate::mem::pages::PageMap, off: u64, end: u64, buf: &mut [u8]) -> Option<usize> {
+    copy_pages(off, end, buf, |idx| pages.get(idx).map(Some))
+}
+
+/// Copies bytes `[off, end)` of a file into `buf`, page by page: `page(idx)` is `Some(Some(p))`
+/// for a page's bytes, `Some(None)` for a hole (zeros), or `None`, which stops the copy and
+/// returns `None` (with `buf` partly written).
+fn copy_pages(
+    off: u64,
+    end: u64,
+    buf: &mut [u8],
+    mut page: impl FnMut(u64) -> Option<Option<crate::mem::pages::PageBuf>>,
+) -> Option<usize> {
     debug_assert!(off < end && (end - off) as usize <= buf.len());
     let mut done = 0usize;
     let mut pos = off;
@@ -945,8 +945,10 @@ fn read_cached(pages: &crate::mem::pages::PageMap, off: u64, end: u64, buf: &mut
         let idx = pos / PAGE_SIZE as u64;
         let po = (pos % PAGE_SIZE as u64) as usize;
         let n = (PAGE_SIZE - po).min((end - pos) as usize);
-        let p = pages.get(idx)?;
-        buf[done..done + n].copy_from_slice(&p[po..po + n]);
+        match page(idx)? {
+            Some(p) => buf[done..done + n].copy_from_slice(&p[po..po + n]),
+            None => buf[done..done + n].fill(0),
+        }
         done += n;
         pos += n as u64;
     }
