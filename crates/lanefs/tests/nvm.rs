@@ -11,24 +11,8 @@ use lanefs::{Error, Fs, FsOptions, MkfsOptions, ROOT};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap()
-}
-
-fn opts(nvm: Option<&Path>) -> FsOptions {
-    FsOptions {
-        checkpoint_interval: None,
-        nvm: nvm.map(Path::to_path_buf),
-        nvm_size: MIN_REGION_SIZE,
-        ..Default::default()
-    }
-}
-
-fn image() -> MemDevice {
-    let dev = MemDevice::new(64 << 20);
-    Fs::format(&dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
-    dev
-}
+mod region;
+use region::{data, image, opts, scratch};
 
 fn mount(dev: &Arc<dyn BlockDevice>, nvm: Option<&Path>) -> lanefs::Result<Fs> {
     Fs::open(dev.clone(), opts(nvm))
@@ -44,10 +28,6 @@ fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
     let mut b = vec![0u8; a.size as usize];
     assert_eq!(fs.read_at(a.ino, 0, &mut b).unwrap(), b.len());
     b
-}
-
-fn data(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
 }
 
 /// Creates `n` files under a new directory `d` and fsyncs them; returns their contents.

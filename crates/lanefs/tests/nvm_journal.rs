@@ -6,34 +6,13 @@
 //! entries, every subset of unpersisted words) are enumerated in `src/pmem/journal_tests.rs`.
 
 use lanefs::device::{BlockDevice, CrashDevice, EventKind, MemDevice};
-use lanefs::pmem::{PmemCrash, RegionOptions, MIN_REGION_SIZE};
+use lanefs::pmem::{PmemCrash, RegionOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, SetAttr, ROOT};
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
-fn scratch() -> tempfile::TempDir {
-    tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap()
-}
-
-fn opts(nvm: Option<&Path>) -> FsOptions {
-    FsOptions {
-        checkpoint_interval: None,
-        nvm: nvm.map(Path::to_path_buf),
-        nvm_size: MIN_REGION_SIZE,
-        ..Default::default()
-    }
-}
-
-fn image() -> MemDevice {
-    let dev = MemDevice::new(64 << 20);
-    Fs::format(&dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
-    dev
-}
-
-fn data(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
-}
+mod region;
+use region::{data, image, opts, scratch};
 
 /// Every entry of the directories `dirs`: path -> (contents (none for a directory), permission
 /// bits).
