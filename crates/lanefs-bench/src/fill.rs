@@ -197,24 +197,7 @@ impl Target for Filled {
     fn open(&self, path: &Path, opts: OpenOptions) -> io::Result<Box<dyn File>> {
         self.inner.open(path, opts)
     }
-    fn mkdir(&self, path: &Path) -> io::Result<()> {
-        self.inner.mkdir(path)
-    }
-    fn rmdir(&self, path: &Path) -> io::Result<()> {
-        self.inner.rmdir(path)
-    }
-    fn unlink(&self, path: &Path) -> io::Result<()> {
-        self.inner.unlink(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn readdir(&self, path: &Path) -> io::Result<Vec<OsString>> {
-        self.inner.readdir(path)
-    }
-    fn stat(&self, path: &Path) -> io::Result<Stat> {
-        self.inner.stat(path)
-    }
+    crate::target::forward_namespace!(inner);
     fn create(&self, path: &Path) -> io::Result<()> {
         self.inner.create(path)
     }
@@ -291,24 +274,7 @@ mod tests {
             let f = self.dir.open(path, opts)?;
             Ok(Box::new(TinyFile { f, real: self.real, used: self.used.clone() }))
         }
-        fn mkdir(&self, path: &Path) -> io::Result<()> {
-            self.dir.mkdir(path)
-        }
-        fn rmdir(&self, path: &Path) -> io::Result<()> {
-            self.dir.rmdir(path)
-        }
-        fn unlink(&self, path: &Path) -> io::Result<()> {
-            self.dir.unlink(path)
-        }
-        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-            self.dir.rename(from, to)
-        }
-        fn readdir(&self, path: &Path) -> io::Result<Vec<OsString>> {
-            self.dir.readdir(path)
-        }
-        fn stat(&self, path: &Path) -> io::Result<Stat> {
-            self.dir.stat(path)
-        }
+        crate::target::forward_namespace!(dir);
         fn space(&self) -> io::Result<(u64, u64)> {
             Ok((self.total, self.total - self.used.load(Ordering::SeqCst).min(self.total)))
         }

@@ -367,24 +367,7 @@ impl Target for MountTarget {
     fn open(&self, path: &Path, opts: OpenOptions) -> io::Result<Box<dyn File>> {
         self.dir.open(path, opts)
     }
-    fn mkdir(&self, path: &Path) -> io::Result<()> {
-        self.dir.mkdir(path)
-    }
-    fn rmdir(&self, path: &Path) -> io::Result<()> {
-        self.dir.rmdir(path)
-    }
-    fn unlink(&self, path: &Path) -> io::Result<()> {
-        self.dir.unlink(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.dir.rename(from, to)
-    }
-    fn readdir(&self, path: &Path) -> io::Result<Vec<OsString>> {
-        self.dir.readdir(path)
-    }
-    fn stat(&self, path: &Path) -> io::Result<Stat> {
-        self.dir.stat(path)
-    }
+    crate::target::forward_namespace!(dir);
     fn create(&self, path: &Path) -> io::Result<()> {
         self.dir.create(path)
     }

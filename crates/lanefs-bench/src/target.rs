@@ -227,6 +227,33 @@ pub struct TargetOptions {
     pub nvm_inline_pages: Option<usize>,
 }
 
+/// The namespace calls of [`Target`] (mkdir, rmdir, unlink, rename, readdir, stat), each
+/// forwarded to the target in field `$inner`: for targets that wrap another one and change only
+/// files, space or set-up. Used inside an `impl Target` block.
+macro_rules! forward_namespace {
+    ($inner:ident) => {
+        fn mkdir(&self, path: &Path) -> io::Result<()> {
+            self.$inner.mkdir(path)
+        }
+        fn rmdir(&self, path: &Path) -> io::Result<()> {
+            self.$inner.rmdir(path)
+        }
+        fn unlink(&self, path: &Path) -> io::Result<()> {
+            self.$inner.unlink(path)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            self.$inner.rename(from, to)
+        }
+        fn readdir(&self, path: &Path) -> io::Result<Vec<OsString>> {
+            self.$inner.readdir(path)
+        }
+        fn stat(&self, path: &Path) -> io::Result<Stat> {
+            self.$inner.stat(path)
+        }
+    };
+}
+pub(crate) use forward_namespace;
+
 /// Opens a target for benchmarking.
 pub fn open_target(spec: &TargetSpec) -> Result<Box<dyn Target>, String> {
     open_target_with(spec, &TargetOptions::default())
