@@ -629,15 +629,8 @@ impl Engine {
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::errno(libc::EFBIG, "write past the largest file size"))?;
         let _r = range.lock_exclusive(off, end);
-        let mut done = 0usize;
-        let mut pos = off;
-        while pos < end {
-            let idx = pos / PAGE_SIZE as u64;
-            let po = (pos % PAGE_SIZE as u64) as usize;
-            let n = (PAGE_SIZE - po).min((end - pos) as usize);
-            pages.write(idx, po, &data[done..done + n], || self.load_page(m, idx))?;
-            done += n;
-            pos += n as u64;
+        for (idx, po, n, at) in page_spans(off, end) {
+            pages.write(idx, po, &data[at..at + n], || self.load_page(m, idx))?;
         }
         if end > m.size.load(Ordering::Acquire) {
             m.size.fetch_max(end, Ordering::AcqRel);
@@ -743,16 +736,11 @@ impl Engine {
             let size = m.size.load(Ordering::Acquire);
             let end = end.min(size);
             // Partial pages at the edges: zero the bytes.
-            let mut pos = off;
-            while pos < end {
-                let idx = pos / PAGE_SIZE as u64;
-                let po = (pos % PAGE_SIZE as u64) as usize;
-                let n = (PAGE_SIZE - po).min((end - pos) as usize);
+            for (idx, po, n, _) in page_spans(off, end) {
                 if po != 0 || n != PAGE_SIZE {
                     let zeros = vec![0u8; n];
                     pages.write(idx, po, &zeros, || self.load_page(&m, idx))?;
                 }
-                pos += n as u64;
             }
             // Whole pages: drop them and their blocks.
             let mut disk = m.disk.lock();
@@ -938,19 +926,28 @@ fn copy_pages(
     mut page: impl FnMut(u64) -> Option<Option<crate::mem::pages::PageBuf>>,
 ) -> Option<usize> {
     debug_assert!(off < end && (end - off) as usize <= buf.len());
-    let mut done = 0usize;
+    for (idx, po, n, at) in page_spans(off, end) {
+        match page(idx)? {
+            Some(p) => buf[at..at + n].copy_from_slice(&p[po..po + n]),
+            None => buf[at..at + n].fill(0),
+        }
+    }
+    Some((end - off) as usize)
+}
+
+/// Bytes `[off, end)` of a file cut at page boundaries: for each piece, (page index, offset in
+/// the page, length, offset from `off`). One piece per page the range touches.
+fn page_spans(off: u64, end: u64) -> impl Iterator<Item = (u64, usize, usize, usize)> {
     let mut pos = off;
-    // Bounded: one round per page of the range.
-    while pos < end {
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
         let idx = pos / PAGE_SIZE as u64;
         let po = (pos % PAGE_SIZE as u64) as usize;
         let n = (PAGE_SIZE - po).min((end - pos) as usize);
-        match page(idx)? {
-            Some(p) => buf[done..done + n].copy_from_slice(&p[po..po + n]),
-            None => buf[done..done + n].fill(0),
-        }
-        done += n;
+        let at = (pos - off) as usize;
         pos += n as u64;
-    }
-    Some(done)
+        Some((idx, po, n, at))
+    })
 }
