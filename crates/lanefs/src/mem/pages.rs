@@ -329,11 +329,17 @@ impl PageMap {
             .iter()
             .map(|s| {
                 let s = s.lock();
-                let logged = s.logged.iter().filter(|i| s.pages.get(i).is_some_and(|p| p.logged));
-                let mut owed: Vec<u64> = s.dirty.iter().chain(logged).copied().collect();
-                owed.sort_unstable();
-                owed.dedup();
-                owed.into_iter().filter(|&i| !mapped(i)).count() as u64
+                // Dirty and logged are exclusive, and the dirty list holds each index once: only
+                // the logged list (stale or repeated entries) needs checking and deduplicating.
+                let dirty = s.dirty.iter().filter(|&&i| !mapped(i)).count() as u64;
+                if s.logged.is_empty() {
+                    return dirty;
+                }
+                let mut logged: Vec<u64> =
+                    s.logged.iter().copied().filter(|i| s.pages.get(i).is_some_and(|p| p.logged)).collect();
+                logged.sort_unstable();
+                logged.dedup();
+                dirty + logged.into_iter().filter(|&i| !mapped(i)).count() as u64
             })
             .sum()
     }
@@ -521,6 +527,9 @@ mod tests {
         m.settle_logged(&again);
         m.write(1, 0, b"A", zero).unwrap();
         assert_eq!((m.dirty_count(), m.logged_count()), (1, 1), "a logged page written again is dirty");
+        // Page 1 is dirty and still has a stale entry in the logged list: counted once.
+        assert_eq!(m.dirty_unmapped(|_| false), 2);
+        assert_eq!(m.dirty_unmapped(|i| i == 2), 1);
         m.check();
         let all = m.take_dirty();
         assert_eq!(all.iter().map(|p| (p.0, p.1[0])).collect::<Vec<_>>(), vec![(1, b'A'), (2, b'B')]);
