@@ -111,7 +111,8 @@ enum Cmd {
         #[arg(long)]
         nvm: Option<PathBuf>,
         /// Size of a region created by this mount (e.g. 64M; the NAT of a 1 GiB image needs
-        /// about 6 MiB, the rest holds the lane journals).
+        /// about 6 MiB, the rest holds the lane journals); default: the NAT plus 32 MiB of
+        /// journal per lane, at most 256 MiB of journals.
         #[arg(long, value_parser = size::parse_size, requires = "nvm")]
         nvm_size: Option<u64>,
         /// Worker threads, each with its own /dev/fuse descriptor; default: one per core.

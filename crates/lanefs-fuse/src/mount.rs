@@ -34,7 +34,8 @@ pub struct MountArgs {
     /// Persistent-memory region holding the NAT and the lane journals (`--nvm FILE`; also
     /// `-o nvm=FILE`): created on the first mount with it, required from then on.
     pub nvm: Option<PathBuf>,
-    /// Size of a region this mount creates (`--nvm-size`; default 64 MiB).
+    /// Size of a region this mount creates (`--nvm-size`; default: the image's NAT plus 32 MiB
+    /// per lane of journal, at most 256 MiB of journals).
     pub nvm_size: Option<u64>,
     /// Worker threads; default one per core.
     pub threads: Option<usize>,
@@ -306,8 +307,7 @@ fn open(args: &MountArgs) -> Result<(Fs, File, PathBuf, PathBuf), String> {
         None => None,
     };
     let defaults = FsOptions::default();
-    let mut opts =
-        FsOptions { read_only, nvm, nvm_size: args.nvm_size.unwrap_or(defaults.nvm_size), ..defaults };
+    let mut opts = FsOptions { read_only, nvm, nvm_size: args.nvm_size.or(defaults.nvm_size), ..defaults };
     if let Some(interval) = parsed.checkpoint_interval {
         opts.checkpoint_interval = interval;
     }

@@ -55,8 +55,8 @@ pub struct FsOptions {
     /// commits there instead of writing journal blocks); see `crate::pmem`. Created with
     /// `nvm_size` bytes when missing and the image's NAT is still on the device.
     pub nvm: Option<std::path::PathBuf>,
-    /// Size of a region created by mount (`--nvm-size`).
-    pub nvm_size: u64,
+    /// Size of a region created by mount (`--nvm-size`); None: [`crate::pmem::default_size`].
+    pub nvm_size: Option<u64>,
     /// How the region is mapped and persisted (tests and benchmarks force a method).
     pub nvm_region: crate::pmem::RegionOptions,
     /// With a region: an fsync with at most this many dirty pages logs them inline in the
@@ -78,7 +78,7 @@ impl Default for FsOptions {
             logged_ops_limit: 1 << 20,
             read_only: false,
             nvm: None,
-            nvm_size: crate::pmem::DEFAULT_REGION_SIZE,
+            nvm_size: None,
             nvm_region: crate::pmem::RegionOptions::default(),
             nvm_inline_pages: None,
         }
@@ -156,6 +156,9 @@ pub(crate) struct CpState {
     /// Sequence number of the last checkpoint started / made durable.
     pub started: u64,
     pub durable: u64,
+    /// The last checkpoint whose emptied segments are free again (after `durable`: they are
+    /// discarded first, outside the gate). What waits for space waits for this one.
+    pub settled: u64,
 }
 
 /// A mounted file system.
@@ -524,7 +527,7 @@ impl Engine {
         let target = self.cp.lock().started + 1;
         self.kick_checkpoint();
         let mut cp = self.cp.lock();
-        while cp.durable < target {
+        while cp.settled < target {
             self.check_writable()?;
             if self.stop.load(Ordering::Acquire) {
                 return Ok(());

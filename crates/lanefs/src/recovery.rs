@@ -209,7 +209,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         dirty: PerCpu::new(|_| Mutex::new(Vec::new())),
         orphans: Mutex::new(Default::default()),
         clock: StampClock::new(cp.stamp.max(max_stamp)),
-        cp: Mutex::new(CpState { cp, pack, started: 0, durable: 0 }),
+        cp: Mutex::new(CpState { cp, pack, started: 0, durable: 0, settled: 0 }),
         cp_done: Condvar::new(),
         cache: Arc::new(CacheStats::default()),
         opts,
@@ -290,7 +290,12 @@ fn load_nat(dev: &dyn BlockDevice, sb: &Superblock, cp: &Checkpoint, opts: &FsOp
     if opts.read_only {
         return Ok((table(blocks), None, None, Vec::new()));
     }
-    let (region, _) = PmemRegion::open_or_create(path, opts.nvm_size, sb.uuid, &opts.nvm_region)?;
+    let (region, _) = PmemRegion::open_or_create(
+        path,
+        opts.nvm_size.unwrap_or_else(|| crate::pmem::default_size(g)),
+        sb.uuid,
+        &opts.nvm_region,
+    )?;
     let nvm = NvmNat::new(region, g)?;
     let log = NvmJournal::new(nvm.region(), nvm.layout().end, g)?;
     nvm.seed(&blocks, cp.version)?;

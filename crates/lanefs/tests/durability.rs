@@ -87,7 +87,7 @@ fn opts(nvm: Option<&Path>) -> FsOptions {
         checkpoint_interval: None,
         journal_blocks_limit: 64,
         nvm: nvm.map(Path::to_path_buf),
-        nvm_size: MIN_REGION_SIZE,
+        nvm_size: Some(MIN_REGION_SIZE),
         ..Default::default()
     }
 }

@@ -189,11 +189,12 @@ fn too_small_region_is_refused_naming_the_file() {
     // default size fits.
     assert!(mount(&dev, Some(&region)).is_err());
     std::fs::remove_file(&region).unwrap();
-    let fs = Fs::open(
-        dev.clone(),
-        FsOptions { nvm_size: lanefs::pmem::DEFAULT_REGION_SIZE, ..opts(Some(&region)) },
-    )
-    .unwrap();
+    let fs = Fs::open(dev.clone(), FsOptions { nvm_size: None, ..opts(Some(&region)) }).unwrap();
+    // The default: the NAT of this 1 GiB image plus 32 MiB of journal for each of its lanes.
+    let len = std::fs::metadata(&region).unwrap().len();
+    let lanes = MkfsOptions::default().lanes;
+    assert!(len >= lanes as u64 * lanefs::pmem::DEFAULT_JOURNAL_PER_LANE + (4 << 20), "{len}");
+    assert!(len <= lanes as u64 * lanefs::pmem::DEFAULT_JOURNAL_PER_LANE + (16 << 20), "{len}");
     populate(&fs, "a", 2, 6);
     fs.unmount().unwrap();
 }

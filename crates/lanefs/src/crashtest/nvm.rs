@@ -55,7 +55,7 @@ use std::sync::Arc;
 /// with `clock` when given.
 pub fn region_options(o: FsOptions, clock: Option<EventClock>) -> FsOptions {
     FsOptions {
-        nvm_size: MIN_REGION_SIZE,
+        nvm_size: Some(MIN_REGION_SIZE),
         nvm_region: RegionOptions { record: clock.is_some(), clock, ..Default::default() },
         ..o
     }

@@ -1,5 +1,7 @@
 //! Taking a checkpoint.
 //!
+//! 0. Files with many dirty or logged pages write them back first, the gate shared (fsyncs
+//!    go on; `flush/writeback.rs`), so that step 3 holds the gate for what changed since.
 //! 1. Take the gate exclusively: in-flight fsyncs and writebacks finish, new ones wait. This
 //!    keeps block validity still while the checkpoint writes the SIT that must match its trees.
 //! 2. Exclusive phase of the pass-through semaphore (every operation drained): stamp the
@@ -9,8 +11,9 @@
 //! 3. Write the snapshot: data pages to new blocks, changed dentry blocks, each inode's changed
 //!    nodes; deleted inodes' trees are dropped. Then the NAT and SIT blocks that changed, the
 //!    segment summaries and the pack (`checkpoint::commit`, which flushes before and after).
-//! 4. Segments and node ids freed before the snapshot become reusable; fsyncs waiting for this
-//!    checkpoint proceed.
+//! 4. Node ids freed before the snapshot become reusable; fsyncs waiting for this checkpoint
+//!    proceed. Then, with the gate released, segments emptied before the snapshot are
+//!    discarded and become free (`settled`: what waits for space waits for this).
 //!
 //! Records in the journals stamped at or before the checkpoint's stamp are part of it; the new
 //! journal heads are where each lane's chain stood at the snapshot.
@@ -78,18 +81,27 @@ impl Engine {
         }
         let _one = self.cp_serial.lock();
         self.check_writable()?;
+        self.write_back_early();
         let gate = self.gate.write();
         let snap = {
             let _x = self.pass.exclusive();
             self.snapshot()
         };
+        let seq = snap.seq;
         let r = self.write_snapshot(snap, clean);
         drop(gate);
         if let Err(e) = &r {
             *self.failure.lock() = e.to_string();
             self.failed.store(true, Ordering::Release);
             self.cp_done.notify_all();
+            return r;
         }
+        // Segments emptied before the SIT was taken are free now. Discarding them (a hole
+        // punched in an image file, TRIM on a device) can take milliseconds; it runs after the
+        // gate and the waiting fsyncs are let go, before any lane can take the segments.
+        self.table.checkpoint_done(|segs| self.discard_segments(segs));
+        self.cp.lock().settled = seq;
+        self.cp_done.notify_all();
         r
     }
 
@@ -295,7 +307,6 @@ impl Engine {
         let nat = self.stage_nat(&mut cp, nat)?;
         let written = commit(&*self.dev, &self.g, &mut cp, pack, &CommitSet { nat, sit, summaries })?;
         self.apply_nat(cp.version)?;
-        self.table.checkpoint_done(|segs| self.discard_segments(segs));
         self.nat.checkpoint_done();
         self.gc_checkpoint_done();
         let mut cps = self.cp.lock();

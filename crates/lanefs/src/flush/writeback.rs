@@ -32,11 +32,16 @@ impl Engine {
 
     /// Writes `m`'s dirty pages to new blocks (no journal, no flush).
     pub(crate) fn writeback(&self, m: &MNode) -> Result<()> {
+        self.writeback_upto(m, usize::MAX)
+    }
+
+    /// Writes at most `max` of `m`'s dirty or logged pages to new blocks.
+    pub(crate) fn writeback_upto(&self, m: &MNode, max: usize) -> Result<()> {
         let Some((pages, _)) = m.pages() else { return Ok(()) };
         let _gate = self.gate.read();
         // Placed blocks are journaled by the inode's next fsync, which must find them.
         let _order = m.fsync_order.lock();
-        let dirty = pages.take_dirty();
+        let dirty = pages.take_dirty_upto(max);
         if dirty.is_empty() {
             return Ok(());
         }
@@ -82,4 +87,40 @@ impl Engine {
         }
         Ok(())
     }
+
+    /// Before a checkpoint takes the gate: files in the dirty set with at least
+    /// [`EARLY_MIN_PAGES`] dirty or logged pages write them back now, in batches of
+    /// [`EARLY_BATCH`] with the gate shared, so fsyncs go on meanwhile (each waits at most one
+    /// batch for its file) and the checkpoint's exclusive phase writes only what changed since.
+    /// Errors are left for the checkpoint, which writes whatever is still dirty itself.
+    pub(crate) fn write_back_early(&self) {
+        let mut inos: Vec<u32> = Vec::new();
+        for d in self.dirty.iter() {
+            inos.extend_from_slice(&d.lock());
+        }
+        inos.sort_unstable();
+        inos.dedup();
+        for ino in inos {
+            let Some(m) = self.cells.get(ino as u64) else { continue };
+            let Some((pages, _)) = m.pages() else { continue };
+            let owed = || pages.dirty_count() + pages.logged_count();
+            // Bounded: what was owed at the start, batch by batch; pages dirtied meanwhile by
+            // a writer that outpaces us are left to the checkpoint.
+            let rounds = owed().div_ceil(EARLY_BATCH as u64);
+            for _ in 0..rounds {
+                if owed() < EARLY_MIN_PAGES {
+                    break;
+                }
+                if let Err(e) = self.writeback_upto(&m, EARLY_BATCH) {
+                    tracing::debug!("lanefs: early writeback of inode {ino}: {e}");
+                    break;
+                }
+            }
+        }
+    }
 }
+
+/// Files owing fewer pages than this are left to the checkpoint's own batched writes.
+const EARLY_MIN_PAGES: u64 = 64;
+/// Pages one early writeback call takes (what an fsync of the same file may wait for).
+const EARLY_BATCH: usize = 64;

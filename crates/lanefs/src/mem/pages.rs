@@ -186,29 +186,36 @@ impl PageMap {
     /// again; the caller owns the snapshot it got, and calls [`PageMap::settle`] (or
     /// [`PageMap::settle_logged`]) once the page is durable.
     pub fn take_unsynced(&self) -> Vec<(u64, PageBuf)> {
-        self.take(false)
+        self.take(false, usize::MAX)
     }
 
     /// Every dirty or logged page (index order), each marked clean and in flight: what the
     /// device must get (checkpoint, writeback). As [`PageMap::take_unsynced`] otherwise.
     pub fn take_dirty(&self) -> Vec<(u64, PageBuf)> {
-        self.take(true)
+        self.take(true, usize::MAX)
     }
 
-    fn take(&self, with_logged: bool) -> Vec<(u64, PageBuf)> {
+    /// As [`PageMap::take_dirty`], but at most `max` pages (not necessarily the lowest
+    /// indexes; the rest stay dirty or logged for a later call).
+    pub fn take_dirty_upto(&self, max: usize) -> Vec<(u64, PageBuf)> {
+        self.take(true, max)
+    }
+
+    fn take(&self, with_logged: bool, max: usize) -> Vec<(u64, PageBuf)> {
         let logged = with_logged && self.logged_count() > 0;
         // A write that set a page dirty counted it before it returned (under the shard lock),
         // so a zero here means nothing written before this call is dirty.
-        if self.dirty_count() == 0 && !logged {
+        if self.dirty_count() == 0 && !logged || max == 0 {
             return Vec::new();
         }
         let mask = if logged { u32::MAX } else { 0 } | self.dirty_shards.swap(0, Ordering::AcqRel);
         let mut out = Vec::new();
         let (mut n_dirty, mut n_logged) = (0u64, 0u64);
-        for (_, s) in self.shards.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0) {
+        for (i, s) in self.shards.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0) {
             let mut guard = s.lock();
             let s = &mut *guard;
-            for idx in s.dirty.drain(..) {
+            let n = s.dirty.len().min(max - out.len());
+            for idx in s.dirty.drain(..n) {
                 let p = s.pages.get_mut(&idx).expect("a listed page is cached");
                 debug_assert!(p.dirty && !p.logged);
                 p.dirty = false;
@@ -216,9 +223,15 @@ impl PageMap {
                 n_dirty += 1;
                 out.push((idx, p.data.clone()));
             }
+            if !s.dirty.is_empty() {
+                // Left for a later call: the shard stays marked (under its lock, as a writer
+                // marks it).
+                self.dirty_shards.fetch_or(1 << i, Ordering::AcqRel);
+            }
             if logged {
                 // Bounded by the inline fsyncs since the last drain; stale entries are skipped.
-                for idx in s.logged.drain(..) {
+                while out.len() < max {
+                    let Some(idx) = s.logged.pop() else { break };
                     let Some(p) = s.pages.get_mut(&idx) else { continue };
                     if !p.logged {
                         continue;
@@ -535,6 +548,48 @@ mod tests {
         assert_eq!(all.iter().map(|p| (p.0, p.1[0])).collect::<Vec<_>>(), vec![(1, b'A'), (2, b'B')]);
         assert_eq!(stats.dirty_pages.load(Ordering::Relaxed), 0);
         assert!(m.take_dirty().is_empty(), "stale logged entries are skipped");
+    }
+
+    #[test]
+    fn bounded_takes_leave_the_rest_dirty_or_logged() {
+        let stats = Arc::new(CacheStats::default());
+        let m = PageMap::new(stats.clone());
+        // 40 pages over every shard: 0..20 logged, 20..40 dirty.
+        for i in 0..40u64 {
+            m.write(i, 0, &[i as u8 + 1], zero).unwrap();
+        }
+        let first = m.take_unsynced();
+        let logged: Vec<_> = first.iter().filter(|p| p.0 < 20).cloned().collect();
+        m.restore_dirty(&first.iter().filter(|p| p.0 >= 20).cloned().collect::<Vec<_>>());
+        m.settle_logged(&logged);
+        assert_eq!((m.dirty_count(), m.logged_count()), (20, 20));
+        let mut seen = Vec::new();
+        // Bounded: 40 pages, at least one per take.
+        for round in 0..40 {
+            let part = m.take_dirty_upto(7);
+            if part.is_empty() {
+                break;
+            }
+            assert!(part.len() <= 7, "round {round}: took {}", part.len());
+            m.check();
+            for (idx, buf) in &part {
+                assert_eq!(buf[0], *idx as u8 + 1);
+                assert!(m.settle(*idx));
+            }
+            seen.extend(part.into_iter().map(|p| p.0));
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..40).collect::<Vec<_>>(), "every page taken exactly once");
+        assert_eq!((m.dirty_count(), m.logged_count()), (0, 0));
+        assert_eq!(stats.dirty_pages.load(Ordering::Relaxed), 0);
+        // A page written after a bounded take left others behind is found by the next one.
+        for i in 0..20u64 {
+            m.write(i, 0, b"x", zero).unwrap();
+        }
+        assert_eq!(m.take_dirty_upto(5).len(), 5);
+        m.write(100, 0, b"y", zero).unwrap();
+        assert_eq!(m.take_unsynced().len(), 16);
+        m.check();
     }
 
     #[test]

@@ -263,8 +263,22 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Size of a region created without `--nvm-size`.
-pub const DEFAULT_REGION_SIZE: u64 = 64 << 20;
+/// Journal bytes per lane in a region created without `--nvm-size` (see [`default_size`]).
+pub const DEFAULT_JOURNAL_PER_LANE: u64 = 32 << 20;
+/// Journal bytes of all lanes together in a region created without `--nvm-size`.
+pub const DEFAULT_JOURNAL_TOTAL: u64 = 256 << 20;
+
+/// Size of a region created without `--nvm-size` for an image of geometry `g`: its NAT plus
+/// [`DEFAULT_JOURNAL_PER_LANE`] for each lane's journal, all lanes together at most
+/// [`DEFAULT_JOURNAL_TOTAL`], in whole MiB. A lane's journal bounds how much an fsync-heavy
+/// run commits between checkpoints (one is asked for at half full), so its size sets the
+/// checkpoint rate; the NAT grows with the image (about 6 MiB per GiB), and a fixed size would
+/// leave large images little journal.
+pub fn default_size(g: &crate::format::layout::Geometry) -> u64 {
+    let nat = nat::NatLayout::of(g).end as u64;
+    let journals = (g.lanes.max(1) as u64 * DEFAULT_JOURNAL_PER_LANE).min(DEFAULT_JOURNAL_TOTAL);
+    (nat + journals).div_ceil(1 << 20) << 20
+}
 
 /// How the file is mapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,7 +19,7 @@ pub fn opts(nvm: Option<&Path>) -> FsOptions {
     FsOptions {
         checkpoint_interval: None,
         nvm: nvm.map(Path::to_path_buf),
-        nvm_size: MIN_REGION_SIZE,
+        nvm_size: Some(MIN_REGION_SIZE),
         ..Default::default()
     }
 }
