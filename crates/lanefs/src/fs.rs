@@ -154,6 +154,10 @@ pub struct IoStats {
     /// Cleaning rounds run and segments they emptied.
     pub cleaning_rounds: u64,
     pub segments_cleaned: u64,
+    /// Checkpoints begun (their snapshot taken) and made durable since mount. Equal when none
+    /// is in progress.
+    pub checkpoints_begun: u64,
+    pub checkpoints_durable: u64,
 }
 
 impl IoStats {
@@ -437,6 +441,10 @@ impl Fs {
     pub fn io_stats(&self) -> IoStats {
         use std::sync::atomic::Ordering::Relaxed;
         let e = &self.engine;
+        let (begun, durable) = {
+            let cp = e.cp.lock();
+            (cp.started, cp.durable)
+        };
         IoStats {
             user_bytes: e.io.user.sum(),
             journal_bytes: e.io.journal.sum(),
@@ -447,6 +455,8 @@ impl Fs {
             fsync_flushes: e.io.fsync_flushes.sum(),
             cleaning_rounds: e.gc.rounds.load(Relaxed),
             segments_cleaned: e.gc.segments_cleaned.load(Relaxed),
+            checkpoints_begun: begun,
+            checkpoints_durable: durable,
         }
     }
 

@@ -419,8 +419,25 @@ fn full_lane_journals_are_emptied_by_checkpoints_and_nothing_is_lost() {
     assert!(st.checkpoint_bytes > 0, "{st:?}");
     assert_eq!(st.journal_bytes % 4096, 0);
     let want = state(&fs, &["/d"]);
-    let img = mem.snapshot();
-    std::fs::copy(&region, &copy).unwrap();
+    // The image and the region are copied one after the other while background checkpoints
+    // may still run: a pair taken across a checkpoint's commit is no state a crash leaves (a
+    // crash stops both at once), so copy until no checkpoint overlapped the two copies.
+    // Bounded: a kicked checkpoint ends, and nothing kicks another (no fsync runs now).
+    let mut img = Vec::new();
+    for attempt in 0..100 {
+        let before = fs.io_stats();
+        img = mem.snapshot();
+        std::fs::copy(&region, &copy).unwrap();
+        let after = fs.io_stats();
+        let quiet = before.checkpoints_begun == before.checkpoints_durable
+            && (after.checkpoints_begun, after.checkpoints_durable)
+                == (before.checkpoints_begun, before.checkpoints_durable);
+        if quiet {
+            break;
+        }
+        assert!(attempt < 99, "background checkpoints never stopped");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     drop(fs);
     let dev2: Arc<dyn BlockDevice> = Arc::new(MemDevice::from_bytes(img));
     let fs = Fs::open(dev2, opts(Some(&copy))).unwrap();

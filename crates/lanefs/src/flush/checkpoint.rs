@@ -12,8 +12,9 @@
 //!    nodes; deleted inodes' trees are dropped. Then the NAT and SIT blocks that changed, the
 //!    segment summaries and the pack (`checkpoint::commit`, which flushes before and after).
 //! 4. Node ids freed before the snapshot become reusable; fsyncs waiting for this checkpoint
-//!    proceed. Then, with the gate released, segments emptied before the snapshot are
-//!    discarded and become free (`settled`: what waits for space waits for this).
+//!    proceed. Then, with the gate released, segments emptied before the snapshot become free
+//!    (`settled`: what waits for space waits for this), and segments freed by an earlier
+//!    checkpoint and still free are discarded (lazily: `SegmentTable::checkpoint_done`).
 //!
 //! Records in the journals stamped at or before the checkpoint's stamp are part of it; the new
 //! journal heads are where each lane's chain stood at the snapshot.
@@ -96,9 +97,9 @@ impl Engine {
             self.cp_done.notify_all();
             return r;
         }
-        // Segments emptied before the SIT was taken are free now. Discarding them (a hole
-        // punched in an image file, TRIM on a device) can take milliseconds; it runs after the
-        // gate and the waiting fsyncs are let go, before any lane can take the segments.
+        // Segments emptied before the SIT was taken are free now. Discarding (a hole punched
+        // in an image file, TRIM on a device) can take milliseconds: it runs after the gate
+        // and the waiting fsyncs are let go.
         self.table.checkpoint_done(|segs| self.discard_segments(segs));
         self.cp.lock().settled = seq;
         self.cp_done.notify_all();

@@ -25,6 +25,7 @@ pub mod checkpoint;
 mod nvm;
 pub mod writeback;
 
+use crate::device::WriteReq;
 use crate::engine::{Engine, WriteKind, JOURNAL_LOG};
 use crate::error::{Error, Result};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
@@ -306,14 +307,16 @@ impl Engine {
     ) -> Result<Commit> {
         debug_assert!(!inline || self.nvm_log.is_some());
         let mtime = self.elapsed_secs();
-        let mut writes: Vec<(u64, Vec<u8>)> = Vec::with_capacity(pages.len() + 1);
+        // The pages themselves (shared, copy-on-write), not copies: a writer that comes
+        // meanwhile copies the page instead.
+        let mut writes: Vec<(u64, crate::mem::pages::PageBuf)> = Vec::with_capacity(pages.len());
         let mut map: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
         for (idx, buf) in pages.iter().filter(|_| !inline) {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
             let addr =
                 self.lanes.alloc(lane, crate::format::LogType::WarmData, owner, mtime).map_err(nospace)?;
             map.insert(*idx, (addr as u32, crc32c::crc32c(&buf[..])));
-            writes.push((addr, buf.to_vec()));
+            writes.push((addr, buf.clone()));
         }
         let mut records: Vec<Record> = dir_ops.ops.iter().map(|o| o.record.clone()).collect();
         let mut undo = Undo::default();
@@ -402,10 +405,14 @@ impl Engine {
                 Err(e) => return Err(e),
             };
             self.count_journal(blocks.len() as u64);
-            writes.extend(blocks);
             // Within a lane, journal blocks complete in chain order: the chain lock is held
-            // until the batch is written.
-            if let Err(e) = self.write_all(&writes, WriteKind::Journal) {
+            // until the batch (data and journal blocks together) is written.
+            let reqs: Vec<_> = writes
+                .iter()
+                .map(|(a, d)| WriteReq { addr: *a, data: &d[..] })
+                .chain(blocks.iter().map(|(a, d)| WriteReq { addr: *a, data: d }))
+                .collect();
+            if let Err(e) = self.write_reqs(&reqs, WriteKind::Journal) {
                 *chain = before;
                 return Err(e);
             }
@@ -436,8 +443,12 @@ impl Engine {
 
     /// Writes (address, bytes) pairs in bounded batches, counted as `kind`.
     pub(crate) fn write_all(&self, writes: &[(u64, Vec<u8>)], kind: WriteKind) -> Result<()> {
-        let reqs: Vec<crate::device::WriteReq> =
-            writes.iter().map(|(a, d)| crate::device::WriteReq { addr: *a, data: d }).collect();
+        let reqs: Vec<WriteReq> = writes.iter().map(|(a, d)| WriteReq { addr: *a, data: d }).collect();
+        self.write_reqs(&reqs, kind)
+    }
+
+    /// Writes `reqs` in bounded batches, counted as `kind`.
+    pub(crate) fn write_reqs(&self, reqs: &[WriteReq], kind: WriteKind) -> Result<()> {
         for chunk in reqs.chunks(256) {
             self.dev.write_batch(chunk)?;
             self.io.count(kind, chunk.iter().map(|r| r.data.len() as u64).sum());

@@ -59,14 +59,16 @@ impl Engine {
         &self,
         lane: u32,
         txn: &Transaction,
-        writes: &[(u64, Vec<u8>)],
+        writes: &[(u64, crate::mem::pages::PageBuf)],
     ) -> Result<RegionCommit> {
         let (Some(nvm), Some(log)) = (&self.nvm, &self.nvm_log) else { return Ok(RegionCommit::NoRegion) };
         let bytes = txn.encode()?;
         if !log.has_room(lane, bytes.len()) {
             return Ok(RegionCommit::Full);
         }
-        self.write_all(writes, WriteKind::Journal)?;
+        let reqs: Vec<_> =
+            writes.iter().map(|(a, d)| crate::device::WriteReq { addr: *a, data: &d[..] }).collect();
+        self.write_reqs(&reqs, WriteKind::Journal)?;
         if !txn.data_refs().is_empty() {
             self.fsync_flush()?;
         }

@@ -54,7 +54,7 @@ impl Engine {
             match self.lanes.alloc(lane, crate::format::LogType::WarmData, owner, mtime) {
                 Ok(addr) => {
                     placed.push((*idx, addr as u32, crc32c::crc32c(&buf[..])));
-                    writes.push((addr, buf.to_vec()));
+                    writes.push(crate::device::WriteReq { addr, data: &buf[..] });
                 }
                 Err(e) => {
                     pages.restore_dirty(&dirty);
@@ -65,7 +65,7 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = self.write_all(&writes, crate::engine::WriteKind::Writeback) {
+        if let Err(e) = self.write_reqs(&writes, crate::engine::WriteKind::Writeback) {
             pages.restore_dirty(&dirty);
             for (_, a, _) in placed {
                 self.table.invalidate(a as u64)?;

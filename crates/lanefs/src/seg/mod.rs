@@ -196,25 +196,40 @@ mod tests {
     }
 
     #[test]
-    fn freed_segments_are_discarded_before_anyone_can_take_them() {
+    fn freed_segments_are_discarded_a_round_later_if_still_free_and_out_of_reach_meanwhile() {
         let (g, table, lanes) = setup(1);
-        let segs = fill(&lanes, 2, 1);
-        let first = g.seg_of(segs[0][0]).unwrap().0;
-        for &a in &segs[0] {
+        let segs = fill(&lanes, 3, 1);
+        let [first, second] = [0, 1].map(|i| g.seg_of(segs[i][0]).unwrap().0);
+        for &a in segs[0].iter().chain(&segs[1]) {
             table.invalidate(a).unwrap();
         }
         let _ = table.take_dirty_sit_blocks();
         let free_before = table.free_segments();
+        // Round 1 frees both, discards neither: they are likely reused soon.
+        let n = table.checkpoint_done(|s| panic!("discarded {s:?} in the round that freed them"));
+        assert_eq!(n, 2);
+        assert_eq!((table.state(first), table.state(second)), (SegState::Free, SegState::Free));
+        assert_eq!(table.free_segments(), free_before + 2);
+        // A lane takes them all (as the lowest free segments); put back all but `second`.
+        let taken = table.take_free(table.free_count());
+        assert!(taken.contains(&first) && taken.contains(&second));
+        let back: Vec<u32> = taken.iter().copied().filter(|&s| s != second).collect();
+        table.return_free(&back);
+        // Round 2 discards `first` only (`second` is in a lane's hands), out of the map while
+        // discarded and counted free all the same.
         let mut seen = Vec::new();
+        let (free_now, in_map) = (table.free_segments(), table.free_count());
         let n = table.checkpoint_done(|s| {
-            // Still not free while being discarded.
-            assert!(s.iter().all(|&x| table.state(x) == SegState::Prefree));
+            assert!(s.iter().all(|&x| table.state(x) == SegState::Free));
+            assert_eq!(table.free_count(), in_map - 1, "a segment being discarded is out of the map");
+            assert_eq!(table.free_segments(), free_now, "and still counted free");
             seen.extend_from_slice(s);
         });
-        assert_eq!((n, seen), (1, vec![first]));
-        assert_eq!(table.state(first), SegState::Free);
-        assert_eq!(table.free_segments(), free_before + 1);
+        assert_eq!((n, seen), (0, vec![first]));
+        assert_eq!((table.free_count(), table.free_segments()), (in_map, free_now));
         table.check_invariants().unwrap();
+        // Round 3: nothing left to discard.
+        assert_eq!(table.checkpoint_done(|s| panic!("discarded {s:?} twice")), 0);
     }
 
     #[test]

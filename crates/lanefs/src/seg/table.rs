@@ -7,6 +7,10 @@ use crate::sync::PerCpuCounter;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Most segments one [`SegmentTable::checkpoint_done`] discards (bounds the time it holds
+/// them out of the free map; 128 MiB).
+pub const DISCARD_PER_ROUND: usize = 64;
+
 /// Lifecycle state of a main-area segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegState {
@@ -70,6 +74,12 @@ struct FreeMap {
     /// checkpoint is durable. (A segment emptied while a checkpoint is being written may still
     /// be referenced by it, so it waits one checkpoint more.)
     committing: Vec<u32>,
+    /// Segments freed without a discard: segment -> the `checkpoint_done` round that freed it.
+    /// Discarded by a later round if still free then (see [`SegmentTable::checkpoint_done`]).
+    /// At most one entry per segment.
+    undiscarded: std::collections::BTreeMap<u32, u64>,
+    /// `checkpoint_done` rounds so far.
+    rounds: u64,
 }
 
 impl SegmentTable {
@@ -107,7 +117,13 @@ impl SegmentTable {
             geometry: g,
             segs: segs.into_iter().map(Mutex::new).collect(),
             dirty_sit: (0..sit_words).map(|_| AtomicU64::new(0)).collect(),
-            free: Mutex::new(FreeMap { free, prefree: Vec::new(), committing: Vec::new() }),
+            free: Mutex::new(FreeMap {
+                free,
+                prefree: Vec::new(),
+                committing: Vec::new(),
+                undiscarded: Default::default(),
+                rounds: 0,
+            }),
             free_now: AtomicU64::new(0),
             pending: AtomicU64::new(0),
             cached: AtomicU64::new(0),
@@ -326,34 +342,66 @@ impl SegmentTable {
     }
 
     /// Called once a checkpoint is durable: segments emptied before its SIT was taken become
-    /// free. `discard` sees each of them first, while no lane can take it yet (TRIM: a discard
-    /// racing with a new write into the segment would destroy that write); the segments it
-    /// returns an error for stay free all the same (a discard is advice to the device).
-    /// Returns how many segments became free.
+    /// free. Returns how many did.
+    ///
+    /// Discard is lazy. A segment freed now is reused soon (allocation takes the lowest free
+    /// segment first), and discarding it first costs twice: the device (or the file system
+    /// under an image file) drops the blocks, then must allocate them again for the next
+    /// write, and a hole punched in an image file holds the file's lock against every write
+    /// meanwhile. So a freed segment is only noted, and `discard` sees it in a later round if
+    /// it is still free then: at most [`DISCARD_PER_ROUND`] segments a round, each taken out of
+    /// the free map while it is discarded (TRIM: a discard racing with a new write into the
+    /// segment would destroy that write) and counted free all the same. A discard that fails
+    /// leaves the segments free (a discard is advice to the device).
     pub fn checkpoint_done(&self, discard: impl FnOnce(&[u32])) -> usize {
-        let pre = {
-            let mut fm = self.free.lock();
-            let pre = std::mem::take(&mut fm.committing);
-            // Counted as pending until they are in the free map.
-            self.pending.fetch_add(pre.len() as u64, Ordering::AcqRel);
-            pre
-        };
-        let freeable: Vec<u32> =
-            pre.iter().copied().filter(|&s| self.seg(s).lock().state == SegState::Prefree).collect();
-        if !freeable.is_empty() {
-            discard(&freeable);
-        }
         let mut fm = self.free.lock();
-        for &s in &freeable {
+        fm.rounds += 1;
+        let round = fm.rounds;
+        let pre = std::mem::take(&mut fm.committing);
+        let mut freed = 0;
+        for s in pre {
             let mut seg = self.seg(s).lock();
-            debug_assert_eq!(seg.state, SegState::Prefree, "segment {s} changed while being freed");
+            if seg.state != SegState::Prefree {
+                continue;
+            }
             debug_assert_eq!(seg.entry.valid_blocks, 0);
             seg.state = SegState::Free;
             seg.entry.log_type = NO_LOG;
             fm.free.insert(s);
+            fm.undiscarded.insert(s, round);
+            freed += 1;
         }
+        // Freed in an earlier round and free ever since (a segment reused and freed again
+        // carries its newer round).
+        let due: Vec<u32> = fm
+            .undiscarded
+            .iter()
+            .filter(|&(_, &r)| r < round)
+            .map(|(&s, _)| s)
+            .take(DISCARD_PER_ROUND)
+            .collect();
+        let mut taken = Vec::with_capacity(due.len());
+        for s in due {
+            fm.undiscarded.remove(&s);
+            if fm.free.remove(&s) {
+                taken.push(s);
+            }
+        }
+        // Out of the map while discarded, still counted free (as a lane's cache is).
+        self.cached.fetch_add(taken.len() as u64, Ordering::AcqRel);
         self.publish(&fm);
-        freeable.len()
+        drop(fm);
+        if !taken.is_empty() {
+            discard(&taken);
+            let mut fm = self.free.lock();
+            for &s in &taken {
+                debug_assert_eq!(self.state(s), SegState::Free, "segment {s} changed while discarded");
+                fm.free.insert(s);
+            }
+            self.cached.fetch_sub(taken.len() as u64, Ordering::AcqRel);
+            self.publish(&fm);
+        }
+        freed
     }
 
     /// Up to `max` victims for the cleaner: dirty (full, inactive) segments holding at least
