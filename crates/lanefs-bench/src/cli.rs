@@ -11,7 +11,7 @@ use crate::session::{aggregate, compare_table, ratio_table, run_matrix, Entry, M
 use crate::target::{open_target_with, Target, TargetOptions, TargetSpec};
 use crate::workload::WorkloadList;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Arguments of `lanefs bench`.
 #[derive(clap::Args, Clone, Debug)]
@@ -45,6 +45,10 @@ pub struct BenchArgs {
     /// tmpfs, bindfs over tmpfs; needs root), run all targets interleaved, remove them again.
     #[arg(long)]
     pub compare: bool,
+    /// Directory for the image files of --compare (the references' loop devices and the lanefs
+    /// rows): RAM by default; a directory on a disk compares the file systems on that disk.
+    #[arg(long, value_name = "DIR", default_value = "/dev/shm", requires = "compare")]
+    pub images_in: PathBuf,
     /// References for --compare.
     #[arg(
         long,
@@ -53,8 +57,8 @@ pub struct BenchArgs {
         default_value = "ext4,xfs,btrfs,tmpfs,bindfs"
     )]
     pub references: Vec<Reference>,
-    /// lanefs rows of --compare, each on a fresh image in /dev/shm removed afterwards: lib (the
-    /// library, in process), mount (through FUSE), both, or none.
+    /// lanefs rows of --compare, each on a fresh image (in --images-in) removed afterwards: lib
+    /// (the library, in process), mount (through FUSE), both, or none.
     #[arg(long, value_name = "lib,mount|none", default_value = "lib,mount")]
     pub lanefs: LanefsList,
     /// Rounds: every target runs every cell once per round [default: 3 with --compare, else 1].
@@ -193,17 +197,20 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     let mut entries: Vec<Entry> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     if a.compare {
+        if a.images_in != Path::new("/dev/shm") {
+            notes.push(format!("images of the references and lanefs rows in {}", a.images_in.display()));
+        }
         for &r in &a.references {
             if interrupted() {
                 return Err("interrupted".into());
             }
-            if let Some(why) = Setup::unavailable(r) {
+            if let Some(why) = Setup::unavailable(r, &a.images_in) {
                 say(&format!("note: {why}"));
                 notes.push(why);
                 continue;
             }
             if setup.is_none() {
-                setup = Some(Setup::new()?);
+                setup = Some(Setup::new(&a.images_in)?);
             }
             let s = setup.as_mut().ok_or("setup vanished")?;
             match s.add(r) {
@@ -220,13 +227,13 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
             if interrupted() {
                 return Err("interrupted".into());
             }
-            if let Some(why) = k.unavailable() {
+            if let Some(why) = k.unavailable(&a.images_in) {
                 say(&format!("note: {why}"));
                 notes.push(why);
                 continue;
             }
             if setup.is_none() {
-                setup = Some(Setup::new()?);
+                setup = Some(Setup::new(&a.images_in)?);
             }
             let s = setup.as_mut().ok_or("setup vanished")?;
             match s.add_lanefs(k) {

@@ -5,7 +5,10 @@
 //! not the medium, is the bottleneck, as in the papers' RAM-disk runs), tmpfs as the in-memory
 //! upper bound, and bindfs over tmpfs as the ceiling for any FUSE file system.
 //!
-//! Everything this module creates (a base directory under /tmp, files in /dev/shm, loop devices,
+//! `--images-in DIR` puts the loop devices' image files and the lanefs rows' images in DIR
+//! instead (a directory on a disk: the same comparison where the medium costs something).
+//!
+//! Everything this module creates (a base directory under /tmp, image files, loop devices,
 //! mounts) is recorded in a [`Setup`] the moment it exists and undone in reverse order by its
 //! exact path: on success, on error, on panic (Drop) and after Ctrl-C/SIGTERM (the runner turns
 //! those into an orderly stop). Nothing is ever unmounted, detached or removed by name or
@@ -91,7 +94,8 @@ impl std::str::FromStr for Reference {
 }
 
 /// A lanefs subject that `--compare` measures against the references, each on a fresh image of
-/// the default geometry in /dev/shm (RAM, as the references' loop devices), removed afterwards.
+/// the default geometry beside the references' images (/dev/shm unless `--images-in`), removed
+/// afterwards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lanefs {
     /// The library API, in process (`lib:`).
@@ -118,10 +122,10 @@ impl Lanefs {
         }
     }
 
-    /// Why it cannot run here, if it cannot.
-    pub fn unavailable(self) -> Option<String> {
-        if !Path::new("/dev/shm").is_dir() {
-            return Some(format!("{}: skipped (no /dev/shm)", self.label()));
+    /// Why it cannot run here with its image in `images_in`, if it cannot.
+    pub fn unavailable(self, images_in: &Path) -> Option<String> {
+        if !images_in.is_dir() {
+            return Some(format!("{}: skipped (no {})", self.label(), images_in.display()));
         }
         if self == Lanefs::Mount {
             if let Some(why) =
@@ -222,27 +226,30 @@ fn undo(u: &Undo) -> Result<(), String> {
 /// Everything `--compare` created, in creation order.
 pub struct Setup {
     base: PathBuf,
+    /// Where image files go (/dev/shm unless `--images-in`).
+    images_in: PathBuf,
     undo: Vec<Undo>,
     seq: u32,
 }
 
 impl Setup {
-    /// Creates a fresh `/tmp/lanefs-bench-PID-XXXXXXXX` for the mount points.
-    pub fn new() -> Result<Setup, String> {
+    /// Creates a fresh `/tmp/lanefs-bench-PID-XXXXXXXX` for the mount points; image files
+    /// will go in `images_in`.
+    pub fn new(images_in: &Path) -> Result<Setup, String> {
         let base = crate::mount_target::fresh_dir(Path::new("/tmp"), "lanefs-bench")?;
-        Ok(Setup { undo: vec![Undo::RemoveDir(base.clone())], base, seq: 0 })
+        Ok(Setup { undo: vec![Undo::RemoveDir(base.clone())], base, images_in: images_in.into(), seq: 0 })
     }
 
-    /// Why `r` cannot be set up here, if it cannot.
-    pub fn unavailable(r: Reference) -> Option<String> {
+    /// Why `r` cannot be set up here with its image in `images_in`, if it cannot.
+    pub fn unavailable(r: Reference, images_in: &Path) -> Option<String> {
         if !rustix::process::geteuid().is_root() {
             return Some(format!("{r}: skipped (mounting needs root)"));
         }
         if let Some(t) = r.tools().into_iter().find(|t| find_tool(t).is_none()) {
             return Some(format!("{r}: skipped ({t} not found)"));
         }
-        if r.mkfs().is_some() && !Path::new("/dev/shm").is_dir() {
-            return Some(format!("{r}: skipped (no /dev/shm)"));
+        if r.mkfs().is_some() && !images_in.is_dir() {
+            return Some(format!("{r}: skipped (no {})", images_in.display()));
         }
         if r == Reference::Bindfs && !Path::new("/dev/fuse").exists() {
             return Some(format!("{r}: skipped (no /dev/fuse)"));
@@ -272,10 +279,10 @@ impl Setup {
         }
     }
 
-    /// Sets up a lanefs subject on a fresh image in /dev/shm (removed by [`Setup::cleanup`],
-    /// which runs after the target is closed). On failure the image is removed at once.
+    /// Sets up a lanefs subject on a fresh image (removed by [`Setup::cleanup`], which runs
+    /// after the target is closed). On failure the image is removed at once.
     pub fn add_lanefs(&mut self, k: Lanefs) -> Result<Box<dyn Target>, String> {
-        let img = self.shm_image(&format!("lanefs-{}", k.short()));
+        let img = self.image(&format!("lanefs-{}", k.short()));
         if img.exists() {
             return Err(format!("{}: {} exists already", k.label(), img.display()));
         }
@@ -301,11 +308,11 @@ impl Setup {
         }
     }
 
-    /// A fresh image path in /dev/shm named after this setup.
-    fn shm_image(&mut self, what: &str) -> PathBuf {
+    /// A fresh image path in the images directory, named after this setup.
+    fn image(&mut self, what: &str) -> PathBuf {
         self.seq += 1;
-        PathBuf::from(format!(
-            "/dev/shm/{}-{}-{what}.img",
+        self.images_in.join(format!(
+            "{}-{}-{what}.img",
             self.base.file_name().and_then(|s| s.to_str()).unwrap_or("lanefs-bench"),
             self.seq
         ))
@@ -330,7 +337,7 @@ impl Setup {
 
     fn build(&mut self, r: Reference, mine: &mut Vec<Undo>) -> Result<PathBuf, String> {
         if let Some((mkfs, mkfs_args)) = r.mkfs() {
-            let img = self.shm_image(r.name());
+            let img = self.image(r.name());
             let f = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -414,11 +421,11 @@ mod tests {
 
     #[test]
     fn lanefs_lib_subject_image_is_removed() {
-        if Lanefs::Lib.unavailable().is_some() {
+        if Lanefs::Lib.unavailable(Path::new("/dev/shm")).is_some() {
             eprintln!("skipped: no /dev/shm");
             return;
         }
-        let mut s = Setup::new().unwrap();
+        let mut s = Setup::new(Path::new("/dev/shm")).unwrap();
         let t = s.add_lanefs(Lanefs::Lib).unwrap();
         let img = PathBuf::from(format!(
             "/dev/shm/{}-1-lanefs-lib.img",
@@ -433,8 +440,24 @@ mod tests {
     }
 
     #[test]
+    fn lanefs_subject_image_goes_in_the_images_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Setup::new(dir.path()).unwrap();
+        let t = s.add_lanefs(Lanefs::Lib).unwrap();
+        let imgs: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(imgs.len(), 1, "{imgs:?}");
+        assert!(imgs[0].to_string_lossy().ends_with("-1-lanefs-lib.img"), "{imgs:?}");
+        t.close().unwrap();
+        drop(t);
+        assert!(s.cleanup().is_empty());
+        assert!(!imgs[0].exists());
+        assert!(Lanefs::Lib.unavailable(&dir.path().join("missing")).is_some());
+        assert!(Setup::unavailable(Reference::Ext4, &dir.path().join("missing")).is_some());
+    }
+
+    #[test]
     fn setup_removes_its_base_directory() {
-        let mut s = Setup::new().unwrap();
+        let mut s = Setup::new(Path::new("/dev/shm")).unwrap();
         let base = s.base.clone();
         assert!(base.is_dir() && base.starts_with("/tmp"));
         assert!(s.cleanup().is_empty());
