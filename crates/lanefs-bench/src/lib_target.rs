@@ -196,6 +196,7 @@ impl Target for LibTarget {
             device_bytes: s.journal_bytes + s.writeback_bytes + s.checkpoint_bytes + s.cleaning_bytes,
             cleaning_bytes: s.cleaning_bytes,
             segments_cleaned: s.segments_cleaned,
+            checkpoints: s.checkpoints_durable,
         })
     }
 

@@ -105,6 +105,7 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
         "device_bytes": r.io.map_or(Value::Null, |c| json!(c.device_bytes)),
         "cleaning_bytes": r.io.map_or(Value::Null, |c| json!(c.cleaning_bytes)),
         "segments_cleaned": r.io.map_or(Value::Null, |c| json!(c.segments_cleaned)),
+        "checkpoints": r.io.map_or(Value::Null, |c| json!(c.checkpoints)),
         "write_amplification": wa(r).map_or(Value::Null, |x| json!(round(x, 3))),
     });
     if let Some(n) = round_no {
@@ -268,6 +269,7 @@ mod tests {
             "device_bytes",
             "cleaning_bytes",
             "segments_cleaned",
+            "checkpoints",
             "write_amplification",
         ] {
             assert!(v.get(k).is_some_and(|x| x.is_null()), "{k}: {v}");
@@ -279,6 +281,7 @@ mod tests {
             device_bytes: 1500,
             cleaning_bytes: 300,
             segments_cleaned: 2,
+            checkpoints: 7,
         });
         let v = json_line(&r, &machine(), None);
         assert_eq!(v["fill"], 0.9512);
@@ -286,6 +289,7 @@ mod tests {
         assert_eq!(v["device_bytes"], 1500);
         assert_eq!(v["cleaning_bytes"], 300);
         assert_eq!(v["segments_cleaned"], 2);
+        assert_eq!(v["checkpoints"], 7);
         assert_eq!(v["write_amplification"], 1.5);
         let t = markdown_table(&[r.clone(), result(Workload::Dwol, false)]);
         assert!(t.starts_with("| target | fs | workload | threads | ops/s | used | WA | p50"), "{t}");

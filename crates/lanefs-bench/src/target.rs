@@ -143,6 +143,8 @@ pub struct IoCounters {
     pub cleaning_bytes: u64,
     /// Segments the cleaner emptied.
     pub segments_cleaned: u64,
+    /// Checkpoints made durable.
+    pub checkpoints: u64,
 }
 
 impl IoCounters {
@@ -153,6 +155,7 @@ impl IoCounters {
             device_bytes: self.device_bytes.saturating_sub(earlier.device_bytes),
             cleaning_bytes: self.cleaning_bytes.saturating_sub(earlier.cleaning_bytes),
             segments_cleaned: self.segments_cleaned.saturating_sub(earlier.segments_cleaned),
+            checkpoints: self.checkpoints.saturating_sub(earlier.checkpoints),
         }
     }
 
