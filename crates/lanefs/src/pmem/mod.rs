@@ -231,7 +231,7 @@
 //! flush costs next to nothing, that price is higher than the gain (DWSL: 231k against 296k
 //! ops/s at one thread), so by default it is on (4 pages) only where the device's flush costs
 //! something (`BlockDevice::flush_is_free` is false): with the image on the VM's disk, DWSL
-//! runs at 74k ops/s with it against 15-20k without it.
+//! runs at 96k ops/s with it against 17k without a region (docs/benchmarks.md).
 
 pub mod bench;
 pub mod crash;
