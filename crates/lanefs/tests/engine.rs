@@ -764,3 +764,27 @@ fn checkpoint_writes_large_dirty_files_back_before_its_exclusive_phase() {
     fs.unmount().unwrap();
     fsck_clean(&img);
 }
+
+/// Deleted inodes keep their memory until the checkpoint that deletes them, so deleting many
+/// files asks for one even when nothing else would (no interval, journals far from full).
+#[test]
+fn many_deletions_ask_for_a_checkpoint() {
+    let img = fresh(256 << 20, 2);
+    let fs = mount(&img, FsOptions { checkpoint_interval: None, ..Default::default() });
+    let base = fs.io_stats().checkpoints_durable;
+    for i in 0..5000u32 {
+        let name = format!("f{i}");
+        let f = fs.create(ROOT, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+        fs.write_at(f, 0, b"x").unwrap();
+        fs.unlink(ROOT, name.as_bytes()).unwrap();
+    }
+    // The background thread takes it; bounded wait.
+    let mut waited = 0;
+    while fs.io_stats().checkpoints_durable == base {
+        assert!(waited < 500, "no checkpoint after 5000 deletions");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        waited += 1;
+    }
+    fs.unmount().unwrap();
+    fsck_clean(&img);
+}

@@ -72,6 +72,9 @@ struct Snapshot {
     deleted: Vec<Arc<MNode>>,
     orphans: Vec<u32>,
     heads: Vec<ChainPos>,
+    /// Directory records this checkpoint took that no journal had: their pending counts are
+    /// dropped after the exclusive phase (an fsync cannot start before then: the gate).
+    uncount: Vec<Arc<crate::oplog::dirlog::LoggedOp>>,
 }
 
 impl Engine {
@@ -84,26 +87,35 @@ impl Engine {
         self.check_writable()?;
         self.write_back_early();
         let gate = self.gate.write();
-        let snap = {
+        let mut snap = {
             let _x = self.pass.exclusive();
             self.snapshot()
         };
+        for op in std::mem::take(&mut snap.uncount) {
+            self.count_pending(&op.record, -1);
+        }
         let seq = snap.seq;
         let r = self.write_snapshot(snap, clean);
         drop(gate);
-        if let Err(e) = &r {
-            *self.failure.lock() = e.to_string();
-            self.failed.store(true, Ordering::Release);
-            self.cp_done.notify_all();
-            return r;
-        }
+        let deleted = match r {
+            Ok(deleted) => deleted,
+            Err(e) => {
+                *self.failure.lock() = e.to_string();
+                self.failed.store(true, Ordering::Release);
+                self.cp_done.notify_all();
+                return Err(e);
+            }
+        };
+        // The deleted inodes' memory (their cached pages above all) is freed here, not while
+        // every fsync waits at the gate: a mail spool deletes thousands of files a checkpoint.
+        drop(deleted);
         // Segments emptied before the SIT was taken are free now. Discarding (a hole punched
         // in an image file, TRIM on a device) can take milliseconds: it runs after the gate
         // and the waiting fsyncs are let go.
         self.table.checkpoint_done(|segs| self.discard_segments(segs));
         self.cp.lock().settled = seq;
         self.cp_done.notify_all();
-        r
+        Ok(())
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -121,15 +133,16 @@ impl Engine {
         inos.dedup();
         let mut inodes = Vec::new();
         let mut deleted = Vec::new();
+        let mut uncount = Vec::new();
         for ino in inos {
             let Some(m) = self.cells.get(ino as u64) else { continue };
             m.in_dirty_set.store(false, Ordering::Release);
             m.captured_by.store(seq, Ordering::Release);
-            let meta = m.meta.lock().clone();
-            if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
+            if m.meta.lock().nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
                 deleted.push(m);
                 continue;
             }
+            let meta = m.meta.lock().clone();
             // The checkpoint makes whatever is pending durable by itself.
             m.attr_dirty.store(false, Ordering::Release);
             let xattrs_changed = std::mem::take(&mut m.meta.lock().xattrs_cp_dirty);
@@ -147,12 +160,14 @@ impl Engine {
             });
             let mut names = Vec::new();
             if let Some(d) = m.dir() {
-                let mut touched: Vec<Vec<u8>> = Vec::new();
-                for op in d.log.take_all() {
+                let ops = d.log.take_all();
+                let mut touched: Vec<&[u8]> = Vec::with_capacity(ops.len());
+                for op in &ops {
                     if !op.journaled.load(Ordering::Acquire) {
-                        // Taken into this checkpoint: durable with it, not pending any more.
+                        // Taken into this checkpoint: durable with it. Its pending counts
+                        // drop once operations resume (`uncount`).
                         op.journaled.store(true, Ordering::Release);
-                        self.count_pending(&op.record, -1);
+                        uncount.push(op.clone());
                     }
                     match &op.record {
                         Record::Create { dir, name, .. }
@@ -160,26 +175,26 @@ impl Engine {
                         | Record::Unlink { dir, name, .. }
                             if *dir == ino =>
                         {
-                            touched.push(name.clone());
+                            touched.push(name);
                         }
                         Record::Rename { src_dir, src_name, dst_dir, dst_name, .. } => {
                             if *src_dir == ino {
-                                touched.push(src_name.clone());
+                                touched.push(src_name);
                             }
                             if *dst_dir == ino {
-                                touched.push(dst_name.clone());
+                                touched.push(dst_name);
                             }
                         }
                         _ => {}
                     }
                 }
-                touched.sort();
+                touched.sort_unstable();
                 touched.dedup();
                 names = touched
                     .into_iter()
                     .map(|n| {
-                        let e = d.map.lookup(&n).map(|e| (e.ino, e.file_type));
-                        (n, e)
+                        let e = d.map.lookup(n).map(|e| (e.ino, e.file_type));
+                        (n.to_vec(), e)
                     })
                     .collect();
             }
@@ -207,8 +222,9 @@ impl Engine {
         let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
         self.journal_blocks.take();
         self.logged_ops.take();
+        self.deleted_inodes.take();
         self.dirty_inodes.take();
-        Snapshot { seq, stamp, inodes, deleted, orphans, heads }
+        Snapshot { seq, stamp, inodes, deleted, orphans, heads, uncount }
     }
 
     /// Each lane's next journal block is reserved ahead of use. If the lane's journal log has
@@ -237,7 +253,9 @@ impl Engine {
         }
     }
 
-    fn write_snapshot(&self, snap: Snapshot, clean: bool) -> Result<()> {
+    /// Writes the snapshot and commits it; returns the inodes it deleted, for the caller to
+    /// drop once the gate is released.
+    fn write_snapshot(&self, snap: Snapshot, clean: bool) -> Result<Vec<Arc<MNode>>> {
         let (lane, cpu) = self.lane();
         let cp_ver = self.cp.lock().cp.version + 1;
         let mtime = self.elapsed_secs();
@@ -270,6 +288,10 @@ impl Engine {
         }
         for m in &snap.deleted {
             self.drop_deleted(&w, m)?;
+            // Out of the cache before its id can be reused (`nat.checkpoint_done` below): a
+            // create given the id must not find this mnode there. Nothing can reach it any
+            // more: no name, not open.
+            self.cells.remove_if_same(m.ino as u64, m);
         }
         self.write_all(&writes, WriteKind::Checkpoint)?;
         drop(writes);
@@ -316,10 +338,7 @@ impl Engine {
         cps.durable = snap.seq;
         drop(cps);
         self.cp_done.notify_all();
-        for m in snap.deleted {
-            self.cells.remove_if_same(m.ino as u64, &m);
-        }
-        Ok(())
+        Ok(snap.deleted)
     }
 
     /// Allocates and queues one inode's data blocks: its dirty pages, a new symlink's target,
@@ -569,9 +588,7 @@ impl Engine {
             // Never checkpointed: only its reserved id to give back.
             None => self.nat.free_nid(m.ino)?,
         }
-        if let Some((p, _)) = m.pages() {
-            p.truncate(0);
-        }
+        // Its cached pages go with the mnode, dropped after the gate is released.
         Ok(())
     }
 }

@@ -331,8 +331,11 @@ impl Engine {
             meta.nlink
         };
         child.touch_ctime(t);
-        if nlink == 0 && child.open.load(Ordering::Acquire) > 0 {
-            self.orphans.lock().insert(child.ino);
+        if nlink == 0 {
+            self.count_deleted();
+            if child.open.load(Ordering::Acquire) > 0 {
+                self.orphans.lock().insert(child.ino);
+            }
         }
         self.mark_dirty(child);
     }
