@@ -285,7 +285,9 @@ impl PageMap {
     }
 
     /// Puts back pages whose write failed so that a later fsync retries them; a page changed
-    /// since is dirty already and keeps its newer contents.
+    /// since is dirty already and keeps its newer contents, and a page gone since stays gone
+    /// (an in-flight page is never evicted: a truncate or punch removed it, and putting it
+    /// back would bring cut data back past the end of the file).
     pub fn restore_dirty(&self, pages: &[(u64, PageBuf)]) {
         for (idx, buf) in pages {
             let mut guard = self.shard(*idx).lock();
@@ -297,11 +299,7 @@ impl PageMap {
                     self.mark_dirty(&mut s.dirty, *idx, p);
                 }
                 Some(p) => p.in_flight = false,
-                None => {
-                    self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
-                    let p = s.pages.entry(*idx).or_insert(Page::new(buf.clone(), false));
-                    self.mark_dirty(&mut s.dirty, *idx, p);
-                }
+                None => {}
             }
         }
     }
@@ -548,6 +546,25 @@ mod tests {
         assert_eq!(all.iter().map(|p| (p.0, p.1[0])).collect::<Vec<_>>(), vec![(1, b'A'), (2, b'B')]);
         assert_eq!(stats.dirty_pages.load(Ordering::Relaxed), 0);
         assert!(m.take_dirty().is_empty(), "stale logged entries are skipped");
+    }
+
+    #[test]
+    fn a_page_truncated_in_flight_is_not_restored() {
+        let stats = Arc::new(CacheStats::default());
+        let m = PageMap::new(stats.clone());
+        m.write(0, 0, b"keep", zero).unwrap();
+        m.write(5, 0, b"cut", zero).unwrap();
+        let taken = m.take_unsynced();
+        assert_eq!(taken.len(), 2);
+        m.truncate(3);
+        // The fsync that took them fails and gives them back.
+        m.restore_dirty(&taken);
+        assert!(m.get(5).is_none(), "a truncated page came back");
+        assert_eq!(&m.get(0).unwrap()[..4], b"keep");
+        assert_eq!(m.dirty_count(), 1);
+        assert_eq!(stats.dirty_pages.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.cached_pages.load(Ordering::Relaxed), 1);
+        m.check();
     }
 
     #[test]
