@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Most segments one [`SegmentTable::checkpoint_done`] discards (bounds the time it holds
 /// them out of the free map; 128 MiB).
 pub const DISCARD_PER_ROUND: usize = 64;
+/// Below this many segments in the free map nothing is discarded: space is short, and a
+/// segment being discarded is out of every lane's reach.
+pub const DISCARD_MIN_FREE: usize = 16;
 
 /// Lifecycle state of a main-area segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -372,13 +375,15 @@ impl SegmentTable {
             freed += 1;
         }
         // Freed in an earlier round and free ever since (a segment reused and freed again
-        // carries its newer round).
+        // carries its newer round). At most a quarter of the free map is held out at once, so
+        // lanes that need a segment meanwhile find one (none when space is short).
+        let room = if fm.free.len() < DISCARD_MIN_FREE { 0 } else { fm.free.len() / 4 };
         let due: Vec<u32> = fm
             .undiscarded
             .iter()
             .filter(|&(_, &r)| r < round)
             .map(|(&s, _)| s)
-            .take(DISCARD_PER_ROUND)
+            .take(DISCARD_PER_ROUND.min(room))
             .collect();
         let mut taken = Vec::with_capacity(due.len());
         for s in due {
