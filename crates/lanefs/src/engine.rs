@@ -548,27 +548,25 @@ impl Engine {
     /// first in a mail spool's delete-heavy loop; with one, checkpoints are rare otherwise and
     /// the dead files' pages pile up (varmail: gigabytes in seconds).
     pub(crate) fn count_deleted(&self) {
-        let share = (DELETED_INODES_PER_CHECKPOINT / self.deleted_inodes.slots() as u64).max(1);
-        if self.deleted_inodes.add(1) == share {
-            self.kick_checkpoint();
-        }
+        self.count_toward(&self.deleted_inodes, DELETED_INODES_PER_CHECKPOINT, 1);
     }
 
-    /// Counts one logged namespace operation; asks for a checkpoint when this CPU's share of
-    /// the bound is used up (no shared counter on the path).
+    /// Counts one logged namespace operation toward `FsOptions::logged_ops_limit`.
     pub(crate) fn count_op(&self) {
-        let share = (self.opts.logged_ops_limit / self.logged_ops.slots() as u64).max(1);
-        if self.logged_ops.add(1) == share {
-            self.kick_checkpoint();
-        }
+        self.count_toward(&self.logged_ops, self.opts.logged_ops_limit, 1);
     }
 
-    /// Counts journal blocks written; asks for a checkpoint when this CPU's share of the bound
-    /// is used up.
+    /// Counts journal blocks written toward `FsOptions::journal_blocks_limit`.
     pub(crate) fn count_journal(&self, blocks: u64) {
-        let share = (self.opts.journal_blocks_limit / self.journal_blocks.slots() as u64).max(1);
-        let now = self.journal_blocks.add(blocks);
-        if now >= share && now - blocks < share {
+        self.count_toward(&self.journal_blocks, self.opts.journal_blocks_limit, blocks);
+    }
+
+    /// Adds `n` to this CPU's slot of `counter` (reset by each checkpoint snapshot) and asks for
+    /// a checkpoint when the slot crosses its share of `bound` (no shared counter on the path).
+    fn count_toward(&self, counter: &PerCpuCounter, bound: u64, n: u64) {
+        let share = (bound / counter.slots() as u64).max(1);
+        let now = counter.add(n);
+        if now >= share && now - n < share {
             self.kick_checkpoint();
         }
     }

@@ -138,14 +138,18 @@ impl Engine {
             let Some(m) = self.cells.get(ino as u64) else { continue };
             m.in_dirty_set.store(false, Ordering::Release);
             m.captured_by.store(seq, Ordering::Release);
-            if m.meta.lock().nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
-                deleted.push(m);
-                continue;
-            }
-            let meta = m.meta.lock().clone();
+            let (meta, xattrs_changed) = {
+                let mut meta = m.meta.lock();
+                if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
+                    drop(meta);
+                    deleted.push(m);
+                    continue;
+                }
+                let xattrs_changed = std::mem::take(&mut meta.xattrs_cp_dirty);
+                (meta.clone(), xattrs_changed)
+            };
             // The checkpoint makes whatever is pending durable by itself.
             m.attr_dirty.store(false, Ordering::Release);
-            let xattrs_changed = std::mem::take(&mut m.meta.lock().xattrs_cp_dirty);
             let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
             let (map, mut relocate) = {
                 let mut disk = m.disk.lock();

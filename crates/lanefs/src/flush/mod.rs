@@ -407,9 +407,7 @@ impl Engine {
             self.count_journal(blocks.len() as u64);
             // Within a lane, journal blocks complete in chain order: the chain lock is held
             // until the batch (data and journal blocks together) is written.
-            let reqs: Vec<_> = writes
-                .iter()
-                .map(|(a, d)| WriteReq { addr: *a, data: &d[..] })
+            let reqs: Vec<_> = page_reqs(&writes)
                 .chain(blocks.iter().map(|(a, d)| WriteReq { addr: *a, data: d }))
                 .collect();
             if let Err(e) = self.write_reqs(&reqs, WriteKind::Journal) {
@@ -495,6 +493,11 @@ fn mentions(r: &Record, ino: u32) -> bool {
         }
         _ => false,
     }
+}
+
+/// The device writes of pages placed at blocks: (address, page) pairs.
+fn page_reqs(pages: &[(u64, crate::mem::pages::PageBuf)]) -> impl Iterator<Item = WriteReq<'_>> {
+    pages.iter().map(|(a, d)| WriteReq { addr: *a, data: &d[..] })
 }
 
 fn nospace(e: Error) -> Error {

@@ -66,8 +66,7 @@ impl Engine {
         if !log.has_room(lane, bytes.len()) {
             return Ok(RegionCommit::Full);
         }
-        let reqs: Vec<_> =
-            writes.iter().map(|(a, d)| crate::device::WriteReq { addr: *a, data: &d[..] }).collect();
+        let reqs: Vec<_> = super::page_reqs(writes).collect();
         self.write_reqs(&reqs, WriteKind::Journal)?;
         if !txn.data_refs().is_empty() {
             self.fsync_flush()?;
