@@ -7,7 +7,7 @@
 //! it. File data is written under the range lock of the bytes written, never a file lock.
 
 use super::mnode::{ts_to_ns, Content, MNode, Meta, S_IFDIR, S_IFLNK, S_IFREG};
-use super::pages::PAGE_SIZE;
+use super::pages::{PageMap, PAGE_SIZE};
 use crate::device::BLOCK_SIZE;
 use crate::engine::{now, Engine};
 use crate::error::{Error, Result};
@@ -633,7 +633,7 @@ impl Engine {
             .ok_or_else(|| Error::errno(libc::EFBIG, "write past the largest file size"))?;
         let _r = range.lock_exclusive(off, end);
         for (idx, po, n, at) in page_spans(off, end) {
-            pages.write(idx, po, &data[at..at + n], || self.load_page(m, idx))?;
+            self.write_page(m, pages, idx, po, &data[at..at + n])?;
         }
         if end > m.size.load(Ordering::Acquire) {
             m.size.fetch_max(end, Ordering::AcqRel);
@@ -644,29 +644,47 @@ impl Engine {
         Ok(())
     }
 
-    /// Current contents of page `idx` from the device (zeros for a hole or past the end).
+    /// Writes `bytes` at `po` within page `idx` of `m`.
     ///
-    /// The block is read outside the inode's lock, so an fsync, checkpoint or cleaning move
-    /// may replace it meanwhile, and once replaced it may be freed and reused: the read counts
-    /// only if the mapping did not change under it. After a few such misses it reads under the
-    /// lock.
-    fn load_page(&self, m: &MNode, idx: u64) -> Result<[u8; PAGE_SIZE]> {
-        let mut b = [0u8; PAGE_SIZE];
-        for _ in 0..3 {
+    /// A partial write of a page that is not cached needs the page's current contents. They
+    /// are read with no lock held, then installed under the inode's `disk` lock only if the
+    /// mapping did not change meanwhile: a replaced block may have been freed and reused, or
+    /// the page may have been written, written back and evicted since (which replaces its
+    /// block). Lock order is `disk`, then the page shard (`sync::rank`); the reverse, a shard
+    /// held while the loader takes `disk`, deadlocked against readers and writeback (issue 14).
+    fn write_page(&self, m: &MNode, pages: &PageMap, idx: u64, po: usize, bytes: &[u8]) -> Result<()> {
+        if pages.write(idx, po, bytes, None) {
+            return Ok(());
+        }
+        // Bounded: each miss means a fsync, writeback, checkpoint or cleaning move replaced
+        // this page's block during our read.
+        for _ in 0..LOAD_TRIES {
             let (addr, gen) = {
                 let disk = m.disk.lock();
                 (disk.cur_map.get(&idx).copied(), disk.map_gen)
             };
-            let Some(a) = addr.filter(|&a| a != NEW_ADDR) else { return Ok([0u8; PAGE_SIZE]) };
-            self.dev.read_block(a as u64, &mut b)?;
-            if m.disk.lock().map_gen == gen {
-                return Ok(b);
+            let base = self.read_mapped(addr)?;
+            let disk = m.disk.lock();
+            if disk.map_gen == gen {
+                let done = pages.write(idx, po, bytes, Some(&base));
+                debug_assert!(done, "a page with a base is always written");
+                return Ok(());
             }
         }
+        // The mapping moved under every try: read under the lock, once. A device read waits
+        // for no lock, so this holds up the inode's other users for one read, never a cycle.
         let disk = m.disk.lock();
-        match disk.cur_map.get(&idx).copied().filter(|&a| a != NEW_ADDR) {
-            Some(a) => self.dev.read_block(a as u64, &mut b)?,
-            None => b = [0u8; PAGE_SIZE],
+        let base = self.read_mapped(disk.cur_map.get(&idx).copied())?;
+        let done = pages.write(idx, po, bytes, Some(&base));
+        debug_assert!(done, "a page with a base is always written");
+        Ok(())
+    }
+
+    /// The block at `addr` (zeros for a hole or a block not yet written).
+    fn read_mapped(&self, addr: Option<u32>) -> Result<[u8; PAGE_SIZE]> {
+        let mut b = [0u8; PAGE_SIZE];
+        if let Some(a) = addr.filter(|&a| a != NEW_ADDR) {
+            self.dev.read_block(a as u64, &mut b)?;
         }
         Ok(b)
     }
@@ -695,13 +713,9 @@ impl Engine {
             pages.truncate(keep_pages);
             let tail = (size % PAGE_SIZE as u64) as usize;
             if tail != 0 {
+                // The partial page's tail reads as zeros from now on (loaded if not cached).
                 let idx = size / PAGE_SIZE as u64;
-                if pages.get(idx).is_none() {
-                    // Bring the partial page in so that its tail reads as zeros from now on.
-                    let base = self.load_page(m, idx)?;
-                    pages.insert_clean(idx, base);
-                }
-                pages.zero_tail(idx, tail);
+                self.write_page(m, pages, idx, tail, &[0u8; PAGE_SIZE][tail..])?;
             }
             m.disk.lock().truncate(keep_pages);
         }
@@ -742,7 +756,7 @@ impl Engine {
             for (idx, po, n, _) in page_spans(off, end) {
                 if po != 0 || n != PAGE_SIZE {
                     let zeros = vec![0u8; n];
-                    pages.write(idx, po, &zeros, || self.load_page(&m, idx))?;
+                    self.write_page(&m, pages, idx, po, &zeros)?;
                 }
             }
             // Whole pages: drop them and their blocks.
@@ -911,11 +925,14 @@ impl Engine {
     }
 }
 
+/// Reads of one page a partial write makes before it reads under the inode's `disk` lock.
+const LOAD_TRIES: usize = 3;
+
 const _: () = assert!(S_IFREG == 0o100000);
 
 /// Copies bytes `[off, end)` of a file into `buf` if every page they touch is cached; `None`
 /// (with `buf` partly written) as soon as one is not. The caller holds the range lock.
-fn read_cached(pages: &crate::mem::pages::PageMap, off: u64, end: u64, buf: &mut [u8]) -> Option<usize> {
+fn read_cached(pages: &PageMap, off: u64, end: u64, buf: &mut [u8]) -> Option<usize> {
     copy_pages(off, end, buf, |idx| pages.get(idx).map(Some))
 }
 

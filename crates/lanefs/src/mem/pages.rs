@@ -143,32 +143,34 @@ impl PageMap {
         self.logged.load(Ordering::Relaxed)
     }
 
-    /// Writes `bytes` at `off` within page `idx`. If the page is not cached, `load` supplies its
-    /// current contents (zeros for a hole; the device block otherwise) unless the write covers
-    /// the whole page.
-    pub fn write<E>(
-        &self,
-        idx: u64,
-        off: usize,
-        bytes: &[u8],
-        load: impl FnOnce() -> Result<[u8; PAGE_SIZE], E>,
-    ) -> Result<(), E> {
+    /// Writes `bytes` at `off` within page `idx`; returns false, changing nothing, if the page
+    /// is not cached, the write does not cover it whole and no `base` was given.
+    ///
+    /// `base` is the page's current contents from the device (zeros for a hole), used only if
+    /// the page is still not cached. No I/O happens here, and no other lock is taken under the
+    /// shard's: the caller reads the block first, with no lock held, and passes it in while
+    /// holding the inode's `disk` lock, after checking that the mapping did not change since
+    /// the read (the lock hierarchy ranks `disk` above the page shards; see `sync::rank`).
+    pub fn write(&self, idx: u64, off: usize, bytes: &[u8], base: Option<&[u8; PAGE_SIZE]>) -> bool {
         debug_assert!(off + bytes.len() <= PAGE_SIZE && !bytes.is_empty());
+        let full = off == 0 && bytes.len() == PAGE_SIZE;
         let mut guard = self.shard(idx).lock();
         let shard = &mut *guard;
         let page = match shard.pages.entry(idx) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                // Loading under the shard lock keeps two writers of one page from loading twice;
-                // the read is of a block this file already owns, so it cannot wait on this file.
-                let base = if off == 0 && bytes.len() == PAGE_SIZE { [0u8; PAGE_SIZE] } else { load()? };
+                let base = match (full, base) {
+                    (true, _) => [0u8; PAGE_SIZE],
+                    (false, Some(b)) => *b,
+                    (false, None) => return false,
+                };
                 self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
                 v.insert(Page::new(Arc::new(base), false))
             }
         };
         Arc::make_mut(&mut page.data)[off..off + bytes.len()].copy_from_slice(bytes);
         self.mark_dirty(&mut shard.dirty, idx, page);
-        Ok(())
+        true
     }
 
     /// Caches a clean page read from the device (no effect if the page is cached already).
@@ -355,16 +357,6 @@ impl PageMap {
             .sum()
     }
 
-    /// Zeroes bytes [off, PAGE_SIZE) of page `idx` if it is cached (the tail of a truncated page).
-    pub fn zero_tail(&self, idx: u64, off: usize) {
-        let mut guard = self.shard(idx).lock();
-        let s = &mut *guard;
-        if let Some(p) = s.pages.get_mut(&idx) {
-            Arc::make_mut(&mut p.data)[off..].fill(0);
-            self.mark_dirty(&mut s.dirty, idx, p);
-        }
-    }
-
     /// Drops clean pages to free memory; returns how many were dropped.
     pub fn evict_clean(&self, max: usize) -> usize {
         let mut n = 0;
@@ -417,19 +409,20 @@ impl Drop for PageMap {
 mod tests {
     use super::*;
 
-    fn zero() -> Result<[u8; PAGE_SIZE], ()> {
-        Ok([0; PAGE_SIZE])
+    /// Writes with a zero base (a hole), as the engine does for a page with no block.
+    fn w(m: &PageMap, idx: u64, off: usize, bytes: &[u8]) {
+        assert!(m.write(idx, off, bytes, Some(&[0; PAGE_SIZE])));
     }
 
     #[test]
     fn copy_on_write_keeps_snapshots_stable() {
         let stats = Arc::new(CacheStats::default());
         let m = PageMap::new(stats.clone());
-        m.write(3, 10, b"hello", zero).unwrap();
+        w(&m, 3, 10, b"hello");
         let snap = m.take_dirty();
         assert_eq!(snap.len(), 1);
         assert_eq!(m.dirty_count(), 0);
-        m.write(3, 10, b"HELLO", zero).unwrap();
+        w(&m, 3, 10, b"HELLO");
         assert_eq!(&snap[0].1[10..15], b"hello", "snapshot must not see the later write");
         assert_eq!(&m.get(3).unwrap()[10..15], b"HELLO");
         assert_eq!(m.dirty_count(), 1);
@@ -440,15 +433,20 @@ mod tests {
     }
 
     #[test]
-    fn partial_write_loads_base_and_full_write_does_not() {
+    fn partial_write_needs_a_base_and_full_write_does_not() {
         let m = PageMap::new(Arc::default());
-        m.write(0, 0, &[1u8; PAGE_SIZE], || -> Result<_, ()> { panic!("full page needs no load") }).unwrap();
-        let r: Result<(), &str> = m.write(1, 5, b"x", || Err("load failed"));
-        assert_eq!(r, Err("load failed"));
-        assert!(m.get(1).is_none());
-        m.write(1, 5, b"x", || -> Result<_, ()> { Ok([7u8; PAGE_SIZE]) }).unwrap();
+        assert!(m.write(0, 0, &[1u8; PAGE_SIZE], None), "a full page needs no base");
+        assert!(!m.write(1, 5, b"x", None), "a partial page that is not cached needs its base");
+        assert!(m.get(1).is_none(), "a refused write changes nothing");
+        assert_eq!(m.dirty_count(), 1);
+        assert!(m.write(1, 5, b"x", Some(&[7u8; PAGE_SIZE])));
         let p = m.get(1).unwrap();
         assert_eq!((p[4], p[5], p[6]), (7, b'x', 7));
+        // Cached now: a later partial write needs no base, and a base given is ignored.
+        assert!(m.write(1, 6, b"y", None));
+        assert!(m.write(1, 7, b"z", Some(&[9u8; PAGE_SIZE])));
+        let p = m.get(1).unwrap();
+        assert_eq!(&p[4..9], &[7, b'x', b'y', b'z', 7]);
     }
 
     impl PageMap {
@@ -497,11 +495,11 @@ mod tests {
                             2 => {
                                 m.truncate_one(idx);
                             }
-                            3 => m.zero_tail(idx, 100),
+                            3 => w(&m, idx, 100, &[0u8; PAGE_SIZE - 100]),
                             4 => {
                                 m.evict_clean(5);
                             }
-                            _ => m.write(idx, 0, &[t as u8; 8], zero).unwrap(),
+                            _ => w(&m, idx, 0, &[t as u8; 8]),
                         }
                     }
                 })
@@ -523,11 +521,11 @@ mod tests {
     fn logged_pages_are_skipped_by_fsync_and_taken_by_the_checkpoint() {
         let stats = Arc::new(CacheStats::default());
         let m = PageMap::new(stats.clone());
-        m.write(1, 0, b"a", zero).unwrap();
-        m.write(2, 0, b"b", zero).unwrap();
+        w(&m, 1, 0, b"a");
+        w(&m, 2, 0, b"b");
         let taken = m.take_unsynced();
         assert_eq!(taken.len(), 2);
-        m.write(2, 0, b"B", zero).unwrap();
+        w(&m, 2, 0, b"B");
         m.settle_logged(&taken);
         // Page 1 is logged; page 2 was written again meanwhile and stays dirty.
         assert_eq!((m.dirty_count(), m.logged_count()), (1, 1));
@@ -536,7 +534,7 @@ mod tests {
         let again = m.take_unsynced();
         assert_eq!(again.iter().map(|p| p.0).collect::<Vec<_>>(), vec![2], "fsync skips logged pages");
         m.settle_logged(&again);
-        m.write(1, 0, b"A", zero).unwrap();
+        w(&m, 1, 0, b"A");
         assert_eq!((m.dirty_count(), m.logged_count()), (1, 1), "a logged page written again is dirty");
         // Page 1 is dirty and still has a stale entry in the logged list: counted once.
         assert_eq!(m.dirty_unmapped(|_| false), 2);
@@ -552,8 +550,8 @@ mod tests {
     fn a_page_truncated_in_flight_is_not_restored() {
         let stats = Arc::new(CacheStats::default());
         let m = PageMap::new(stats.clone());
-        m.write(0, 0, b"keep", zero).unwrap();
-        m.write(5, 0, b"cut", zero).unwrap();
+        w(&m, 0, 0, b"keep");
+        w(&m, 5, 0, b"cut");
         let taken = m.take_unsynced();
         assert_eq!(taken.len(), 2);
         m.truncate(3);
@@ -573,7 +571,7 @@ mod tests {
         let m = PageMap::new(stats.clone());
         // 40 pages over every shard: 0..20 logged, 20..40 dirty.
         for i in 0..40u64 {
-            m.write(i, 0, &[i as u8 + 1], zero).unwrap();
+            w(&m, i, 0, &[i as u8 + 1]);
         }
         let first = m.take_unsynced();
         let logged: Vec<_> = first.iter().filter(|p| p.0 < 20).cloned().collect();
@@ -601,10 +599,10 @@ mod tests {
         assert_eq!(stats.dirty_pages.load(Ordering::Relaxed), 0);
         // A page written after a bounded take left others behind is found by the next one.
         for i in 0..20u64 {
-            m.write(i, 0, b"x", zero).unwrap();
+            w(&m, i, 0, b"x");
         }
         assert_eq!(m.take_dirty_upto(5).len(), 5);
-        m.write(100, 0, b"y", zero).unwrap();
+        w(&m, 100, 0, b"y");
         assert_eq!(m.take_unsynced().len(), 16);
         m.check();
     }
@@ -618,7 +616,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..500u64 {
                         let idx = i * 8 + t;
-                        m.write(idx, 0, &[t as u8 + 1; PAGE_SIZE], zero).unwrap();
+                        w(&m, idx, 0, &[t as u8 + 1; PAGE_SIZE]);
                     }
                 })
             })
