@@ -1,11 +1,8 @@
 //! The engine: every piece of state a mounted file system has, and the glue between MEMFS and
 //! DISKFS (loading inodes on first use, the dirty set, group commit, the operation clock).
 //!
-//! Locking, outermost first (a thread takes them only in this order):
-//! `cp_serial` -> `gate` (write: checkpoint; read: fsync, writeback) -> `pass` (exclusive:
-//! checkpoint snapshot; shared: every operation) -> a directory's `flush_lock`s (ascending
-//! inode) -> `rename_lock` -> directory shards (ascending (inode, shard)) -> `meta` / `disk`
-//! of one mnode -> a lane's chain writer. No lock is held across device I/O except the gate
+//! Locking: every lock here has a rank in the one hierarchy written in `sync::rank`, which
+//! test builds enforce on every acquisition. No lock is held across device I/O except the gate
 //! (by design: it is how a checkpoint keeps fsync from changing block validity under it), a
 //! lane's chain writer (journal blocks of one lane complete in chain order), and `cp_serial`.
 
@@ -23,8 +20,8 @@ use crate::mem::Cells;
 use crate::nat::NatTable;
 use crate::oplog::{InFlight, Timestamp};
 use crate::seg::{LaneSet, SegmentTable};
+use crate::sync::rank::{Condvar, Mutex, Rank, RwLock};
 use crate::sync::{current_cpu, PassSem, PerCpu, PerCpuCounter};
-use parking_lot::{Condvar, Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,11 +106,20 @@ pub(crate) const DELETED_INODES_PER_CHECKPOINT: u64 = 4096;
 
 /// Group commit: concurrent fsyncs share one device flush. A caller whose writes completed
 /// before a flush started is covered by that flush.
-#[derive(Default)]
 pub(crate) struct GroupCommit {
     tickets: AtomicU64,
     state: Mutex<GroupState>,
     cv: Condvar,
+}
+
+impl Default for GroupCommit {
+    fn default() -> Self {
+        GroupCommit {
+            tickets: AtomicU64::new(0),
+            state: Mutex::new(Rank::GroupCommit, GroupState::default()),
+            cv: Condvar::new(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -229,7 +235,6 @@ pub(crate) enum WriteKind {
 }
 
 /// Bytes written by cause since mount (per CPU, summed on read).
-#[derive(Default)]
 pub(crate) struct IoCounters {
     /// Bytes users wrote (what write amplification is measured against).
     pub user: PerCpuCounter,
@@ -244,6 +249,21 @@ pub(crate) struct IoCounters {
     /// (user, cleaning, other) totals already added to the checkpoint's persistent counters:
     /// each checkpoint adds what the totals grew by since.
     saved: Mutex<[u64; 3]>,
+}
+
+impl Default for IoCounters {
+    fn default() -> Self {
+        IoCounters {
+            user: PerCpuCounter::default(),
+            journal: PerCpuCounter::default(),
+            writeback: PerCpuCounter::default(),
+            checkpoint: PerCpuCounter::default(),
+            cleaning: PerCpuCounter::default(),
+            nvm_journal: PerCpuCounter::default(),
+            fsync_flushes: PerCpuCounter::default(),
+            saved: Mutex::new(Rank::IoSaved, [0; 3]),
+        }
+    }
 }
 
 impl IoCounters {

@@ -34,7 +34,7 @@ use crate::format::layout::{BLOCKS_PER_SEG, LOG_TYPES};
 use crate::format::ssa::{SegmentSummary, SummaryKind};
 use crate::format::tree::XATTR_NODE_OFS;
 use crate::seg::{Victim, VictimPolicy};
-use parking_lot::Mutex;
+use crate::sync::rank::{Mutex, Rank};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -49,7 +49,6 @@ const MAX_VICTIMS: usize = 64;
 const SLACK_BLOCKS: u64 = 64;
 
 /// The cleaner's state and counters.
-#[derive(Default)]
 pub struct Cleaner {
     /// One round at a time (foreground callers queue here; the background one skips).
     round: Mutex<()>,
@@ -60,6 +59,18 @@ pub struct Cleaner {
     pub blocks_planned: AtomicU64,
     /// Victims planned but not yet seen emptied by a checkpoint.
     pending_victims: Mutex<Vec<u32>>,
+}
+
+impl Default for Cleaner {
+    fn default() -> Self {
+        Cleaner {
+            round: Mutex::new(Rank::GcRound, ()),
+            rounds: AtomicU64::new(0),
+            segments_cleaned: AtomicU64::new(0),
+            blocks_planned: AtomicU64::new(0),
+            pending_victims: Mutex::new(Rank::GcVictims, Vec::new()),
+        }
+    }
 }
 
 /// What one round planned.

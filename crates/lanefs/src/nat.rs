@@ -35,9 +35,9 @@ use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::format::layout::{Geometry, NAT_ENTRIES_PER_BLOCK};
 use crate::format::{Checkpoint, NatBlock, NatEntry};
+use crate::sync::rank::{Mutex, Rank};
 use crossbeam::queue::SegQueue;
 use crossbeam::utils::CachePadded;
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
@@ -177,10 +177,12 @@ impl NatTable {
             dirty: (0..(g.nat_blocks as usize).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             valid_nodes: AtomicU64::new(0),
             valid_inodes: AtomicU64::new(0),
-            caches: (0..slots).map(|_| CachePadded::new(Mutex::new(Vec::with_capacity(NID_BATCH)))).collect(),
-            scanner: Mutex::new(Scanner { cursor, exhausted: false }),
+            caches: (0..slots)
+                .map(|_| CachePadded::new(Mutex::new(Rank::NatCache, Vec::with_capacity(NID_BATCH))))
+                .collect(),
+            scanner: Mutex::new(Rank::NatScanner, Scanner { cursor, exhausted: false }),
             freed: SegQueue::new(),
-            committing: Mutex::new(Vec::new()),
+            committing: Mutex::new(Rank::NatCommitting, Vec::new()),
         }
     }
 

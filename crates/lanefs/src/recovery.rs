@@ -32,8 +32,8 @@ use crate::pmem::journal::NvmJournal;
 use crate::pmem::nat::NvmNat;
 use crate::pmem::PmemRegion;
 use crate::seg::{LaneSet, SegmentTable};
+use crate::sync::rank::{Condvar, Mutex, Rank, RwLock};
 use crate::sync::{PassSem, PerCpu, PerCpuCounter};
-use parking_lot::{Condvar, Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -174,7 +174,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         } else {
             ChainWriter::resume(l as u16, nonce, r.end())
         };
-        chains.push(Mutex::new(w));
+        chains.push(Mutex::new(Rank::Chain, w));
     }
     let records: Vec<Record> =
         merge_by_stamp(reads.into_iter().map(|r| r.transactions).chain(region_txns).collect())
@@ -202,25 +202,25 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         cells: Cells::new(),
         pass: PassSem::new(),
         inflight: InFlight::new(),
-        gate: RwLock::new(()),
-        cp_serial: Mutex::new(()),
+        gate: RwLock::new(Rank::Gate, ()),
+        cp_serial: Mutex::new(Rank::CpSerial, ()),
         chains,
         group: GroupCommit::default(),
-        dirty: PerCpu::new(|_| Mutex::new(Vec::new())),
-        orphans: Mutex::new(Default::default()),
+        dirty: PerCpu::new(|_| Mutex::new(Rank::DirtySet, Vec::new())),
+        orphans: Mutex::new(Rank::Orphans, Default::default()),
         clock: StampClock::new(cp.stamp.max(max_stamp)),
-        cp: Mutex::new(CpState { cp, pack, started: 0, durable: 0, settled: 0 }),
+        cp: Mutex::new(Rank::CpState, CpState { cp, pack, started: 0, durable: 0, settled: 0 }),
         cp_done: Condvar::new(),
         cache: Arc::new(CacheStats::default()),
         opts,
-        rename_lock: Mutex::new(()),
+        rename_lock: Mutex::new(Rank::Rename, ()),
         journal_blocks: PerCpuCounter::new(),
         logged_ops: PerCpuCounter::new(),
         deleted_inodes: PerCpuCounter::new(),
         dirty_inodes: PerCpuCounter::new(),
         failed: AtomicBool::new(false),
-        failure: Mutex::new(String::new()),
-        cp_kick: (Mutex::new(false), Condvar::new()),
+        failure: Mutex::new(Rank::Failure, String::new()),
+        cp_kick: (Mutex::new(Rank::CpKick, false), Condvar::new()),
         stop: AtomicBool::new(false),
         io: Default::default(),
         age_at_mount: age,
@@ -515,14 +515,18 @@ impl Engine {
 
     /// A name of `m` in `d` went away during replay.
     fn unlinked(&self, d: &MNode, m: &MNode) {
+        // One inode's meta at a time (sync::rank: `Meta` does not nest).
         let mut meta = m.meta.lock();
-        if m.is_dir() {
+        let was_dir = m.is_dir();
+        if was_dir {
             meta.nlink = 0;
-            d.add_nlink(-1);
         } else {
             meta.nlink = meta.nlink.saturating_sub(1);
         }
         drop(meta);
+        if was_dir {
+            d.add_nlink(-1);
+        }
         self.mark_dirty(m);
     }
 

@@ -22,7 +22,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::rank::{Mutex, Rank, RwLock};
 
 use super::plan;
 use super::{BlockDevice, IoMode, ReadReq, WriteReq, BLOCK_SIZE};
@@ -183,9 +183,9 @@ impl<D: BlockDevice> CrashDevice<D> {
     pub fn with_clock(inner: D, clock: EventClock) -> CrashDevice<D> {
         CrashDevice {
             inner,
-            barrier: RwLock::new(()),
-            log: Mutex::new(Log { events: Vec::new(), clock }),
-            faults: Mutex::new(FaultState::default()),
+            barrier: RwLock::new(Rank::CrashBarrier, ()),
+            log: Mutex::new(Rank::CrashLog, Log { events: Vec::new(), clock }),
+            faults: Mutex::new(Rank::CrashFaults, FaultState::default()),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::io;
 
-use parking_lot::RwLock;
+use crate::sync::rank::{Rank, RwLock};
 
 use super::plan;
 use super::{BlockDevice, IoMode, ReadReq, WriteReq, BLOCK_SIZE};
@@ -30,7 +30,7 @@ impl MemDevice {
         let mut left = blocks;
         while left > 0 {
             let n = left.min(GROUP_BLOCKS);
-            groups.push(RwLock::new(vec![0u8; n as usize * BLOCK_SIZE].into_boxed_slice()));
+            groups.push(RwLock::new(Rank::Device, vec![0u8; n as usize * BLOCK_SIZE].into_boxed_slice()));
             left -= n;
         }
         MemDevice { groups, blocks, flushes: Default::default() }
@@ -39,8 +39,10 @@ impl MemDevice {
     /// A device holding `bytes`; a trailing partial block is dropped, as for an image file.
     pub fn from_bytes(bytes: Vec<u8>) -> MemDevice {
         let whole = bytes.len() - bytes.len() % BLOCK_SIZE;
-        let groups =
-            bytes[..whole].chunks(GROUP_BYTES).map(|c| RwLock::new(c.to_vec().into_boxed_slice())).collect();
+        let groups = bytes[..whole]
+            .chunks(GROUP_BYTES)
+            .map(|c| RwLock::new(Rank::Device, c.to_vec().into_boxed_slice()))
+            .collect();
         MemDevice { groups, blocks: (whole / BLOCK_SIZE) as u64, flushes: Default::default() }
     }
 

@@ -17,8 +17,8 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::sync::rank::{Mutex, MutexGuard, Rank};
 use io_uring::{opcode, squeue, types, IoUring};
-use parking_lot::{Mutex, MutexGuard};
 
 use super::aligned::{is_direct_aligned, AlignedBuf};
 use super::plan::Plan;
@@ -99,7 +99,7 @@ impl UringBackend {
         let slots = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, MAX_SLOTS);
         let mut rings = Vec::with_capacity(slots);
         for _ in 0..slots {
-            rings.push(Mutex::new(build_ring()?));
+            rings.push(Mutex::new(Rank::Device, build_ring()?));
         }
         Ok(UringBackend { rings: rings.into_boxed_slice() })
     }

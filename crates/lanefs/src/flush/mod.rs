@@ -50,7 +50,7 @@ struct DirOps {
 impl Engine {
     /// Waits until no checkpoint in progress holds changes of `m` that no journal has, then
     /// returns holding the gate shared (so none starts until the caller is done).
-    pub(crate) fn enter_flush(&self, m: &MNode) -> Result<parking_lot::RwLockReadGuard<'_, ()>> {
+    pub(crate) fn enter_flush(&self, m: &MNode) -> Result<crate::sync::rank::RwLockReadGuard<'_, ()>> {
         // Bounded: each round waits for a checkpoint to finish; a new one captures m only if it
         // was changed again, and then the next round waits for that one.
         loop {

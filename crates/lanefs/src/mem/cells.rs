@@ -13,7 +13,7 @@
 //! - No callback supplied by a caller ever runs while a cell lock is held, except the
 //!   constructor of `insert_if_absent` (documented there), so callbacks may use the table freely.
 
-use parking_lot::RwLock;
+use crate::sync::rank::{Rank, RwLock};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
@@ -70,7 +70,7 @@ impl<T> Cells<T> {
     pub fn with_cells(n: usize) -> Self {
         // Cap far above any real core count; keeps the allocation bounded whatever `n` is.
         let n = n.clamp(1, 1 << 16).next_power_of_two();
-        let cells = (0..n).map(|_| CachePadded::new(RwLock::default())).collect();
+        let cells = (0..n).map(|_| CachePadded::new(RwLock::new(Rank::Cell, HashMap::default()))).collect();
         Cells { cells, mask: n - 1 }
     }
 

@@ -11,7 +11,7 @@
 //! during the listing may or may not appear, as POSIX allows). Cookies 1 and 2 are left for
 //! "." and "..".
 
-use parking_lot::RwLock;
+use crate::sync::rank::{Rank, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -54,7 +54,7 @@ fn shard_of(name: &[u8]) -> usize {
 impl DirMap {
     pub fn new() -> DirMap {
         DirMap {
-            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::new(Rank::DirShard, Shard::default())).collect(),
             len: AtomicU64::new(0),
         }
     }

@@ -12,7 +12,7 @@ use super::range_lock::RangeLock;
 use crate::format::node::{Timespec, S_IFMT};
 use crate::node::{BlockMap, InodeTree};
 use crate::oplog::dirlog::DirLog;
-use parking_lot::Mutex;
+use crate::sync::rank::{Mutex, Rank};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -179,7 +179,7 @@ impl MNode {
             S_IFDIR => Content::Dir(DirState {
                 map: DirMap::new(),
                 log: DirLog::new(),
-                flush_lock: Mutex::new(()),
+                flush_lock: Mutex::new(Rank::DirFlush, ()),
                 dead: AtomicBool::new(false),
             }),
             _ => Content::Other,
@@ -187,19 +187,19 @@ impl MNode {
         MNode {
             ino,
             file_type,
-            meta: Mutex::new(meta),
+            meta: Mutex::new(Rank::Meta, meta),
             size: AtomicU64::new(size),
             mtime: AtomicI64::new(ts_to_ns(mtime)),
             ctime: AtomicI64::new(ts_to_ns(ctime)),
             content,
-            disk: Mutex::new(DiskState::default()),
+            disk: Mutex::new(Rank::Disk, DiskState::default()),
             open: AtomicU32::new(0),
             parent: AtomicU32::new(0),
-            pending: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(Rank::Pending, BTreeMap::new()),
             in_dirty_set: AtomicBool::new(false),
             captured_by: AtomicU64::new(0),
             attr_dirty: AtomicBool::new(false),
-            fsync_order: Mutex::new(()),
+            fsync_order: Mutex::new(Rank::FsyncOrder, ()),
         }
     }
 

@@ -17,7 +17,7 @@
 //! drained; bounded by the inline fsyncs since the last checkpoint); no page is both dirty and
 //! logged. A dirty, logged or in-flight page is never evicted.
 
-use parking_lot::Mutex;
+use crate::sync::rank::{Mutex, Rank};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -97,7 +97,7 @@ pub struct PageMap {
 impl PageMap {
     pub fn new(stats: Arc<CacheStats>) -> PageMap {
         PageMap {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Rank::PageShard, Shard::default())).collect(),
             dirty_shards: AtomicU32::new(0),
             dirty: AtomicU64::new(0),
             logged: AtomicU64::new(0),

@@ -20,7 +20,7 @@
 //! The list is a vector scanned linearly: the number of outstanding requests on one file is
 //! bounded by the threads using it, and a scan of a few entries beats a tree's pointer chasing.
 
-use parking_lot::Mutex;
+use crate::sync::rank::{Held, Mutex, Rank};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::Thread;
@@ -64,19 +64,25 @@ struct Inner {
 }
 
 /// A byte-range reader/writer lock for one file.
-#[derive(Default)]
 pub struct RangeLock {
     inner: Mutex<Inner>,
+}
+
+impl Default for RangeLock {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl RangeLock {
     /// An unlocked range lock.
     pub fn new() -> Self {
-        Self::default()
+        RangeLock { inner: Mutex::new(Rank::RangeInner, Inner::default()) }
     }
 
     /// Locks `[start, end)` in `mode`, waiting behind every earlier conflicting request.
     pub fn lock(&self, start: u64, end: u64, mode: LockMode) -> RangeGuard<'_> {
+        let held = Held::acquire(Rank::Range);
         let (seq, waiter) = {
             let mut inner = self.inner.lock();
             let seq = inner.next_seq;
@@ -95,7 +101,7 @@ impl RangeLock {
                 std::thread::park();
             }
         }
-        RangeGuard { lock: self, seq, start, end, mode }
+        RangeGuard { lock: self, seq, start, end, mode, _held: held }
     }
 
     /// Locks `[start, end)` for reading.
@@ -118,7 +124,7 @@ impl RangeLock {
         let seq = inner.next_seq;
         inner.next_seq += 1;
         inner.requests.push(Request { seq, start, end, mode, waiter: None });
-        Some(RangeGuard { lock: self, seq, start, end, mode })
+        Some(RangeGuard { lock: self, seq, start, end, mode, _held: Held::without_waiting(Rank::Range) })
     }
 
     /// [`try_lock`](Self::try_lock) for reading.
@@ -189,6 +195,8 @@ pub struct RangeGuard<'a> {
     start: u64,
     end: u64,
     mode: LockMode,
+    /// The range lock's place in the lock hierarchy (sync::rank), for as long as it is held.
+    _held: Held,
 }
 
 impl RangeGuard<'_> {
@@ -252,6 +260,7 @@ mod tests {
 
     #[test]
     fn conflict_rules() {
+        crate::sync::rank::exempt_this_thread();
         let l = RangeLock::new();
         let a = l.lock_shared(0, 100);
         assert!(l.try_lock_shared(50, 150).is_some(), "shared/shared overlap must coexist");
@@ -269,6 +278,7 @@ mod tests {
 
     #[test]
     fn to_infinity_excludes_everything_past_x() {
+        crate::sync::rank::exempt_this_thread();
         let l = RangeLock::new();
         let g = l.lock_exclusive(4096, u64::MAX);
         assert_eq!(g.end(), u64::MAX);
@@ -282,6 +292,7 @@ mod tests {
         let got = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
+                crate::sync::rank::exempt_this_thread();
                 let _r = l.lock_shared(1 << 20, 2 << 20);
                 got.store(true, SeqCst);
             });
@@ -294,6 +305,7 @@ mod tests {
 
     #[test]
     fn disjoint_exclusive_ranges_are_held_together() {
+        crate::sync::rank::exempt_this_thread();
         let l = RangeLock::new();
         let both = Barrier::new(2);
         let holding = AtomicUsize::new(0);
@@ -301,6 +313,7 @@ mod tests {
             for i in 0..2u64 {
                 let (l, both, holding) = (&l, &both, &holding);
                 s.spawn(move || {
+                    crate::sync::rank::exempt_this_thread();
                     let _g = l.lock_exclusive(i * 4096, (i + 1) * 4096);
                     holding.fetch_add(1, SeqCst);
                     // Both threads pass only if both hold their range at once.
@@ -316,6 +329,7 @@ mod tests {
     /// checks that no two conflicting ranges are ever held at the same time.
     #[test]
     fn stress_no_conflicting_overlap() {
+        crate::sync::rank::exempt_this_thread();
         const THREADS: u64 = 8;
         const ITERS: usize = 3_000;
         let l = RangeLock::new();
@@ -325,6 +339,7 @@ mod tests {
             for t in 0..THREADS {
                 let (l, shadow, grants) = (&l, &shadow, &grants);
                 s.spawn(move || {
+                    crate::sync::rank::exempt_this_thread();
                     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ ((t + 1) * 0x1234_5678_9ABC));
                     for i in 0..ITERS {
                         let start = rng.below(1000);
@@ -372,6 +387,7 @@ mod tests {
     /// writer gets in although readers keep the range continuously held.
     #[test]
     fn writer_not_starved_by_reader_stream() {
+        crate::sync::rank::exempt_this_thread();
         const READERS: usize = 4;
         let l = RangeLock::new();
         let writer_queued = AtomicBool::new(false);
@@ -384,6 +400,7 @@ mod tests {
                 let (l, wq, wd, stop, late, started) =
                     (&l, &writer_queued, &writer_done, &stop, &late_grants, &started);
                 s.spawn(move || {
+                    crate::sync::rank::exempt_this_thread();
                     let mut first = true;
                     while !stop.load(SeqCst) {
                         let after_writer = wq.load(SeqCst);
@@ -406,6 +423,7 @@ mod tests {
             }
             started.wait();
             let w = s.spawn(|| {
+                crate::sync::rank::exempt_this_thread();
                 let _g = l.lock_exclusive(0, 1 << 20);
                 writer_done.store(true, SeqCst);
             });
@@ -429,6 +447,7 @@ mod tests {
     /// the reader, so the writer's wait ends as soon as the readers that came before it leave.
     #[test]
     fn readers_queue_behind_waiting_writer() {
+        crate::sync::rank::exempt_this_thread();
         const READERS: usize = 4;
         let l = RangeLock::new();
         let first_reader = l.lock_shared(0, 64);
@@ -436,6 +455,7 @@ mod tests {
         let grants = AtomicUsize::new(0);
         std::thread::scope(|s| {
             let w = s.spawn(|| {
+                crate::sync::rank::exempt_this_thread();
                 let _g = l.lock_exclusive(0, 1 << 20);
                 writer_done.store(true, SeqCst);
             });
@@ -443,6 +463,7 @@ mod tests {
             for r in 0..READERS as u64 {
                 let (l, writer_done, grants) = (&l, &writer_done, &grants);
                 s.spawn(move || {
+                    crate::sync::rank::exempt_this_thread();
                     for _ in 0..100 {
                         let _g = l.lock_shared(r * 8, 64 + r * 8);
                         // Count before asserting so that the main thread sees a wrong grant
@@ -467,11 +488,13 @@ mod tests {
 
     #[test]
     fn fifo_shared_waits_behind_waiting_exclusive() {
+        crate::sync::rank::exempt_this_thread();
         let l = RangeLock::new();
         let r1 = l.lock_shared(0, 10);
         let order = StdMutex::new(Vec::new());
         std::thread::scope(|s| {
             s.spawn(|| {
+                crate::sync::rank::exempt_this_thread();
                 let _w = l.lock_exclusive(5, 15);
                 order.lock().unwrap().push("w");
             });
@@ -479,6 +502,7 @@ mod tests {
             // Overlaps the waiting writer only: must not barge ahead of it.
             assert!(l.try_lock_shared(12, 20).is_none());
             s.spawn(|| {
+                crate::sync::rank::exempt_this_thread();
                 let _r = l.lock_shared(12, 20);
                 order.lock().unwrap().push("r2");
             });

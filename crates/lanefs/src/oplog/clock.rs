@@ -32,7 +32,7 @@
 //! the registry.
 
 use crate::sync::percpu::{current_cpu, PerCpu};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::rank::{Condvar, Held, Mutex, Rank};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -214,10 +214,15 @@ impl SlotState {
     }
 }
 
-#[derive(Default)]
 struct Slot {
     state: Mutex<SlotState>,
     finished: Condvar,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot { state: Mutex::new(Rank::ClockSlot, SlotState::default()), finished: Condvar::new() }
+    }
 }
 
 /// Per-CPU registry of operations that hold a timestamp but whose log record is not yet
@@ -249,13 +254,14 @@ impl InFlight {
     /// at the linearization point; drop (or [`finish`](InFlightOp::finish)) the result once the
     /// operation's log record is appended.
     pub fn begin(&self) -> InFlightOp<'_> {
+        let held = Held::without_waiting(Rank::InFlightOp);
         let slot = self.slots.current_slot();
         let mut st = self.slots.get(slot).state.lock();
         let ts = Timestamp::now();
         let id = st.next_id;
         st.next_id = st.next_id.wrapping_add(1);
         st.ops.push((id, ts));
-        InFlightOp { reg: self, slot, id, ts }
+        InFlightOp { reg: self, slot, id, ts, _held: held }
     }
 
     /// True if some registered operation has a timestamp strictly below `ts` (stale at once).
@@ -270,6 +276,9 @@ impl InFlight {
     /// The caller must not itself hold an [`InFlightOp`] stamped below `ts`: it would wait for
     /// itself forever.
     pub fn wait_below(&self, ts: Timestamp) {
+        // Waiting for registered operations is acquiring what they hold: a caller holding a
+        // lock an in-flight operation needs before it finishes would wait forever.
+        let _waits = Held::acquire(Rank::InFlightOp);
         for slot in self.slots.iter() {
             let mut clear = false;
             for _ in 0..WAIT_SPINS {
@@ -320,6 +329,8 @@ pub struct InFlightOp<'a> {
     slot: usize,
     id: u64,
     ts: Timestamp,
+    /// Registered operations are waited for by merges: a rank in the lock hierarchy.
+    _held: Held,
 }
 
 impl InFlightOp<'_> {
@@ -366,6 +377,7 @@ mod tests {
 
     #[test]
     fn ordering_is_ticks_then_cpu() {
+        crate::sync::rank::exempt_this_thread();
         let a = Timestamp::from_parts(5, 9);
         let b = Timestamp::from_parts(6, 0);
         let c = Timestamp::from_parts(6, 1);
@@ -376,6 +388,7 @@ mod tests {
 
     #[test]
     fn invariant_tsc_is_used_when_reported() {
+        crate::sync::rank::exempt_this_thread();
         // The development machine reports an invariant TSC; wherever one is reported the
         // default (un-forced) source must be the TSC.
         if std::env::var_os("LANEFS_CLOCK").is_none() && tsc_usable() {
@@ -385,6 +398,7 @@ mod tests {
 
     #[test]
     fn one_thread_strictly_increases() {
+        crate::sync::rank::exempt_this_thread();
         for src in sources() {
             let mut prev = now_from(src);
             for _ in 0..100_000 {
@@ -399,6 +413,7 @@ mod tests {
     /// and before passing it on. The stamps, in token order, must strictly increase.
     #[test]
     fn happens_before_across_threads() {
+        crate::sync::rank::exempt_this_thread();
         const STEPS: u64 = 20_000;
         for src in sources() {
             let turn = AtomicU64::new(0);
@@ -407,6 +422,7 @@ mod tests {
                     .map(|me| {
                         let turn = &turn;
                         s.spawn(move || {
+                            crate::sync::rank::exempt_this_thread();
                             let mut mine = Vec::new();
                             let mut step = me;
                             while step < STEPS {
@@ -440,6 +456,7 @@ mod tests {
 
     #[test]
     fn wait_below_waits_for_lower_and_not_for_higher() {
+        crate::sync::rank::exempt_this_thread();
         let reg = InFlight::new();
         let before = Timestamp::now();
         let op = reg.begin();
@@ -455,6 +472,7 @@ mod tests {
         let done = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
+                crate::sync::rank::exempt_this_thread();
                 reg.wait_below(after);
                 done.store(true, SeqCst);
             });
@@ -472,6 +490,7 @@ mod tests {
 
     #[test]
     fn wait_below_concurrent_ops() {
+        crate::sync::rank::exempt_this_thread();
         // Many operations register and finish while a merger repeatedly waits; after each wait,
         // nothing below its timestamp is registered.
         let reg = InFlight::with_slots(2);
@@ -479,6 +498,7 @@ mod tests {
         std::thread::scope(|s| {
             for _ in 0..4 {
                 s.spawn(|| {
+                    crate::sync::rank::exempt_this_thread();
                     while !stop.load(SeqCst) {
                         let op = reg.begin();
                         std::hint::spin_loop();

@@ -14,8 +14,8 @@
 //! to unjournaled when a failed fsync gives them back, which then calls [`DirLog::rewind`].
 
 use crate::journal::{Record, Stamp};
+use crate::sync::rank::{Mutex, Rank};
 use crate::sync::PerCpu;
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -99,7 +99,7 @@ impl Default for DirLog {
 
 impl DirLog {
     pub fn new() -> DirLog {
-        DirLog { shards: PerCpu::new(|_| Mutex::new(Shard::default())) }
+        DirLog { shards: PerCpu::new(|_| Mutex::new(Rank::OplogShard, Shard::default())) }
     }
 
     /// Appends to the current core's log.
@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn concurrent_pushes_and_journaling_agree_with_a_full_scan() {
         let log = Arc::new(DirLog::new());
-        let all = Arc::new(Mutex::new(Vec::new()));
+        let all = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let hs: Vec<_> = (0..4u64)
             .map(|t| {
                 let (log, all) = (log.clone(), all.clone());

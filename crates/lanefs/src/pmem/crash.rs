@@ -24,7 +24,7 @@
 
 use super::persist::LINE;
 use crate::device::EventClock;
-use parking_lot::Mutex;
+use crate::sync::rank::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -12,7 +12,7 @@ use crate::error::{Error, RegionFault, Result};
 use crate::format::layout::Geometry;
 use crate::journal::record::TXN_HEADER_LEN;
 use crate::journal::Transaction;
-use parking_lot::Mutex;
+use crate::sync::rank::{Mutex, Rank};
 use std::ops::Range;
 
 /// The smallest journal a lane gets; a region with less room per lane is refused.
@@ -129,7 +129,9 @@ impl NvmJournal {
             layout,
             g: *g,
             path: region.path().to_path_buf(),
-            lanes: (0..layout.lanes).map(|_| Mutex::new(LaneLog { gen: None, used: 0 })).collect(),
+            lanes: (0..layout.lanes)
+                .map(|_| Mutex::new(Rank::NvmJournalLane, LaneLog { gen: None, used: 0 }))
+                .collect(),
         })
     }
 

@@ -252,8 +252,8 @@ pub use header::{RegionHeader, HEADER_BYTES, MAX_REGION_SIZE, MIN_REGION_SIZE};
 pub use persist::{PersistMethod, LINE};
 
 use crate::error::{Error, RegionFault, Result};
+use crate::sync::rank::{Mutex, Rank};
 use crash::Recorder;
-use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::ops::Range;
@@ -549,7 +549,8 @@ impl PmemRegion {
         if opts.record {
             let mut image = vec![0u8; len];
             region.read_raw(0, &mut image);
-            region.recorder = Some(Arc::new(Mutex::new(Recorder::new(image, opts.clock.clone()))));
+            region.recorder =
+                Some(Arc::new(Mutex::new(Rank::PmemRecorder, Recorder::new(image, opts.clock.clone()))));
         }
         Ok(region)
     }

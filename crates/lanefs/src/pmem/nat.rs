@@ -10,7 +10,7 @@ use super::{PmemRegion, HEADER_BYTES};
 use crate::error::{Error, RegionFault, Result};
 use crate::format::layout::{Geometry, NAT_ENTRIES_PER_BLOCK};
 use crate::format::{NatBlock, NatEntry};
-use parking_lot::Mutex;
+use crate::sync::rank::{Mutex, Rank};
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -84,7 +84,7 @@ impl NvmNat {
             (layout.end - HEADER_BYTES) as u64,
             &format!("the NAT of {} node ids", layout.entries),
         )?;
-        Ok(NvmNat { region, g: *g, layout, staged: Mutex::new(None) })
+        Ok(NvmNat { region, g: *g, layout, staged: Mutex::new(Rank::NvmNatStaged, None) })
     }
 
     pub fn region(&self) -> &PmemRegion {

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::LogCursor;
 use crate::format::layout::{LogType, BLOCKS_PER_SEG, LOG_TYPES};
 use crate::format::ssa::{SegmentSummary, SummaryEntry};
-use parking_lot::Mutex;
+use crate::sync::rank::{Mutex, Rank};
 use std::sync::Arc;
 
 /// The segment a log appends to and how far it got.
@@ -55,12 +55,15 @@ impl LaneSet {
                 let logs = std::array::from_fn(|t| {
                     let summary = sums.next().expect("checked length");
                     debug_assert_eq!(summary.segno, cur[t].segno);
-                    Mutex::new(ActiveLog { segno: cur[t].segno, next_off: cur[t].next_off as u32, summary })
+                    Mutex::new(
+                        Rank::LaneLog,
+                        ActiveLog { segno: cur[t].segno, next_off: cur[t].next_off as u32, summary },
+                    )
                 });
-                Lane { id: id as u32, logs, cache: Mutex::new(Vec::new()) }
+                Lane { id: id as u32, logs, cache: Mutex::new(Rank::LaneCache, Vec::new()) }
             })
             .collect();
-        Ok(LaneSet { table, lanes, closed: Mutex::new(Vec::new()) })
+        Ok(LaneSet { table, lanes, closed: Mutex::new(Rank::LaneClosed, Vec::new()) })
     }
 
     pub fn table(&self) -> &Arc<SegmentTable> {
@@ -194,14 +197,16 @@ impl LaneSet {
         patches: &std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>>,
         mut read: impl FnMut(u32) -> SegmentSummary,
     ) {
-        let mut closed = self.closed.lock();
+        // Runs at mount, before any other user: the closed list cannot change between its
+        // look-up and the push below. It is not held across the active logs, which rank above
+        // it (a lane closing a segment holds its log and then pushes here).
         for (&segno, entries) in patches {
             let apply = |s: &mut SegmentSummary| {
                 for &(off, e) in entries {
                     s.entries[off as usize] = e;
                 }
             };
-            if let Some(s) = closed.iter_mut().find(|s| s.segno == segno) {
+            if let Some(s) = self.closed.lock().iter_mut().find(|s| s.segno == segno) {
                 apply(s);
                 continue;
             }
@@ -218,7 +223,7 @@ impl LaneSet {
             if !held {
                 let mut s = read(segno);
                 apply(&mut s);
-                closed.push(s);
+                self.closed.lock().push(s);
             }
         }
     }

@@ -3,8 +3,8 @@
 use crate::error::{Error, Result};
 use crate::format::layout::{Geometry, LogType, SIT_ENTRIES_PER_BLOCK};
 use crate::format::sit::{SitBlock, SitEntry, NO_LOG};
+use crate::sync::rank::{Mutex, Rank};
 use crate::sync::PerCpuCounter;
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Most segments one [`SegmentTable::checkpoint_done`] discards (bounds the time it holds
@@ -118,15 +118,18 @@ impl SegmentTable {
         let valid_base = segs.iter().map(|s| s.entry.valid_blocks as u64).sum();
         Ok(SegmentTable {
             geometry: g,
-            segs: segs.into_iter().map(Mutex::new).collect(),
+            segs: segs.into_iter().map(|s| Mutex::new(Rank::Segment, s)).collect(),
             dirty_sit: (0..sit_words).map(|_| AtomicU64::new(0)).collect(),
-            free: Mutex::new(FreeMap {
-                free,
-                prefree: Vec::new(),
-                committing: Vec::new(),
-                undiscarded: Default::default(),
-                rounds: 0,
-            }),
+            free: Mutex::new(
+                Rank::FreeMap,
+                FreeMap {
+                    free,
+                    prefree: Vec::new(),
+                    committing: Vec::new(),
+                    undiscarded: Default::default(),
+                    rounds: 0,
+                },
+            ),
             free_now: AtomicU64::new(0),
             pending: AtomicU64::new(0),
             cached: AtomicU64::new(0),
@@ -283,12 +286,18 @@ impl SegmentTable {
             .ok_or_else(|| Error::InvalidArgument(format!("block {addr} outside the main area")))?;
         let mut seg = self.seg(s).lock();
         if matches!(seg.state, SegState::Free | SegState::Prefree) {
+            // The free map ranks above a segment (sync::rank): let go, take both in order, and
+            // look again.
+            drop(seg);
             let mut fm = self.free.lock();
-            fm.free.remove(&s);
-            fm.prefree.retain(|&p| p != s);
-            fm.committing.retain(|&p| p != s);
-            self.publish(&fm);
-            seg.state = SegState::Dirty;
+            seg = self.seg(s).lock();
+            if matches!(seg.state, SegState::Free | SegState::Prefree) {
+                fm.free.remove(&s);
+                fm.prefree.retain(|&p| p != s);
+                fm.committing.retain(|&p| p != s);
+                self.publish(&fm);
+                seg.state = SegState::Dirty;
+            }
         }
         if seg.entry.set_valid(off) {
             self.validated.add(1);
@@ -305,9 +314,11 @@ impl SegmentTable {
         if segno >= self.geometry.main_segments {
             return Err(Error::InvalidArgument(format!("segment {segno} out of range")));
         }
+        // The free map ranks above a segment (sync::rank), so it comes first; this runs once
+        // per journal segment at mount.
+        let mut fm = self.free.lock();
         let mut seg = self.seg(segno).lock();
         if seg.state == SegState::Free {
-            let mut fm = self.free.lock();
             fm.free.remove(&segno);
             fm.prefree.push(segno);
             self.publish(&fm);

@@ -5,9 +5,13 @@
 //!   registries) is built on it.
 //! - [`pass_sem`]: the reader pass-through semaphore (Max, ATC'21) that every file-system
 //!   operation enters in shared mode and a checkpoint takes exclusively.
+//! - [`rank`]: the engine's lock hierarchy, ranked mutexes and reader-writer locks, and the
+//!   checker that fails a test build on the first out-of-order acquisition.
 
 pub mod pass_sem;
 pub mod percpu;
+pub mod rank;
 
 pub use pass_sem::{ExclusiveGuard, PassSem, SharedGuard};
 pub use percpu::{current_cpu, possible_cpus, PerCpu, PerCpuCounter};
+pub use rank::{Condvar, Mutex, Rank, RwLock};

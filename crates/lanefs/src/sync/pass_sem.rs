@@ -69,6 +69,33 @@ const DRAIN_SPINS: u32 = 128;
 #[cfg(all(loom, test))]
 const DRAIN_SPINS: u32 = 1;
 
+/// The semaphore's place in the lock hierarchy (`sync::rank`), held by every guard. Not under
+/// loom: its model threads share one OS thread's thread-locals, where a rank record would mix
+/// them up.
+#[cfg(not(all(loom, test)))]
+use super::rank::{Held as RankHeld, Rank};
+#[cfg(all(loom, test))]
+struct RankHeld;
+#[cfg(all(loom, test))]
+impl RankHeld {
+    fn acquire(_: ()) -> Self {
+        RankHeld
+    }
+    fn without_waiting(_: ()) -> Self {
+        RankHeld
+    }
+}
+#[cfg(all(loom, test))]
+#[allow(non_upper_case_globals)]
+mod rank_stub {
+    pub struct Rank;
+    impl Rank {
+        pub const PassSem: () = ();
+    }
+}
+#[cfg(all(loom, test))]
+use rank_stub::Rank;
+
 /// See the module documentation: restores SeqCst-access semantics under loom; a no-op otherwise.
 #[inline(always)]
 fn store_load_fence() {
@@ -133,10 +160,11 @@ impl PassSem {
     /// value is correct.
     pub fn shared_on(&self, cpu: usize) -> SharedGuard<'_> {
         let slot = self.counters.slot_of(cpu);
+        let mut held = Some(RankHeld::acquire(Rank::PassSem));
         // Bounded by the number of exclusive phases that start while we try: each retry follows
         // a wait for one phase to end.
         loop {
-            if let Some(g) = self.try_shared_on(slot) {
+            if let Some(g) = self.try_shared_on(slot, &mut held) {
                 return g;
             }
             self.wait_phase_over();
@@ -145,14 +173,17 @@ impl PassSem {
 
     /// Enters shared mode unless an exclusive phase is pending or running.
     pub fn try_shared(&self) -> Option<SharedGuard<'_>> {
-        self.try_shared_on(self.counters.current_slot())
+        self.try_shared_on(self.counters.current_slot(), &mut None)
     }
 
-    fn try_shared_on(&self, slot: usize) -> Option<SharedGuard<'_>> {
+    /// `held`: the rank record of a caller that checked the hierarchy before waiting (taken
+    /// into the guard on success); none for a try, which never waits.
+    fn try_shared_on(&self, slot: usize, held: &mut Option<RankHeld>) -> Option<SharedGuard<'_>> {
         self.counters.get(slot).fetch_add(1, SeqCst);
         store_load_fence();
         if !self.exclusive.load(SeqCst) {
-            return Some(SharedGuard { sem: self, slot });
+            let held = held.take().unwrap_or_else(|| RankHeld::without_waiting(Rank::PassSem));
+            return Some(SharedGuard { sem: self, slot, _held: held });
         }
         // A writer is draining and may already have counted us: undo through the normal exit so
         // that it gets woken if we were the last one it waited for.
@@ -182,6 +213,7 @@ impl PassSem {
     /// waits until every current shared holder has left. Keep the phase short: every file-system
     /// operation waits for it.
     pub fn exclusive(&self) -> ExclusiveGuard<'_> {
+        let held = RankHeld::acquire(Rank::PassSem);
         {
             let mut g = self.lock();
             while g.writer {
@@ -193,7 +225,7 @@ impl PassSem {
         store_load_fence();
         for _ in 0..DRAIN_SPINS {
             if self.all_zero() {
-                return ExclusiveGuard { sem: self };
+                return ExclusiveGuard { sem: self, _held: held };
             }
             std::hint::spin_loop();
         }
@@ -204,7 +236,7 @@ impl PassSem {
             g = self.drained.wait(g).unwrap_or_else(PoisonError::into_inner);
         }
         drop(g);
-        ExclusiveGuard { sem: self }
+        ExclusiveGuard { sem: self, _held: held }
     }
 
     /// True when no shared holder is counted on any slot. Only meaningful with the flag up
@@ -248,6 +280,7 @@ impl std::fmt::Debug for PassSem {
 pub struct SharedGuard<'a> {
     sem: &'a PassSem,
     slot: usize,
+    _held: RankHeld,
 }
 
 impl SharedGuard<'_> {
@@ -267,6 +300,7 @@ impl Drop for SharedGuard<'_> {
 #[must_use = "the exclusive section ends when the guard is dropped"]
 pub struct ExclusiveGuard<'a> {
     sem: &'a PassSem,
+    _held: RankHeld,
 }
 
 impl Drop for ExclusiveGuard<'_> {
@@ -283,6 +317,7 @@ mod tests {
 
     #[test]
     fn shared_guards_coexist_and_exclusive_waits_for_them() {
+        crate::sync::rank::exempt_this_thread();
         let sem = Arc::new(PassSem::with_slots(2));
         let a = sem.shared_on(0);
         let b = sem.shared_on(1);
@@ -291,6 +326,7 @@ mod tests {
         let t = {
             let (sem, got) = (sem.clone(), got.clone());
             std::thread::spawn(move || {
+                crate::sync::rank::exempt_this_thread();
                 let _x = sem.exclusive();
                 got.store(true, SeqCst);
             })
@@ -312,6 +348,7 @@ mod tests {
 
     #[test]
     fn guard_exits_on_the_slot_it_entered() {
+        crate::sync::rank::exempt_this_thread();
         let sem = PassSem::with_slots(4);
         let g = sem.shared_on(6);
         assert_eq!(g.slot(), 2);
@@ -324,6 +361,7 @@ mod tests {
     /// deadlocks, and every entry and phase is accounted for.
     #[test]
     fn stress_readers_and_checkpointer() {
+        crate::sync::rank::exempt_this_thread();
         const READERS: usize = 8;
         const ITERS: usize = 20_000;
         let sem = Arc::new(PassSem::new());
@@ -333,6 +371,7 @@ mod tests {
         let writer = {
             let (sem, inside, done) = (sem.clone(), inside.clone(), done.clone());
             std::thread::spawn(move || {
+                crate::sync::rank::exempt_this_thread();
                 let mut phases = 0usize;
                 // At least some phases even if the readers finish fast.
                 while !done.load(SeqCst) || phases < 50 {
@@ -351,6 +390,7 @@ mod tests {
             .map(|_| {
                 let (sem, inside, entries) = (sem.clone(), inside.clone(), entries.clone());
                 std::thread::spawn(move || {
+                    crate::sync::rank::exempt_this_thread();
                     for i in 0..ITERS {
                         let g = if i % 7 == 0 {
                             // Also exercise explicit slots, including migration-like mismatches.
@@ -383,12 +423,14 @@ mod tests {
 
     #[test]
     fn writers_exclude_each_other() {
+        crate::sync::rank::exempt_this_thread();
         let sem = Arc::new(PassSem::new());
         let inside = Arc::new(AtomicUsize::new(0));
         let ts: Vec<_> = (0..4)
             .map(|_| {
                 let (sem, inside) = (sem.clone(), inside.clone());
                 std::thread::spawn(move || {
+                    crate::sync::rank::exempt_this_thread();
                     for _ in 0..500 {
                         let _x = sem.exclusive();
                         assert_eq!(inside.fetch_add(1, SeqCst), 0);
@@ -424,6 +466,7 @@ mod loom_model {
     /// (loom reports a deadlock if any thread sleeps forever).
     #[test]
     fn two_readers_one_writer() {
+        crate::sync::rank::exempt_this_thread();
         model(|| {
             let sem = Arc::new(PassSem::with_slots(2));
             let inside = Arc::new(AtomicUsize::new(0));
@@ -453,6 +496,7 @@ mod loom_model {
     /// a reader that backed off during either phase still gets in exactly once.
     #[test]
     fn reader_and_two_phases() {
+        crate::sync::rank::exempt_this_thread();
         model(|| {
             let sem = Arc::new(PassSem::with_slots(2));
             let inside = Arc::new(AtomicUsize::new(0));
