@@ -568,7 +568,10 @@ fn pmem_bench(path: &Path, bytes: usize, iterations: usize, json: bool) -> Resul
 }
 
 fn umount(mountpoint: &Path) -> Result<(), String> {
-    lanefs_fuse::umount_command(mountpoint, std::time::Duration::from_secs(120))
+    if let Some(note) = lanefs_fuse::umount_command(mountpoint, std::time::Duration::from_secs(120))? {
+        eprintln!("lanefs umount: {note}");
+    }
+    Ok(())
 }
 
 /// `lanefs crashtest`: prints violations as they are found, a progress bar on a terminal, a

@@ -5,7 +5,11 @@
 //! Inode numbers are lanefs inode numbers (the root is 1, FUSE_ROOT_ID), so the kernel's
 //! lookup counts need no table: `forget` has nothing to drop. File handles are not used (0):
 //! the engine keeps an unlinked file alive from `open_ino` to `release`.
+//!
+//! Each handler that calls the engine marks its request in flight for its duration (see
+//! [`crate::inflight`]), so that a request that never returns shows in the log.
 
+use crate::inflight::{Inflight, Op};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
@@ -41,12 +45,14 @@ pub struct LaneFuse {
     fs: Arc<Fs>,
     max_write: u32,
     writeback_cache: bool,
+    inflight: Arc<Inflight>,
 }
 
 impl LaneFuse {
-    /// Serves `fs`; `writeback_cache` asks the kernel to cache writes (see the crate docs).
-    pub fn new(fs: Arc<Fs>, writeback_cache: bool) -> LaneFuse {
-        LaneFuse { fs, max_write: max_write(), writeback_cache }
+    /// Serves `fs`; `writeback_cache` asks the kernel to cache writes (see the crate docs);
+    /// requests are marked in flight in `inflight`, which needs a slot per worker thread.
+    pub fn new(fs: Arc<Fs>, writeback_cache: bool, inflight: Arc<Inflight>) -> LaneFuse {
+        LaneFuse { fs, max_write: max_write(), writeback_cache, inflight }
     }
 }
 
@@ -232,15 +238,18 @@ impl Filesystem for LaneFuse {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        let _busy = self.inflight.enter(Op::Lookup, parent.0, req.pid());
         self.entry(self.fs.lookup(parent.0, name(n)), reply)
     }
 
     fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
-        // Nothing to drop: inode numbers are lanefs's own and no per-lookup state is kept.
+        // Nothing to drop: inode numbers are lanefs's own and no per-lookup state is kept. (Not
+        // marked in flight, nor are FLUSH and RELEASEDIR: they cannot wait on anything.)
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _busy = self.inflight.enter(Op::Getattr, ino.0, req.pid());
         match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
@@ -249,7 +258,7 @@ impl Filesystem for LaneFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -265,6 +274,7 @@ impl Filesystem for LaneFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _busy = self.inflight.enter(Op::Setattr, ino.0, req.pid());
         let a = SetAttr {
             mode,
             uid,
@@ -280,7 +290,8 @@ impl Filesystem for LaneFuse {
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _busy = self.inflight.enter(Op::Readlink, ino.0, req.pid());
         match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(e)),
@@ -297,6 +308,7 @@ impl Filesystem for LaneFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _busy = self.inflight.enter(Op::Mknod, parent.0, req.pid());
         // The kernel applied the umask already (FUSE_DONT_MASK is not negotiated).
         match self.new_owner(req, parent, mode) {
             Ok((uid, gid, mode)) => {
@@ -307,21 +319,25 @@ impl Filesystem for LaneFuse {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let _busy = self.inflight.enter(Op::Mkdir, parent.0, req.pid());
         match self.new_owner(req, parent, mode | libc::S_IFDIR) {
             Ok((uid, gid, mode)) => self.entry(self.fs.mkdir(parent.0, name(n), mode, uid, gid), reply),
             Err(e) => reply.error(e),
         }
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let _busy = self.inflight.enter(Op::Unlink, parent.0, req.pid());
         self.empty(self.fs.unlink(parent.0, name(n)), reply)
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let _busy = self.inflight.enter(Op::Rmdir, parent.0, req.pid());
         self.empty(self.fs.rmdir(parent.0, name(n)), reply)
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
+        let _busy = self.inflight.enter(Op::Symlink, parent.0, req.pid());
         match self.new_owner(req, parent, libc::S_IFLNK | 0o777) {
             Ok((uid, gid, _)) => self
                 .entry(self.fs.symlink(parent.0, name(link), target.as_os_str().as_bytes(), uid, gid), reply),
@@ -331,7 +347,7 @@ impl Filesystem for LaneFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         n: &OsStr,
         newparent: INodeNo,
@@ -339,6 +355,7 @@ impl Filesystem for LaneFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _busy = self.inflight.enter(Op::Rename, parent.0, req.pid());
         let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
         if !known.contains(flags) {
             // RENAME_WHITEOUT is for overlay file systems.
@@ -354,11 +371,13 @@ impl Filesystem for LaneFuse {
         self.empty(self.fs.rename(parent.0, name(n), newparent.0, name(newname), f), reply)
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let _busy = self.inflight.enter(Op::Link, ino.0, req.pid());
         self.entry(self.fs.link(ino.0, newparent.0, name(newname)), reply)
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _busy = self.inflight.enter(Op::Open, ino.0, req.pid());
         match self.fs.open_ino(ino.0) {
             Ok(_) => reply.opened(FileHandle(0), Self::open_flags(flags.0)),
             Err(e) => reply.error(errno(e)),
@@ -367,7 +386,7 @@ impl Filesystem for LaneFuse {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -376,6 +395,7 @@ impl Filesystem for LaneFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _busy = self.inflight.enter(Op::Read, ino.0, req.pid());
         READ_BUF.with(|b| {
             let mut b = b.borrow_mut();
             let size = (size as usize).min(self.max_write as usize);
@@ -391,7 +411,7 @@ impl Filesystem for LaneFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -401,6 +421,7 @@ impl Filesystem for LaneFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _busy = self.inflight.enter(Op::Write, ino.0, req.pid());
         match self.fs.write_at(ino.0, offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),
@@ -414,7 +435,7 @@ impl Filesystem for LaneFuse {
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _flags: OpenFlags,
@@ -422,14 +443,17 @@ impl Filesystem for LaneFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _busy = self.inflight.enter(Op::Release, ino.0, req.pid());
         self.empty(self.fs.release(ino.0), reply)
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let _busy = self.inflight.enter(Op::Fsync, ino.0, req.pid());
         self.empty(self.fs.fsync(ino.0, datasync), reply)
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _busy = self.inflight.enter(Op::Opendir, ino.0, req.pid());
         match self.fs.getattr(ino.0) {
             Ok(a) if a.kind == FileKind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
             Ok(_) => reply.error(Errno::ENOTDIR),
@@ -437,7 +461,8 @@ impl Filesystem for LaneFuse {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let _busy = self.inflight.enter(Op::Readdir, ino.0, req.pid());
         let mut cookie = offset;
         loop {
             let batch = match self.fs.readdir(ino.0, cookie, DIR_BATCH) {
@@ -460,12 +485,13 @@ impl Filesystem for LaneFuse {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _busy = self.inflight.enter(Op::Readdirplus, ino.0, req.pid());
         let mut cookie = offset;
         loop {
             let batch = match self.fs.readdir(ino.0, cookie, DIR_BATCH) {
@@ -505,18 +531,20 @@ impl Filesystem for LaneFuse {
         reply.ok()
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let _busy = self.inflight.enter(Op::Fsyncdir, ino.0, req.pid());
         self.empty(self.fs.fsync(ino.0, datasync), reply)
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let _busy = self.inflight.enter(Op::Statfs, ino.0, req.pid());
         let s = self.fs.statfs();
         reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize)
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         n: &OsStr,
         value: &[u8],
@@ -524,10 +552,12 @@ impl Filesystem for LaneFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _busy = self.inflight.enter(Op::Setxattr, ino.0, req.pid());
         self.empty(self.fs.setxattr(ino.0, name(n), value, flags), reply)
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        let _busy = self.inflight.enter(Op::Getxattr, ino.0, req.pid());
         match self.fs.getxattr(ino.0, name(n)) {
             Ok(v) if size == 0 => reply.size(v.len() as u32),
             Ok(v) if v.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
@@ -536,7 +566,8 @@ impl Filesystem for LaneFuse {
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _busy = self.inflight.enter(Op::Listxattr, ino.0, req.pid());
         match self.fs.listxattr(ino.0) {
             Ok(names) => {
                 let mut buf = Vec::new();
@@ -556,11 +587,13 @@ impl Filesystem for LaneFuse {
         }
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let _busy = self.inflight.enter(Op::Removexattr, ino.0, req.pid());
         self.empty(self.fs.removexattr(ino.0, name(n)), reply)
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _busy = self.inflight.enter(Op::Access, ino.0, req.pid());
         // Only asked when the mount has no default_permissions; the caller's primary group
         // stands for its groups (FUSE does not send supplementary groups).
         let a = match self.fs.getattr(ino.0) {
@@ -598,6 +631,7 @@ impl Filesystem for LaneFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _busy = self.inflight.enter(Op::Create, parent.0, req.pid());
         let (uid, gid, mode) = match self.new_owner(req, parent, mode) {
             Ok(o) => o,
             Err(e) => return reply.error(e),
@@ -614,7 +648,7 @@ impl Filesystem for LaneFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -622,18 +656,20 @@ impl Filesystem for LaneFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _busy = self.inflight.enter(Op::Fallocate, ino.0, req.pid());
         self.empty(self.fs.fallocate(ino.0, mode, offset, length), reply)
     }
 
     fn lseek(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
+        let _busy = self.inflight.enter(Op::Lseek, ino.0, req.pid());
         let what = match whence {
             libc::SEEK_DATA => Seek::Data,
             libc::SEEK_HOLE => Seek::Hole,
@@ -649,7 +685,7 @@ impl Filesystem for LaneFuse {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         _fh_in: FileHandle,
         offset_in: u64,
@@ -660,6 +696,7 @@ impl Filesystem for LaneFuse {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        let _busy = self.inflight.enter(Op::CopyFileRange, ino_in.0, req.pid());
         // The engine cannot share blocks between files, so this is a read + write loop in the
         // daemon: it saves the two kernel crossings per chunk that a user-space copy pays.
         match self.copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len) {

@@ -21,9 +21,17 @@
 //! daemon after fsync), but the kernel then keeps its own mtime and ctime for regular files and
 //! ignores the engine's: pjdfstest loses 5 cases (ctime after unlink, rename and link of a
 //! regular file, UTIME_NOW, open with O_TRUNC), so it stays an opt-in.
+//!
+//! [`inflight`] keeps the request each worker is serving, so that one stuck for longer than
+//! `stuck_request_secs` is logged (stderr in the foreground, syslog for the daemon).
+
+// `unsafe` lives in `syslog` only, where each call says why it is sound.
+#![deny(unsafe_code)]
 
 pub mod adapter;
+pub mod inflight;
 pub mod mount;
+mod syslog;
 
 pub use adapter::LaneFuse;
 pub use mount::{mount_command, umount_command, MountArgs};

@@ -1,17 +1,32 @@
 //! Mounting and unmounting: `lanefs mount` and `lanefs umount`.
 //!
-//! A mount takes an exclusive flock on the image (a second mount of it fails at once), opens the
-//! file system (recovering from a crash), mounts it with FUSE and serves requests on N worker
-//! threads, each reading its own cloned /dev/fuse descriptor. SIGTERM, SIGINT and SIGHUP unmount
-//! it (lazily if it is busy); once the kernel lets go, a final checkpoint makes everything
-//! durable and the lock is released.
+//! A mount takes an exclusive flock on the image, opens the file system (recovering from a
+//! crash), mounts it with FUSE and serves requests on N worker threads, each reading its own
+//! cloned /dev/fuse descriptor. SIGTERM, SIGINT and SIGHUP unmount it (lazily if it is busy);
+//! once the kernel lets go, a final checkpoint makes everything durable and the lock is released.
+//!
+//! The image's lock is held by a mount (a second `lanefs mount` of the same image meets it):
+//! - If the image is mounted (a lanefs mount in /proc/self/mountinfo has it as its source), the
+//!   new mount is what the kernel makes of a second mount of one device: the same file system at
+//!   a second place. As root it is a bind mount of the first, with the per-mount flags (ro,
+//!   nosuid, nodev, noexec, noatime) the new options ask for, and `lanefs mount` exits 0 saying
+//!   so; otherwise it fails at once, naming where the image is mounted.
+//! - If it is not, its daemon is finishing: `umount` and `fusermount3 -u` return before the final
+//!   checkpoint, and scripts (fstests among them) mount again at once. The new mount says that
+//!   it waits, and waits for the lock, up to [`RELEASE_WAIT`].
 //!
 //! Without `--foreground` the command re-executes itself as a daemon in a new session and waits
 //! for it to say that the mount is up, or why it failed: errors reach the caller before it
-//! detaches. `lanefs umount` unmounts with fusermount3 and then waits for the daemon's final
-//! checkpoint (it waits for the image lock), so an image is complete once it returns.
+//! detaches, and so do notes (the wait above). `lanefs umount` unmounts with fusermount3 and then
+//! waits for the daemon's final checkpoint (it waits for the image lock), so an image is complete
+//! once it returns; if the file system is still mounted elsewhere (a bind), there is nothing to
+//! wait for yet.
+//!
+//! A worker's request that stays in flight past `stuck_request_secs` is logged (see
+//! [`crate::inflight`]): on stderr under `--foreground`, in syslog for the detached daemon.
 
 use crate::adapter::LaneFuse;
+use crate::inflight::{Inflight, Watcher};
 use fuser::{Config, MountOption, Session, SessionACL};
 use lanefs::device::{DeviceOptions, FileDevice, IoChoice};
 use lanefs::{Fs, FsOptions};
@@ -25,6 +40,13 @@ use std::time::{Duration, Instant};
 
 /// Set in the environment of the re-executed daemon.
 const DAEMON_ENV: &str = "LANEFS_MOUNT_DAEMON";
+
+/// How long a mount waits for the daemon of an unmounted image to finish its final checkpoint.
+/// A checkpoint writes what is dirty; a minute covers gigabytes on the slowest device here.
+pub const RELEASE_WAIT: Duration = Duration::from_secs(60);
+
+/// Default of `stuck_request_secs`.
+pub const STUCK_REQUEST: Duration = Duration::from_secs(30);
 
 /// What `lanefs mount` was asked for.
 #[derive(Debug, Clone, Default)]
@@ -55,11 +77,14 @@ pub struct Parsed {
     /// `checkpoint_secs=N`: the checkpoint timer (None: the engine's default; Some(None): no
     /// timer, checkpoints only when a bound is passed and at unmount).
     pub checkpoint_interval: Option<Option<Duration>>,
+    /// `stuck_request_secs=N`: requests in flight this long are logged (None: never).
+    pub stuck_request: Option<Duration>,
 }
 
 /// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
-/// access list; `threads=N`, `nvm=FILE`, `writeback_cache` and `checkpoint_secs=N` are lanefs's
-/// own; anything else is passed to the kernel, which refuses what it does not know.
+/// access list; `threads=N`, `nvm=FILE`, `writeback_cache`, `checkpoint_secs=N` and
+/// `stuck_request_secs=N` are lanefs's own; anything else is passed to the kernel, which refuses
+/// what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut fuse = Vec::new();
     let mut acl = SessionACL::Owner;
@@ -68,6 +93,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut default_permissions = true;
     let mut writeback_cache = false;
     let mut checkpoint_interval = None;
+    let mut stuck_request = Some(STUCK_REQUEST);
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let opt = match o {
             "ro" => MountOption::RO,
@@ -128,6 +154,15 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
                 checkpoint_interval = Some((n > 0).then(|| Duration::from_secs(n)));
                 continue;
             }
+            o if o.starts_with("stuck_request_secs=") => {
+                let n = o["stuck_request_secs=".len()..]
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n <= 86_400)
+                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no log) to 86400"))?;
+                stuck_request = (n > 0).then(|| Duration::from_secs(n));
+                continue;
+            }
             o if o.starts_with("nvm=") => {
                 nvm = Some(PathBuf::from(&o["nvm=".len()..]));
                 continue;
@@ -146,7 +181,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     }
     // The kernel's own subtype option: /proc/mounts shows the type as fuse.lanefs.
     fuse.push(MountOption::CUSTOM("subtype=lanefs".into()));
-    Ok(Parsed { fuse, acl, threads, nvm, writeback_cache, checkpoint_interval })
+    Ok(Parsed { fuse, acl, threads, nvm, writeback_cache, checkpoint_interval, stuck_request })
 }
 
 fn default_threads() -> usize {
@@ -158,7 +193,7 @@ fn default_threads() -> usize {
 pub fn mount_command(args: &MountArgs) -> Result<(), String> {
     let parsed = parse_options(&args.options)?;
     if args.foreground {
-        return serve(args, &parsed, &mut || {});
+        return serve(args, &parsed, &mut |note| eprintln!("lanefs mount: {note}"), &mut || {});
     }
     if std::env::var_os(DAEMON_ENV).is_some() {
         return daemon_child(args, &parsed);
@@ -166,7 +201,8 @@ pub fn mount_command(args: &MountArgs) -> Result<(), String> {
     start_daemon()
 }
 
-/// The parent: starts `lanefs mount ...` again as the daemon and relays its first line.
+/// The parent: starts `lanefs mount ...` again as the daemon and relays what it says: notes
+/// (to stderr) until "ready" or "error: ...".
 fn start_daemon() -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the lanefs executable: {e}"))?;
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -178,18 +214,21 @@ fn start_daemon() -> Result<(), String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start the daemon: {e}"))?;
-    let mut line = String::new();
     if let Some(out) = child.stdout.take() {
-        // One line: "ready" or "error: ..."; EOF if the child died first.
-        let _ = BufReader::new(out).read_line(&mut line);
-    }
-    let line = line.trim_end();
-    if line == "ready" {
-        return Ok(());
-    }
-    if let Some(msg) = line.strip_prefix("error: ") {
-        let _ = child.wait();
-        return Err(msg.to_string());
+        // EOF (the child died first) ends the loop.
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            let line = line.trim_end();
+            if line == "ready" {
+                return Ok(());
+            }
+            if let Some(note) = line.strip_prefix("note: ") {
+                eprintln!("lanefs mount: {note}");
+            } else if let Some(msg) = line.strip_prefix("error: ") {
+                let _ = child.wait();
+                return Err(msg.to_string());
+            }
+        }
     }
     match child.wait() {
         Ok(s) => Err(format!("the daemon exited before mounting ({s})")),
@@ -197,23 +236,32 @@ fn start_daemon() -> Result<(), String> {
     }
 }
 
-/// The daemon: a new session, no terminal, "ready" or the error on stdout (a pipe to the
-/// parent), then stdio on /dev/null.
+/// The daemon: a new session, no terminal; notes, then "ready" or the error, on stdout (a pipe
+/// to the parent), then stdio on /dev/null.
 fn daemon_child(args: &MountArgs, parsed: &Parsed) -> Result<(), String> {
     // Not a process group leader (spawned into the parent's group), so setsid succeeds.
     let _ = rustix::process::setsid();
     let mut ready = false;
-    let r = serve(args, parsed, &mut || {
-        ready = true;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "ready");
-        let _ = out.flush();
-        drop(out);
-        if let Ok(null) = File::options().read(true).write(true).open("/dev/null") {
-            let _ = rustix::stdio::dup2_stdout(&null);
-            let _ = rustix::stdio::dup2_stderr(&null);
-        }
-    });
+    let r = serve(
+        args,
+        parsed,
+        &mut |note| {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "note: {note}");
+            let _ = out.flush();
+        },
+        &mut || {
+            ready = true;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "ready");
+            let _ = out.flush();
+            drop(out);
+            if let Ok(null) = File::options().read(true).write(true).open("/dev/null") {
+                let _ = rustix::stdio::dup2_stdout(&null);
+                let _ = rustix::stdio::dup2_stderr(&null);
+            }
+        },
+    );
     if let (Err(e), false) = (&r, ready) {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "error: {e}");
@@ -223,13 +271,26 @@ fn daemon_child(args: &MountArgs, parsed: &Parsed) -> Result<(), String> {
     r
 }
 
-/// Mounts and serves until unmounted; calls `ready` once the mount is up.
-fn serve(args: &MountArgs, parsed: &Parsed, ready: &mut dyn FnMut()) -> Result<(), String> {
+/// Mounts and serves until unmounted; `note` tells the user something on the way (one line),
+/// `ready` is called once the mount is up.
+fn serve(
+    args: &MountArgs,
+    parsed: &Parsed,
+    note: &mut dyn FnMut(&str),
+    ready: &mut dyn FnMut(),
+) -> Result<(), String> {
     // The handlers go in before anything else: a signal that comes during recovery or just as the
     // mount comes up is held and unmounts it once it is up, where the default action would kill
     // the daemon with the mount up and no final checkpoint.
     let signals = catch_signals();
-    let (fs, lock, image, mountpoint) = open(args)?;
+    let (fs, lock, image, mountpoint) = match open(args, parsed, note)? {
+        Opened::Fs { fs, lock, image, mountpoint } => (fs, lock, image, mountpoint),
+        Opened::Bound(said) => {
+            note(&said);
+            ready();
+            return Ok(());
+        }
+    };
     let fs = Arc::new(fs);
     let mut config = Config::default();
     config.mount_options = parsed.fuse.clone();
@@ -237,10 +298,12 @@ fn serve(args: &MountArgs, parsed: &Parsed, ready: &mut dyn FnMut()) -> Result<(
         config.mount_options.push(MountOption::FSName(image.display().to_string()));
     }
     config.acl = parsed.acl;
-    config.n_threads = Some(args.threads.or(parsed.threads).unwrap_or_else(default_threads).max(1));
+    let threads = args.threads.or(parsed.threads).unwrap_or_else(default_threads).max(1);
+    config.n_threads = Some(threads);
     config.clone_fd = true;
-    let session = match Session::new(LaneFuse::new(fs.clone(), parsed.writeback_cache), &mountpoint, &config)
-    {
+    let inflight = Arc::new(Inflight::new(threads));
+    let fuse = LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone());
+    let session = match Session::new(fuse, &mountpoint, &config) {
         Ok(s) => s,
         Err(e) => {
             let e = format!("cannot mount on {}: {}", mountpoint.display(), plain(&e));
@@ -250,9 +313,20 @@ fn serve(args: &MountArgs, parsed: &Parsed, ready: &mut dyn FnMut()) -> Result<(
             });
         }
     };
-    let signals = signals.and_then(|s| signal_thread(s, mountpoint.clone()));
+    // Read before anything can be mounted over it; a stat of the mount point would be a FUSE
+    // request that no worker serves yet.
+    let dev = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|info| lanefs_mounts(&info).into_iter().rev().find(|m| m.mountpoint == mountpoint))
+        .map(|m| m.dev);
+    let signals = signals.and_then(|s| signal_thread(s, mountpoint.clone(), dev));
+    let watcher = parsed.stuck_request.and_then(|threshold| {
+        let log = stuck_log(args.foreground, &mountpoint);
+        Watcher::spawn(inflight, threshold, log).ok()
+    });
     ready();
     let run = session.run();
+    drop(watcher);
     if let Some((handle, thread)) = signals {
         handle.close();
         let _ = thread.join();
@@ -262,8 +336,28 @@ fn serve(args: &MountArgs, parsed: &Parsed, ready: &mut dyn FnMut()) -> Result<(
     done
 }
 
+/// Where stuck requests are told: stderr in the foreground; syslog for the daemon, whose
+/// stderr is /dev/null.
+fn stuck_log(foreground: bool, mountpoint: &Path) -> Box<dyn Fn(&crate::inflight::Stuck) + Send> {
+    let mp = mountpoint.display().to_string();
+    if foreground {
+        Box::new(move |s| eprintln!("lanefs: {mp}: {s}"))
+    } else {
+        crate::syslog::open();
+        Box::new(move |s| crate::syslog::warning(&format!("{mp}: {s}")))
+    }
+}
+
+/// What `open` made of the request.
+enum Opened {
+    /// A file system to serve.
+    Fs { fs: Fs, lock: File, image: PathBuf, mountpoint: PathBuf },
+    /// The image was mounted: the mount point is a bind of that mount now; what to tell the user.
+    Bound(String),
+}
+
 /// Checks the mount point, locks and opens the image.
-fn open(args: &MountArgs) -> Result<(Fs, File, PathBuf, PathBuf), String> {
+fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result<Opened, String> {
     let mp = &args.mountpoint;
     let md = std::fs::metadata(mp).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => format!("mount point {} does not exist", mp.display()),
@@ -292,17 +386,23 @@ fn open(args: &MountArgs) -> Result<(Fs, File, PathBuf, PathBuf), String> {
     match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
         Err(rustix::io::Errno::WOULDBLOCK) => {
-            return Err(format!("{} is in use (mounted already, or being checked)", img.display()))
+            if let Some(at) = mounted_at(&image) {
+                return second_mount(&image, &at, &mountpoint, parsed).map(Opened::Bound);
+            }
+            note(&format!(
+                "waiting for the previous lanefs daemon to release {} (final checkpoint)",
+                img.display()
+            ));
+            wait_for_lock(&lock, RELEASE_WAIT).map_err(|e| format!("{}: {e}", img.display()))?;
         }
         Err(e) => return Err(format!("{}: cannot lock: {e}", img.display())),
     }
     let dev = FileDevice::open(img, DeviceOptions { io: IoChoice::Auto })
         .map_err(|e| format!("{}: {}", img.display(), plain(&e)))?;
     // `-o ro`: recovery replays into memory only and nothing is ever written to the image.
-    let parsed = parse_options(&args.options)?;
     let read_only = parsed.fuse.contains(&MountOption::RO);
     // The daemon leaves its start directory: a relative region path is made absolute first.
-    let nvm = match args.nvm.clone().or(parsed.nvm) {
+    let nvm = match args.nvm.clone().or(parsed.nvm.clone()) {
         Some(p) => Some(std::path::absolute(&p).map_err(|e| format!("--nvm {}: {e}", p.display()))?),
         None => None,
     };
@@ -314,7 +414,85 @@ fn open(args: &MountArgs) -> Result<(Fs, File, PathBuf, PathBuf), String> {
     let fs = Fs::open(Arc::new(dev), opts).map_err(|e| format!("{}: {e}", img.display()))?;
     // The daemon must not keep its start directory busy.
     let _ = std::env::set_current_dir("/");
-    Ok((fs, lock, image, mountpoint))
+    Ok(Opened::Fs { fs, lock, image, mountpoint })
+}
+
+/// Takes the exclusive lock on `file`, waiting up to `limit` for its holder.
+fn wait_for_lock(file: &File, limit: Duration) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        match rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::WOULDBLOCK) if start.elapsed() < limit => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(format!(
+                    "still in use after {} s, and not mounted here under its own name: its daemon \
+                     serves a lazily unmounted (still busy) mount, a mount with another fsname, or \
+                     one in another mount namespace",
+                    limit.as_secs()
+                ))
+            }
+            Err(e) => return Err(format!("cannot lock: {e}")),
+        }
+    }
+}
+
+/// Where `image` is mounted, if it is: the first lanefs mount with it as its source.
+fn mounted_at(image: &Path) -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    lanefs_mounts(&info).into_iter().find(|m| Path::new(&m.source) == image).map(|m| m.mountpoint)
+}
+
+/// A second mount of a mounted image, as a kernel file system makes it: the same file system
+/// at `new` too, a bind of the mount at `at`, with the per-mount flags that a fresh mount with
+/// these options would get. Only root may bind; a user gets the reason.
+fn second_mount(image: &Path, at: &Path, new: &Path, parsed: &Parsed) -> Result<String, String> {
+    use rustix::mount::{mount_bind, mount_remount, unmount, MountFlags, UnmountFlags};
+    if at == new {
+        return Err(format!("{} is mounted on {} already", image.display(), new.display()));
+    }
+    if !rustix::process::geteuid().is_root() {
+        return Err(format!(
+            "{} is in use: mounted at {}; a second mount of it is a bind of that mount, which needs \
+             root (mount --bind {} {})",
+            image.display(),
+            at.display(),
+            at.display(),
+            new.display()
+        ));
+    }
+    mount_bind(at, new).map_err(|e| format!("cannot bind {} to {}: {e}", at.display(), new.display()))?;
+    let has = |o: MountOption| parsed.fuse.contains(&o);
+    let mut flags = MountFlags::BIND;
+    // FUSE's defaults, as fuser applies them to a fresh mount: nosuid and nodev unless asked.
+    for (set, flag) in [
+        (has(MountOption::RO), MountFlags::RDONLY),
+        (!has(MountOption::Suid), MountFlags::NOSUID),
+        (!has(MountOption::Dev), MountFlags::NODEV),
+        (has(MountOption::NoExec), MountFlags::NOEXEC),
+        (has(MountOption::NoAtime), MountFlags::NOATIME),
+    ] {
+        if set {
+            flags |= flag;
+        }
+    }
+    if let Err(e) = mount_remount(new, flags, "") {
+        let _ = unmount(new, UnmountFlags::empty());
+        return Err(format!(
+            "cannot set the flags of the bind of {} on {}: {e}",
+            at.display(),
+            new.display()
+        ));
+    }
+    Ok(format!(
+        "{} is mounted at {} already: mounted it on {} too, as a bind of that mount (one file system, \
+         as for a second mount of a device)",
+        image.display(),
+        at.display(),
+        new.display()
+    ))
 }
 
 /// An I/O error without Rust's " (os error N)" tail.
@@ -347,13 +525,30 @@ fn catch_signals() -> Option<signal_hook::iterator::Signals> {
 
 /// Unmounts on SIGTERM, SIGINT and SIGHUP (also those caught before the mount was up): plainly,
 /// or lazily (MNT_DETACH) if the mount is busy, so that the daemon ends once the last user lets go.
-fn signal_thread(mut signals: signal_hook::iterator::Signals, mountpoint: PathBuf) -> Option<SignalThread> {
+/// Every mount point of this file system goes (`dev`, its mountinfo major:minor, finds the binds
+/// of it), or the daemon would go on serving a bind.
+fn signal_thread(
+    mut signals: signal_hook::iterator::Signals,
+    mountpoint: PathBuf,
+    dev: Option<String>,
+) -> Option<SignalThread> {
     let handle = signals.handle();
     let thread = std::thread::Builder::new()
         .name("lanefs-signals".into())
         .spawn(move || {
             for _ in signals.forever() {
-                unmount_path(&mountpoint);
+                let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+                let mut points: Vec<PathBuf> = lanefs_mounts(&info)
+                    .into_iter()
+                    .filter(|m| dev.as_ref() == Some(&m.dev))
+                    .map(|m| m.mountpoint)
+                    .collect();
+                if points.is_empty() {
+                    points.push(mountpoint.clone());
+                }
+                for p in points.iter().rev() {
+                    unmount_path(p);
+                }
             }
         })
         .ok()?;
@@ -387,6 +582,10 @@ fn unmount_path(mp: &Path) {
 pub struct MountEntry {
     pub mountpoint: PathBuf,
     pub source: String,
+    /// major:minor of the file system: the same for every bind of one mount.
+    pub dev: String,
+    /// The per-mount options (rw, nosuid, nodev, relatime, ...).
+    pub options: String,
 }
 
 /// Decodes mountinfo's octal escapes (\040 for a space, ...).
@@ -431,17 +630,24 @@ pub fn lanefs_mounts(mountinfo: &str) -> Vec<MountEntry> {
         let Some((left, right)) = line.split_once(" - ") else { continue };
         let l: Vec<&str> = left.split(' ').collect();
         let r: Vec<&str> = right.split(' ').collect();
-        if l.len() < 5 || r.len() < 2 || r[0] != "fuse.lanefs" {
+        if l.len() < 6 || r.len() < 2 || r[0] != "fuse.lanefs" {
             continue;
         }
-        out.push(MountEntry { mountpoint: PathBuf::from(unescape(l[4])), source: unescape(r[1]) });
+        out.push(MountEntry {
+            mountpoint: PathBuf::from(unescape(l[4])),
+            source: unescape(r[1]),
+            dev: l[2].to_string(),
+            options: l[5].to_string(),
+        });
     }
     out
 }
 
 /// `lanefs umount MOUNTPOINT`: fusermount3 -u, then wait (up to `wait`) for the daemon's final
-/// checkpoint, which ends when it releases the image lock.
-pub fn umount_command(mountpoint: &Path, wait: Duration) -> Result<(), String> {
+/// checkpoint, which ends when it releases the image lock. If the file system is still mounted
+/// elsewhere (a bind of it), the daemon goes on serving that: nothing to wait for, and the note
+/// returned says where.
+pub fn umount_command(mountpoint: &Path, wait: Duration) -> Result<Option<String>, String> {
     let mp = mountpoint.canonicalize().map_err(|e| format!("{}: {}", mountpoint.display(), plain(&e)))?;
     let info = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("cannot read /proc/self/mountinfo: {}", plain(&e)))?;
@@ -466,12 +672,20 @@ pub fn umount_command(mountpoint: &Path, wait: Duration) -> Result<(), String> {
             msg.to_string()
         });
     }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if let Some(other) = lanefs_mounts(&info).into_iter().find(|m| m.dev == entry.dev) {
+        return Ok(Some(format!(
+            "{} is still mounted at {}: its final checkpoint comes when that is unmounted",
+            entry.source,
+            other.mountpoint.display()
+        )));
+    }
     // The source is the image path unless the mount named another fsname.
-    let Ok(img) = File::open(&entry.source) else { return Ok(()) };
+    let Ok(img) = File::open(&entry.source) else { return Ok(None) };
     let start = Instant::now();
     loop {
         match rustix::fs::flock(&img, rustix::fs::FlockOperation::NonBlockingLockShared) {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(None),
             Err(rustix::io::Errno::WOULDBLOCK) if start.elapsed() < wait => {
                 std::thread::sleep(Duration::from_millis(20))
             }
@@ -482,7 +696,7 @@ pub fn umount_command(mountpoint: &Path, wait: Duration) -> Result<(), String> {
                     wait.as_secs()
                 ))
             }
-            Err(_) => return Ok(()),
+            Err(_) => return Ok(None),
         }
     }
 }
@@ -513,13 +727,57 @@ mod tests {
     }
 
     #[test]
+    fn stuck_request_secs_sets_the_threshold_or_turns_the_log_off() {
+        assert_eq!(parse_options(&[]).unwrap().stuck_request, Some(STUCK_REQUEST));
+        let p = parse_options(&["rw,stuck_request_secs=1".into()]).unwrap();
+        assert_eq!(p.stuck_request, Some(Duration::from_secs(1)));
+        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.starts_with("stuck"))));
+        assert_eq!(parse_options(&["stuck_request_secs=0".into()]).unwrap().stuck_request, None);
+        for bad in [
+            "stuck_request_secs=",
+            "stuck_request_secs=-3",
+            "stuck_request_secs=1.5",
+            "stuck_request_secs=86401",
+        ] {
+            let e = parse_options(&[bad.into()]).unwrap_err();
+            assert!(e.starts_with(&format!("option {bad}: ")) && e.contains("seconds"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_lock_is_waited_for_within_the_limit_only() {
+        let path = std::env::temp_dir().join(format!("lanefs-lockwait-{}", std::process::id()));
+        std::fs::write(&path, b"image").unwrap();
+        // flock locks belong to the open file: two opens conflict within one process too.
+        let holder = File::open(&path).unwrap();
+        let waiter = File::open(&path).unwrap();
+        rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        let t = Instant::now();
+        let e = wait_for_lock(&waiter, Duration::from_millis(200)).unwrap_err();
+        assert!(t.elapsed() >= Duration::from_millis(200), "gave up early");
+        assert!(e.contains("still in use after"), "{e}");
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(holder);
+        });
+        wait_for_lock(&waiter, Duration::from_secs(30)).unwrap();
+        release.join().unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn mountinfo_lists_lanefs_mounts_with_escapes() {
         let info = "36 35 98:0 / /mnt1 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n\
                     50 22 0:45 / /tmp/my\\040mnt rw,nosuid,nodev,relatime shared:30 - fuse.lanefs /tmp/a\\040b.img rw,user_id=0,group_id=0\n";
         let m = lanefs_mounts(info);
         assert_eq!(
             m,
-            vec![MountEntry { mountpoint: PathBuf::from("/tmp/my mnt"), source: "/tmp/a b.img".into() }]
+            vec![MountEntry {
+                mountpoint: PathBuf::from("/tmp/my mnt"),
+                source: "/tmp/a b.img".into(),
+                dev: "0:45".into(),
+                options: "rw,nosuid,nodev,relatime".into(),
+            }]
         );
     }
 }

@@ -34,20 +34,34 @@ pub fn nvm_args<S: AsRef<std::ffi::OsStr>>(img: &Path, extra: &[S]) -> Vec<std::
     }
 }
 
-/// Whether FUSE tests can run here: root, /dev/fuse and fusermount3. Prints why not.
+/// Whether FUSE tests can run here: root, /dev/fuse and fusermount3. Where they are expected to
+/// run (under CI, or as root, who can have FUSE) a missing piece is a failure, not a skip: a suite
+/// that passes by running nothing hides what it was meant to find. Elsewhere it prints why not.
 pub fn fuse_available() -> bool {
-    if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: FUSE tests need root and /dev/fuse");
-        return false;
+    let why_not = if !rustix::process::geteuid().is_root() {
+        Some("FUSE tests need root")
+    } else if !Path::new("/dev/fuse").exists() {
+        Some("FUSE tests need /dev/fuse")
+    } else if !std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").is_file()))
+    {
+        Some("FUSE tests need fusermount3 (fuse3) on PATH")
+    } else {
+        None
+    };
+    let Some(why) = why_not else { return true };
+    let expected = if std::env::var_os("CI").is_some() {
+        Some("CI is set")
+    } else if rustix::process::geteuid().is_root() {
+        Some("running as root")
+    } else {
+        None
+    };
+    if let Some(expected) = expected {
+        panic!("cannot run: {why} ({expected}, so these tests must run)");
     }
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").is_file()))
-        .unwrap_or(false);
-    if !on_path {
-        eprintln!("skipped: FUSE tests need fusermount3 (fuse3)");
-        return false;
-    }
-    true
+    eprintln!("skipped: {why}");
+    false
 }
 
 /// Runs `lanefs ARGS`, killing it (by its PID) if it outlives `limit`.
