@@ -920,3 +920,41 @@ fn fuse_tests_fail_rather_than_skip_where_they_should_run() {
         assert!(ok && text.contains("skipped: FUSE tests need root"), "{text}");
     }
 }
+
+/// fstests generic/736 through the mount: a listing that renames every entry away and back as
+/// it reads it (so each gets a new cookie) ends, and returns each name once. Before listings
+/// had a horizon it never ended.
+#[test]
+fn readdir_ends_while_it_renames_every_entry_it_reads() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    mkfs(&img);
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let d = m.mp.join("testdir");
+    fs::create_dir(&d).unwrap();
+    const N: usize = 2000;
+    for i in 1..=N {
+        fs::File::create(d.join(i.to_string())).unwrap();
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut reads = 0;
+    for e in fs::read_dir(&d).unwrap() {
+        let name = e.unwrap().file_name();
+        reads += 1;
+        assert!(reads <= 3 * N, "the listing does not end: {reads} entries read");
+        assert!(seen.insert(name.clone()), "{name:?} listed twice");
+        fs::rename(d.join(&name), d.join("TEMPFILE")).unwrap();
+        fs::rename(d.join("TEMPFILE"), d.join(&name)).unwrap();
+    }
+    assert_eq!(seen.len(), N, "every name that existed throughout, exactly once");
+    // A new listing sees the directory as it is now.
+    fs::File::create(d.join("late")).unwrap();
+    assert_eq!(fs::read_dir(&d).unwrap().count(), N + 1);
+    m.umount();
+    fsck_clean(&img);
+}

@@ -20,6 +20,7 @@ use lanefs::format::node::Timespec;
 use lanefs::fs_seek::Seek;
 use lanefs::{Attr, FileKind, Fs, SetAttr};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -43,6 +44,8 @@ const MAX_COPY: u64 = 1 << 30;
 /// The FUSE file system: a shared handle on a mounted lanefs.
 pub struct LaneFuse {
     fs: Arc<Fs>,
+    /// The listing of each open directory handle (see [`DirHandles`]).
+    dirs: DirHandles,
     max_write: u32,
     writeback_cache: bool,
     inflight: Arc<Inflight>,
@@ -52,7 +55,81 @@ impl LaneFuse {
     /// Serves `fs`; `writeback_cache` asks the kernel to cache writes (see the crate docs);
     /// requests are marked in flight in `inflight`, which needs a slot per worker thread.
     pub fn new(fs: Arc<Fs>, writeback_cache: bool, inflight: Arc<Inflight>) -> LaneFuse {
-        LaneFuse { fs, max_write: max_write(), writeback_cache, inflight }
+        LaneFuse { fs, dirs: DirHandles::new(), max_write: max_write(), writeback_cache, inflight }
+    }
+}
+
+/// Open directory handles and their listings.
+///
+/// A listing bounds what one pass over a directory returns to the entries that existed when it
+/// started (`lanefs::Listing`), so that `readdir` ends even while the caller renames what it
+/// reads (fstests generic/736). A pass starts at offset 0: after OPENDIR, and again after
+/// `rewinddir`, which must then see the directory as it is. Handles are numbered from 1; the
+/// table is sharded by handle so that parallel OPENDIRs rarely share a lock, and no lock of it
+/// is held while the engine is called.
+struct DirHandles {
+    next: std::sync::atomic::AtomicU64,
+    shards: Box<[DirShard]>,
+}
+
+/// Open directory handles whose number is the shard's index modulo [`DIR_HANDLE_SHARDS`].
+type DirShard = lanefs::sync::Mutex<HashMap<u64, Arc<lanefs::Listing>>>;
+
+const DIR_HANDLE_SHARDS: u64 = 16;
+
+impl DirHandles {
+    fn new() -> DirHandles {
+        DirHandles {
+            next: std::sync::atomic::AtomicU64::new(1),
+            shards: (0..DIR_HANDLE_SHARDS)
+                .map(|_| lanefs::sync::Mutex::new(lanefs::sync::Rank::DirHandles, HashMap::new()))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, fh: u64) -> &DirShard {
+        &self.shards[(fh % DIR_HANDLE_SHARDS) as usize]
+    }
+
+    fn open(&self, listing: lanefs::Listing) -> u64 {
+        let fh = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shard(fh).lock().insert(fh, Arc::new(listing));
+        fh
+    }
+
+    /// The listing of handle `fh` (none for a handle this table did not give out).
+    fn get(&self, fh: u64) -> Option<Arc<lanefs::Listing>> {
+        self.shard(fh).lock().get(&fh).cloned()
+    }
+
+    /// A new pass over the directory (offset 0): the listing starts again from now.
+    fn restart(&self, fh: u64, listing: lanefs::Listing) {
+        if let Some(l) = self.shard(fh).lock().get_mut(&fh) {
+            *l = Arc::new(listing);
+        }
+    }
+
+    fn close(&self, fh: u64) {
+        self.shard(fh).lock().remove(&fh);
+    }
+
+    /// The entries of handle `fh`'s listing after `offset`, starting a new pass at offset 0.
+    fn read(
+        &self,
+        fs: &Fs,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        max: usize,
+    ) -> lanefs::Result<Vec<lanefs::DirEntry>> {
+        if offset == 0 && self.get(fh).is_some() {
+            self.restart(fh, fs.listing(ino)?);
+        }
+        match self.get(fh) {
+            Some(l) => fs.readdir_listing(&l, offset, max),
+            // Not opened through OPENDIR (the kernel always does; a handle of 0 otherwise).
+            None => fs.readdir(ino, offset, max),
+        }
     }
 }
 
@@ -455,17 +532,20 @@ impl Filesystem for LaneFuse {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _busy = self.inflight.enter(Op::Opendir, ino.0, req.pid());
         match self.fs.getattr(ino.0) {
-            Ok(a) if a.kind == FileKind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(a) if a.kind == FileKind::Dir => match self.fs.listing(ino.0) {
+                Ok(l) => reply.opened(FileHandle(self.dirs.open(l)), FopenFlags::empty()),
+                Err(e) => reply.error(errno(e)),
+            },
             Ok(_) => reply.error(Errno::ENOTDIR),
             Err(e) => reply.error(errno(e)),
         }
     }
 
-    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let _busy = self.inflight.enter(Op::Readdir, ino.0, req.pid());
         let mut cookie = offset;
         loop {
-            let batch = match self.fs.readdir(ino.0, cookie, DIR_BATCH) {
+            let batch = match self.dirs.read(&self.fs, ino.0, fh.0, cookie, DIR_BATCH) {
                 Ok(b) => b,
                 Err(e) => return reply.error(errno(e)),
             };
@@ -487,14 +567,14 @@ impl Filesystem for LaneFuse {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let _busy = self.inflight.enter(Op::Readdirplus, ino.0, req.pid());
         let mut cookie = offset;
         loop {
-            let batch = match self.fs.readdir(ino.0, cookie, DIR_BATCH) {
+            let batch = match self.dirs.read(&self.fs, ino.0, fh.0, cookie, DIR_BATCH) {
                 Ok(b) => b,
                 Err(e) => return reply.error(errno(e)),
             };
@@ -524,10 +604,11 @@ impl Filesystem for LaneFuse {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.dirs.close(fh.0);
         reply.ok()
     }
 

@@ -119,6 +119,18 @@ pub struct DirEntry {
     pub cookie: u64,
 }
 
+/// A directory listing in progress: from [`Fs::listing`], for [`Fs::readdir_listing`].
+///
+/// It holds where the directory's cookies stood when it started, so it returns every entry
+/// that exists throughout it exactly once, no entry created during it, and it ends, even while
+/// the caller renames each entry it reads (a renamed entry has a new cookie, past the
+/// horizon). Start a new one to see the directory as it is now (as `rewinddir` does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    ino: Ino,
+    horizon: crate::mem::dir::Horizon,
+}
+
 /// statfs(2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatFs {
@@ -368,8 +380,60 @@ impl Fs {
         self.engine.fallocate(ino32(ino)?, mode, off, len)
     }
 
-    /// Up to `max` entries after `cookie` (0 starts; "." and ".." come first).
+    /// Up to `max` entries after `cookie` (0 starts; "." and ".." come first). Every call sees
+    /// the directory as it is: a caller that renames entries as it lists them should use a
+    /// [`Listing`] instead, or it may meet them again without end.
     pub fn readdir(&self, ino: Ino, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+        self.read_dir(ino, cookie, max, None)
+    }
+
+    /// Starts a listing of directory `ino` (see [`Listing`]).
+    ///
+    /// ```
+    /// # let dev = std::sync::Arc::new(lanefs::device::MemDevice::new(64 << 20));
+    /// # lanefs::Fs::format(&*dev, &lanefs::MkfsOptions::default()).unwrap();
+    /// # let fs = lanefs::Fs::open(dev, lanefs::FsOptions::default()).unwrap();
+    /// use lanefs::ROOT;
+    /// for n in 0..3 {
+    ///     fs.create(ROOT, format!("f{n}").as_bytes(), 0o644, 0, 0).unwrap();
+    /// }
+    /// let listing = fs.listing(ROOT).unwrap();
+    /// let (mut cookie, mut seen) = (0, 0);
+    /// loop {
+    ///     let batch = fs.readdir_listing(&listing, cookie, 2).unwrap();
+    ///     for e in &batch {
+    ///         if e.name.starts_with(b"f") {
+    ///             // Renamed away and back: a new cookie, past the listing's horizon.
+    ///             fs.rename(ROOT, &e.name, ROOT, b"tmp", 0).unwrap();
+    ///             fs.rename(ROOT, b"tmp", ROOT, &e.name, 0).unwrap();
+    ///             seen += 1;
+    ///         }
+    ///     }
+    ///     match batch.last() {
+    ///         Some(e) => cookie = e.cookie,
+    ///         None => break,
+    ///     }
+    /// }
+    /// assert_eq!(seen, 3, "each entry once, and the listing ends");
+    /// ```
+    pub fn listing(&self, ino: Ino) -> Result<Listing> {
+        let _g = self.engine.pass.shared();
+        let d = self.engine.dir_mnode(ino32(ino)?)?;
+        Ok(Listing { ino, horizon: d.dir().expect("dir").map.horizon() })
+    }
+
+    /// Up to `max` entries of `listing` after `cookie` (0 starts; "." and ".." come first).
+    pub fn readdir_listing(&self, listing: &Listing, cookie: u64, max: usize) -> Result<Vec<DirEntry>> {
+        self.read_dir(listing.ino, cookie, max, Some(&listing.horizon))
+    }
+
+    fn read_dir(
+        &self,
+        ino: Ino,
+        cookie: u64,
+        max: usize,
+        horizon: Option<&crate::mem::dir::Horizon>,
+    ) -> Result<Vec<DirEntry>> {
         let _g = self.engine.pass.shared();
         let d = self.engine.dir_mnode(ino32(ino)?)?;
         let mut out = Vec::new();
@@ -382,7 +446,7 @@ impl Fs {
         }
         let left = max - out.len();
         if left > 0 {
-            for (name, e) in d.dir().expect("dir").map.list_after(cookie.max(2), left) {
+            for (name, e) in d.dir().expect("dir").map.list_after(cookie.max(2), left, horizon) {
                 out.push(DirEntry {
                     name,
                     ino: e.ino as Ino,

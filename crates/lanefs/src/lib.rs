@@ -31,5 +31,6 @@ pub mod sync;
 
 pub use error::{Error, Result};
 pub use fs::{
-    Attr, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, IoStats, MkfsOptions, SetAttr, StatFs, ROOT,
+    Attr, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, IoStats, Listing, MkfsOptions, SetAttr, StatFs,
+    ROOT,
 };

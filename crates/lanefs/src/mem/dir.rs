@@ -10,6 +10,13 @@
 //! for the whole listing, however many names are created or removed meanwhile (entries created
 //! during the listing may or may not appear, as POSIX allows). Cookies 1 and 2 are left for
 //! "." and "..".
+//!
+//! A renamed or replaced name gets a fresh cookie, past every existing one in its shard. A
+//! listing that renames each entry it sees (away and back, as fstests' generic/736 does) would
+//! therefore meet every entry again, without end. A listing that starts with a [`Horizon`]
+//! (each shard's last cookie at that moment) returns only entries whose cookies lie within it:
+//! every entry that exists throughout the listing exactly once, none created during it, and an
+//! end bounded by what existed at its start.
 
 use crate::sync::rank::{Rank, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -34,6 +41,10 @@ struct Shard {
     by_cookie: BTreeMap<u64, Box<[u8]>>,
     next_seq: u64,
 }
+
+/// Each shard's last cookie sequence number when a listing started (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Horizon(Box<[u64]>);
 
 /// A directory's entries.
 pub struct DirMap {
@@ -131,8 +142,16 @@ impl DirMap {
         self.update(name, |old| (None, old))
     }
 
-    /// Up to `max` entries with cookies after `after`, in cookie order.
-    pub fn list_after(&self, after: u64, max: usize) -> Vec<(Vec<u8>, DirEntry)> {
+    /// Where every shard's cookies stand now: a listing that passes it to
+    /// [`DirMap::list_after`] sees no entry created after this call.
+    pub fn horizon(&self) -> Horizon {
+        Horizon(self.shards.iter().map(|s| s.read().next_seq).collect())
+    }
+
+    /// Up to `max` entries with cookies after `after`, in cookie order; with a horizon, only
+    /// entries whose cookies it covers.
+    pub fn list_after(&self, after: u64, max: usize, horizon: Option<&Horizon>) -> Vec<(Vec<u8>, DirEntry)> {
+        debug_assert!(horizon.is_none_or(|h| h.0.len() == SHARDS), "a horizon has one cookie per shard");
         let mut out = Vec::new();
         let first_shard = (after >> SEQ_BITS).saturating_sub(1) as usize;
         for s in first_shard..SHARDS {
@@ -141,7 +160,11 @@ impl DirMap {
             }
             let shard = self.shards[s].read();
             let lo = if s == first_shard { after + 1 } else { 0 };
-            for (_, name) in shard.by_cookie.range(lo..) {
+            let hi = horizon.map_or(u64::MAX, |h| ((s as u64 + 1) << SEQ_BITS) | h.0[s]);
+            if lo > hi {
+                continue;
+            }
+            for (_, name) in shard.by_cookie.range(lo..=hi) {
                 if out.len() >= max {
                     break;
                 }
@@ -238,7 +261,7 @@ mod tests {
         let mut seen = HashSet::new();
         let mut cookie = 2;
         loop {
-            let page = d.list_after(cookie, 37);
+            let page = d.list_after(cookie, 37, None);
             if page.is_empty() {
                 break;
             }
@@ -252,6 +275,50 @@ mod tests {
         for i in 0..2000u32 {
             assert!(seen.contains(format!("stable-{i}").as_bytes()), "stable-{i} skipped");
         }
+    }
+
+    #[test]
+    fn a_listing_within_its_horizon_ends_while_it_renames_what_it_reads() {
+        // fstests generic/736: rename each entry away and back as it is read.
+        let d = DirMap::new();
+        for i in 0..500u32 {
+            d.insert(format!("{i}").as_bytes(), i + 10, 8).unwrap();
+        }
+        let rename_away_and_back = |name: &[u8]| {
+            let e = d.remove(name).expect("listed entry exists");
+            d.insert(b"TEMPFILE", e.ino, e.file_type).unwrap();
+            let t = d.remove(b"TEMPFILE").unwrap();
+            d.insert(name, t.ino, t.file_type).unwrap();
+        };
+        // Without a horizon the listing meets renamed entries again: far more than 500 reads.
+        let (mut cookie, mut reads) = (2, 0);
+        while reads <= 3 * 500 {
+            let page = d.list_after(cookie, 16, None);
+            let Some(last) = page.last() else { break };
+            cookie = last.1.cookie;
+            reads += page.len();
+            page.iter().for_each(|(n, _)| rename_away_and_back(n));
+        }
+        assert!(reads > 3 * 500, "an unbounded listing should keep meeting renamed entries");
+        // Within a horizon: every entry exactly once, then the end. A name created during the
+        // listing is not returned.
+        let h = d.horizon();
+        d.insert(b"late", 1, 8).unwrap();
+        let (mut cookie, mut seen) = (2, HashSet::new());
+        for _ in 0..=500 {
+            let page = d.list_after(cookie, 16, Some(&h));
+            let Some(last) = page.last() else { break };
+            cookie = last.1.cookie;
+            for (n, _) in &page {
+                assert!(seen.insert(n.clone()), "{} listed twice", String::from_utf8_lossy(n));
+                rename_away_and_back(n);
+            }
+        }
+        assert!(d.list_after(cookie, 16, Some(&h)).is_empty(), "the listing ends");
+        assert_eq!(seen.len(), 500);
+        assert!(!seen.contains(b"late".as_slice()), "a name created during the listing");
+        // A fresh horizon sees the directory as it is now (rewinddir).
+        assert_eq!(d.list_after(2, 1000, Some(&d.horizon())).len(), 501);
     }
 
     #[test]

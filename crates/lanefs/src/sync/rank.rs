@@ -125,6 +125,8 @@ pub enum Rank {
     IoSaved,
     /// A range lock's own request list (never held while waiting).
     RangeInner,
+    /// The FUSE adapter's table of open directory handles (never held across an engine call).
+    DirHandles,
 
     // Devices, innermost.
     /// The crash-recording device's barrier (test harness).
