@@ -285,11 +285,7 @@ fn mixed_workload_from_two_processes_survives_remount_exactly() {
     if !fuse_available() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("disk.img");
-    let mp = dir.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    mkfs(&img);
+    let (_dir, img, mp) = scratch_image();
     let m = Mounted::daemon(&img, &mp, &["--threads", "2"]);
     let root = m.mp.clone();
     fs::create_dir(root.join("shared")).unwrap();
@@ -329,11 +325,7 @@ fn sigkill_after_fsynced_writes_loses_no_fsynced_byte() {
     if !fuse_available() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("disk.img");
-    let mp = dir.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    mkfs(&img);
+    let (_dir, img, mp) = scratch_image();
     let m = Mounted::foreground(&img, &mp);
     let root = m.mp.clone();
     fs::create_dir(root.join("burst")).unwrap();
@@ -693,11 +685,7 @@ fn umount_then_mount_at_once_waits_for_the_old_daemon() {
     if !fuse_available() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("disk.img");
-    let mp = dir.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    mkfs(&img);
+    let (_dir, img, mp) = scratch_image();
     // Undoes whatever is mounted at the mount point at the end, whichever daemon serves it.
     let m = Mounted::daemon(&img, &mp, &[]);
     let waiting = format!(
@@ -839,11 +827,7 @@ fn the_mount_helper_passes_dev_and_suid_through() {
     fs::copy(&script, &helper).unwrap();
     let _remove = RemoveOnDrop(helper.clone());
     fs::set_permissions(&helper, fs::Permissions::from_mode(0o755)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("disk.img");
-    let mp = dir.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    mkfs(&img);
+    let (_dir, img, mp) = scratch_image();
     let mp = mp.canonicalize().unwrap();
     for (opts, want, not) in [
         ("dev,suid", &[][..], &["nodev", "nosuid"][..]),
@@ -929,11 +913,7 @@ fn readdir_ends_while_it_renames_every_entry_it_reads() {
     if !fuse_available() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("disk.img");
-    let mp = dir.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    mkfs(&img);
+    let (_dir, img, mp) = scratch_image();
     let m = Mounted::daemon(&img, &mp, &[]);
     let d = m.mp.join("testdir");
     fs::create_dir(&d).unwrap();

@@ -266,6 +266,17 @@ pub fn mkfs(img: &Path) {
     assert!(out.status.success(), "mkfs: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A temporary directory holding a fresh image `disk.img` and an empty mount point `mnt`;
+/// both go with the directory.
+pub fn scratch_image() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    mkfs(&img);
+    (dir, img, mp)
+}
+
 /// `lanefs fsck IMAGE` must exit 0 (clean); in nvm mode, having checked the region (which
 /// every mount through these helpers creates and uses).
 pub fn fsck_clean(img: &Path) {
