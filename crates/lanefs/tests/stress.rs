@@ -466,7 +466,13 @@ fn stress_one_cold_file() {
         watchdog::stall_limit(),
         watchdog::OnHang {
             suspects: Default::default(),
-            cleanup: Box::new(move || cleanup_paths.iter().for_each(|p| drop(std::fs::remove_file(p)))),
+            cleanup: Box::new(move || {
+                for p in &cleanup_paths {
+                    let _ = std::fs::remove_file(p);
+                    // The temporary directory each lives in, now empty.
+                    let _ = p.parent().map(std::fs::remove_dir);
+                }
+            }),
         },
     );
 

@@ -215,11 +215,21 @@ fn fire(test: &str, progress: &Progress, limit: Duration, stuck: &[String], on_h
     let me = std::process::id();
     let mut procs = vec![("this test".to_string(), me)];
     procs.extend(on_hang.suspects.lock().map(|v| v.clone()).unwrap_or_default());
+    // The other processes first: the daemon's threads wait in user space, where gdb stops them.
+    procs.rotate_left(1);
     for (name, pid) in &procs {
+        let kernel = proc_stacks(*pid);
         say(&format!("==== stacks of {name} (pid {pid}), gdb:"));
-        say(&gdb_stacks(*pid));
+        if *pid == me && kernel.contains("fuse") {
+            // A thread waiting for a FUSE reply cannot be stopped by ptrace until the daemon
+            // answers: gdb would wait for it until its time limit, and leave this process
+            // stopped. Its kernel stack below shows the wait; the counters show the operation.
+            say("(not attached: threads of this test wait on FUSE requests; see their kernel stacks)");
+        } else {
+            say(&gdb_stacks(*pid));
+        }
         say(&format!("==== threads of {name} (pid {pid}) from /proc (state, wchan, kernel stack):"));
-        say(&proc_stacks(*pid));
+        say(&kernel);
     }
     say("==== WATCHDOG: cleaning up and failing the test");
     (on_hang.cleanup)();
@@ -243,6 +253,10 @@ pub fn gdb_stacks(pid: u32) -> String {
         .status();
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     let _ = std::fs::remove_file(&out);
+    // A gdb killed by `timeout` while attaching leaves its SIGSTOP pending in the process it
+    // attached to; SIGCONT discards it, so that the process is not stopped later.
+    // (kill(1) by its PID: the lanefs crate's rustix has no process feature.)
+    let _ = Command::new("kill").args(["-CONT", &pid.to_string()]).status();
     match status {
         Err(e) => format!("(gdb not run: {e})"),
         Ok(_) if text.contains("gdb: No such file") || text.contains("failed to run command") => {
