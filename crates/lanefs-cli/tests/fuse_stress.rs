@@ -456,7 +456,8 @@ fn mount_stress_one_cold_file() {
     let dir = tempfile::tempdir().unwrap();
     let (img, mp) = (dir.path().join("img"), dir.path().join("mnt"));
     std::fs::create_dir(&mp).unwrap();
-    mkfs(&img);
+    // Small enough for the cleaner to run while the file is overwritten (256 MiB of 640).
+    mkfs_sized(&img, "640M");
 
     let progress = Progress::new();
     let main = progress.tracker("main");
