@@ -27,8 +27,9 @@
 //!
 //! `LANEFS_STRESS_SECS` sets the run time (15 s by default, CI's quick mode; `scripts/stress`
 //! runs 600 in full mode), `LANEFS_STRESS_SEED` the operation choices (the seed is printed; the
-//! interleaving is the machine's). With `LANEFS_TEST_NVM=1` the file system keeps its NAT and
-//! journals in a persistent-memory region.
+//! interleaving is the machine's), `LANEFS_STRESS_IMAGE_MIB` the image size (160; 1024 keeps the
+//! cleaner idle). With `LANEFS_TEST_NVM=1` the file system keeps its NAT and journals in a
+//! persistent-memory region.
 
 mod nvm_mode;
 mod watchdog;
@@ -100,7 +101,13 @@ impl Image {
     fn new() -> Image {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("stress.img");
-        create_image(&path, IMAGE_BYTES).unwrap();
+        // LANEFS_STRESS_IMAGE_MIB: another size, to tell failures that need the cleaner (which
+        // a large image keeps idle) from those that do not.
+        let bytes = std::env::var("LANEFS_STRESS_IMAGE_MIB")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map_or(IMAGE_BYTES, |m: u64| m * MIB);
+        create_image(&path, bytes).unwrap();
         let dev = FileDevice::open(&path, DeviceOptions::default()).unwrap();
         Fs::format(&dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
         Image { _dir: dir, path, region: nvm_mode::Region::if_enabled() }
