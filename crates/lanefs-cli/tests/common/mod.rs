@@ -316,3 +316,42 @@ impl AlignedBuf {
         &self.v[self.off..self.off + self.len]
     }
 }
+
+/// `lanefs mkfs IMAGE --size SIZE --lanes 2` (as [`mkfs`], with another size; the issue 14
+/// reproductions use 2G).
+pub fn mkfs_sized(img: &Path, size: &str) {
+    if let Some(r) = region_of(img) {
+        let _ = fs::remove_file(r);
+    }
+    let out = run(
+        &[os("mkfs"), img.as_os_str(), os("--size"), os(size), os("--lanes"), os("2")],
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "mkfs: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `lanefs umount` right after the test closed files on the mount, retried while fusermount3
+/// finds the mount busy (for up to 30 s): the kernel may hold the mount until the daemon has
+/// answered the RELEASE of the files just closed. Then waits for the daemon to exit. Returns how
+/// many attempts found it busy.
+pub fn umount_settled(mut m: Mounted) -> u32 {
+    let start = Instant::now();
+    let mut busy = 0;
+    // Bounded by the 30 s.
+    loop {
+        let out = run(&[os("umount"), m.mp.as_os_str()], Duration::from_secs(120));
+        if out.status.success() {
+            break;
+        }
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(err.contains("busy") && start.elapsed() < Duration::from_secs(30), "umount failed: {err}");
+        busy += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!is_mounted(&m.mp));
+    if let Some(mut c) = m.child.take() {
+        let st = wait_child(&mut c, Duration::from_secs(60));
+        assert!(st.success(), "daemon exited with {st}");
+    }
+    busy
+}
