@@ -430,6 +430,13 @@ impl Engine {
         for &(idx, a) in &fresh {
             tree_map.insert(idx, a);
             let still = pages.is_some_and(|p| p.settle(idx));
+            // A truncate or punch drops a page and its block in one critical section under
+            // this lock: a page gone with its snapshot block still mapped would have the block
+            // freed here and again when the mapping drops it.
+            debug_assert!(
+                still || s.map.get(&idx).is_none() || disk.cur_map.get(&idx) != s.map.get(&idx),
+                "inode {ino}: page {idx} gone while its block is still mapped"
+            );
             if still && disk.cur_map.get(&idx) == s.map.get(&idx) {
                 let old = s.map.get(&idx).copied();
                 disk.cur_map.insert(idx, a);

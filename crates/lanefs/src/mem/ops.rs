@@ -710,14 +710,20 @@ impl Engine {
         let old = m.size.load(Ordering::Acquire);
         if size < old {
             let keep_pages = size.div_ceil(PAGE_SIZE as u64);
-            pages.truncate(keep_pages);
             let tail = (size % PAGE_SIZE as u64) as usize;
             if tail != 0 {
                 // The partial page's tail reads as zeros from now on (loaded if not cached).
                 let idx = size / PAGE_SIZE as u64;
                 self.write_page(m, pages, idx, tail, &[0u8; PAGE_SIZE][tail..])?;
             }
-            m.disk.lock().truncate(keep_pages);
+            // Pages and their blocks go together, under the mapping's lock (as a punch does).
+            // A checkpoint installing this inode in between found a page gone whose block the
+            // mapping still named: it left the block out of its new tree and freed it, and the
+            // mapping's drop then made it garbage, freed again by the next fsync ("block N
+            // invalidated twice", found by tests/stress.rs).
+            let mut disk = m.disk.lock();
+            pages.truncate(keep_pages);
+            disk.truncate(keep_pages);
         }
         m.size.store(size, Ordering::Release);
         m.touch(now());
