@@ -389,11 +389,7 @@ fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result
             if let Some(at) = mounted_at(&image) {
                 return second_mount(&image, &at, &mountpoint, parsed).map(Opened::Bound);
             }
-            note(&format!(
-                "waiting for the previous lanefs daemon to release {} (final checkpoint)",
-                img.display()
-            ));
-            wait_for_lock(&lock, RELEASE_WAIT).map_err(|e| format!("{}: {e}", img.display()))?;
+            await_release(&lock, img, QUIET_WAIT, RELEASE_WAIT, note)?;
         }
         Err(e) => return Err(format!("{}: cannot lock: {e}", img.display())),
     }
@@ -418,6 +414,28 @@ fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result
 }
 
 /// Takes the exclusive lock on `file`, waiting up to `limit` for its holder.
+/// Waits for the daemon of a mount that just went away to release `img`'s lock: silently for
+/// `quiet` (a final checkpoint usually takes milliseconds, and a mount that succeeds prints
+/// nothing, as the kernel's do: fstests compares a remount's output), then with one line to say
+/// what it waits for, up to `limit` in all.
+fn await_release(
+    lock: &File,
+    img: &Path,
+    quiet: Duration,
+    limit: Duration,
+    note: &mut dyn FnMut(&str),
+) -> Result<(), String> {
+    debug_assert!(quiet <= limit);
+    if wait_for_lock(lock, quiet).is_ok() {
+        return Ok(());
+    }
+    note(&format!("waiting for the previous lanefs daemon to release {} (final checkpoint)", img.display()));
+    wait_for_lock(lock, limit - quiet).map_err(|e| format!("{}: {e}", img.display()))
+}
+
+/// How long a mount waits for a finishing daemon before it says so.
+pub const QUIET_WAIT: Duration = Duration::from_secs(1);
+
 fn wait_for_lock(file: &File, limit: Duration) -> Result<(), String> {
     let start = Instant::now();
     loop {
@@ -762,6 +780,31 @@ mod tests {
         });
         wait_for_lock(&waiter, Duration::from_secs(30)).unwrap();
         release.join().unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_short_wait_is_silent_and_a_long_one_says_what_it_waits_for() {
+        let path = std::env::temp_dir().join(format!("lanefs-quietwait-{}", std::process::id()));
+        std::fs::write(&path, b"image").unwrap();
+        let waiter = File::open(&path).unwrap();
+        for (held_ms, says) in [(50u64, false), (600, true)] {
+            let holder = File::open(&path).unwrap();
+            rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+            let release = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(held_ms));
+                drop(holder);
+            });
+            let mut notes = Vec::new();
+            await_release(&waiter, &path, Duration::from_millis(300), Duration::from_secs(30), &mut |n| {
+                notes.push(n.to_string())
+            })
+            .unwrap();
+            release.join().unwrap();
+            assert_eq!(notes.len(), usize::from(says), "held {held_ms} ms: {notes:?}");
+            assert!(notes.iter().all(|n| n.starts_with("waiting for the previous lanefs daemon")));
+            rustix::fs::flock(&waiter, rustix::fs::FlockOperation::Unlock).unwrap();
+        }
         std::fs::remove_file(&path).unwrap();
     }
 

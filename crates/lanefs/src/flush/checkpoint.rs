@@ -434,7 +434,7 @@ impl Engine {
             // this lock: a page gone with its snapshot block still mapped would have the block
             // freed here and again when the mapping drops it.
             debug_assert!(
-                still || s.map.get(&idx).is_none() || disk.cur_map.get(&idx) != s.map.get(&idx),
+                still || !s.map.contains_key(&idx) || disk.cur_map.get(&idx) != s.map.get(&idx),
                 "inode {ino}: page {idx} gone while its block is still mapped"
             );
             if still && disk.cur_map.get(&idx) == s.map.get(&idx) {
