@@ -430,14 +430,14 @@ impl Engine {
         for &(idx, a) in &fresh {
             tree_map.insert(idx, a);
             let still = pages.is_some_and(|p| p.settle(idx));
-            // A truncate or punch drops a page and its block in one critical section under
-            // this lock: a page gone with its snapshot block still mapped would have the block
-            // freed here and again when the mapping drops it.
-            debug_assert!(
-                still || !s.map.contains_key(&idx) || disk.cur_map.get(&idx) != s.map.get(&idx),
-                "inode {ino}: page {idx} gone while its block is still mapped"
-            );
-            if still && disk.cur_map.get(&idx) == s.map.get(&idx) {
+            // The block is this checkpoint's to install if the mapping is what the snapshot
+            // saw: a truncate or punch drops a page and its block in one critical section
+            // under this lock, so a page that had a block and whose mapping is unchanged still
+            // owns it, even if the page itself is no longer cached (stress runs found such a
+            // page; its block was then freed by the tree diff while still mapped, and freed
+            // again later). A page that had no block and is gone was truncated.
+            let unchanged = disk.cur_map.get(&idx) == s.map.get(&idx);
+            if unchanged && (still || s.map.contains_key(&idx)) {
                 let old = s.map.get(&idx).copied();
                 disk.cur_map.insert(idx, a);
                 if let Some(old) = old {
