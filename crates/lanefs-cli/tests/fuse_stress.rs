@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use watchdog::{Progress, Tracker, Watchdog};
+use watchdog::{Progress, StopOnPanic, Tracker, Watchdog};
 
 const PAGE: u64 = 4096;
 const MIB: u64 = 1 << 20;
@@ -174,18 +174,6 @@ fn check_all(file: &Path, writers: &[WriterModel], tail: &TailModel, when: &str)
     }
     let size = f.metadata().unwrap().len();
     assert_eq!(size, TAIL + tail.bytes.len() as u64, "{when}: size");
-}
-
-/// Sets the shared stop flag if the thread panics, so that the others end early.
-struct StopOnPanic(Arc<AtomicBool>, Tracker);
-
-impl Drop for StopOnPanic {
-    fn drop(&mut self) {
-        self.1.idle();
-        if std::thread::panicking() {
-            self.0.store(true, Ordering::Release);
-        }
-    }
 }
 
 struct Ctx {

@@ -43,7 +43,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use watchdog::{Progress, Tracker, Watchdog};
+use watchdog::{Progress, StopOnPanic, Tracker, Watchdog};
 
 const PAGE: u64 = 4096;
 const MIB: u64 = 1 << 20;
@@ -175,19 +175,6 @@ fn check_all(fs: &Fs, ino: Ino, writers: &[WriterModel], tail: &TailModel, when:
     check_range(fs, ino, WRITERS * REGION, &stable, &format!("{when}: stable zone"));
     check_range(fs, ino, TAIL, &tail.bytes, &format!("{when}: tail zone"));
     assert_eq!(fs.getattr(ino).unwrap().size, TAIL + tail.bytes.len() as u64, "{when}: size");
-}
-
-/// Sets the shared stop flag if the thread panics, so that the others end their run early and
-/// the test reports the panic instead of running to its deadline.
-struct StopOnPanic(Arc<AtomicBool>, Tracker);
-
-impl Drop for StopOnPanic {
-    fn drop(&mut self) {
-        self.1.idle();
-        if std::thread::panicking() {
-            self.0.store(true, Ordering::Release);
-        }
-    }
 }
 
 struct Ctx {

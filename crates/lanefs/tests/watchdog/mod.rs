@@ -55,6 +55,20 @@ pub struct Progress {
     slots: Mutex<Vec<Arc<Slot>>>,
 }
 
+/// Held by a worker thread: marks it idle when it ends, and sets the shared stop flag if it
+/// panics, so that the other threads end early and the test reports the panic instead of
+/// running to its deadline.
+pub struct StopOnPanic(pub Arc<AtomicBool>, pub Tracker);
+
+impl Drop for StopOnPanic {
+    fn drop(&mut self) {
+        self.1.idle();
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+}
+
 /// One thread's counter.
 #[derive(Clone)]
 pub struct Tracker {
