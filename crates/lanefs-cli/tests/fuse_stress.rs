@@ -23,6 +23,8 @@
 //! region. Needs root, /dev/fuse and fusermount3 (skipped with a note otherwise).
 
 mod common;
+#[path = "../../lanefs/tests/stress_data/mod.rs"]
+mod stress_data;
 #[path = "../../lanefs/tests/watchdog/mod.rs"]
 mod watchdog;
 
@@ -35,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use stress_data::{fill_pattern, random_bytes, secs_from_env};
 use watchdog::{Progress, StopOnPanic, Tracker, Watchdog};
 
 const PAGE: u64 = 4096;
@@ -45,36 +48,6 @@ const STABLE: u64 = 192 * MIB;
 /// Page-aligned: a truncate's partial page never lies below it.
 const TAIL: u64 = WRITERS * REGION + STABLE;
 const TAIL_ZONE: u64 = 32 * MIB;
-
-fn word(i: u64) -> [u8; 8] {
-    let w = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (w ^ (w >> 29)).to_le_bytes()
-}
-
-/// The set-up contents of `[off, off + buf.len())`.
-fn fill_pattern(off: u64, buf: &mut [u8]) {
-    let mut i = 0;
-    while i < buf.len() {
-        let o = off + i as u64;
-        let (w, s) = (word(o / 8), (o % 8) as usize);
-        let n = (8 - s).min(buf.len() - i);
-        buf[i..i + n].copy_from_slice(&w[s..s + n]);
-        i += n;
-    }
-}
-
-fn random_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        v.extend_from_slice(&rng.next_u64().to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-fn secs_from_env() -> u64 {
-    std::env::var("LANEFS_STRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(15)
-}
 
 fn open(path: &Path, direct: bool) -> File {
     let mut o = OpenOptions::new();

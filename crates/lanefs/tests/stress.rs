@@ -32,6 +32,7 @@
 //! persistent-memory region.
 
 mod nvm_mode;
+mod stress_data;
 mod watchdog;
 
 use lanefs::crashtest::rng::Rng;
@@ -43,6 +44,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use stress_data::{fill_pattern, random_bytes, secs_from_env};
 use watchdog::{Progress, StopOnPanic, Tracker, Watchdog};
 
 const PAGE: u64 = 4096;
@@ -63,31 +65,6 @@ const SMALL_CACHE: u64 = MIB;
 /// Small enough for the cleaner to run during the run (the file takes 56 MiB of it, and
 /// every overwrite leaves garbage behind).
 const IMAGE_BYTES: u64 = 160 * MIB;
-
-/// The set-up contents of byte `off`: the stable zone keeps them for the whole run.
-fn pattern(off: u64) -> u8 {
-    let w = (off / 8).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (w ^ (w >> 29)).to_le_bytes()[(off % 8) as usize]
-}
-
-fn fill_pattern(off: u64, buf: &mut [u8]) {
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = pattern(off + i as u64);
-    }
-}
-
-fn random_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        v.extend_from_slice(&rng.next_u64().to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-fn secs_from_env() -> u64 {
-    std::env::var("LANEFS_STRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(15)
-}
 
 /// The image (a file on disk, read and written as the mount does: io_uring and O_DIRECT where
 /// the file system allows) and, in nvm mode, its region.
