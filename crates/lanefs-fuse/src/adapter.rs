@@ -102,13 +102,6 @@ impl DirHandles {
         self.shard(fh).lock().get(&fh).cloned()
     }
 
-    /// A new pass over the directory (offset 0): the listing starts again from now.
-    fn restart(&self, fh: u64, listing: lanefs::Listing) {
-        if let Some(l) = self.shard(fh).lock().get_mut(&fh) {
-            *l = Arc::new(listing);
-        }
-    }
-
     fn close(&self, fh: u64) {
         self.shard(fh).lock().remove(&fh);
     }
@@ -122,10 +115,16 @@ impl DirHandles {
         offset: u64,
         max: usize,
     ) -> lanefs::Result<Vec<lanefs::DirEntry>> {
-        if offset == 0 && self.get(fh).is_some() {
-            self.restart(fh, fs.listing(ino)?);
-        }
-        match self.get(fh) {
+        let listing = match self.get(fh) {
+            // A new pass over the directory: the listing starts again from now.
+            Some(_) if offset == 0 => {
+                let l = Arc::new(fs.listing(ino)?);
+                self.shard(fh).lock().insert(fh, l.clone());
+                Some(l)
+            }
+            l => l,
+        };
+        match listing {
             Some(l) => fs.readdir_listing(&l, offset, max),
             // Not opened through OPENDIR (the kernel always does; a handle of 0 otherwise).
             None => fs.readdir(ino, offset, max),

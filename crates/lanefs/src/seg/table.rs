@@ -284,21 +284,18 @@ impl SegmentTable {
             .geometry
             .seg_of(addr)
             .ok_or_else(|| Error::InvalidArgument(format!("block {addr} outside the main area")))?;
+        // The free map ranks above a segment (sync::rank), so it comes first; this runs once
+        // per replayed block, at mount.
+        let mut fm = self.free.lock();
         let mut seg = self.seg(s).lock();
         if matches!(seg.state, SegState::Free | SegState::Prefree) {
-            // The free map ranks above a segment (sync::rank): let go, take both in order, and
-            // look again.
-            drop(seg);
-            let mut fm = self.free.lock();
-            seg = self.seg(s).lock();
-            if matches!(seg.state, SegState::Free | SegState::Prefree) {
-                fm.free.remove(&s);
-                fm.prefree.retain(|&p| p != s);
-                fm.committing.retain(|&p| p != s);
-                self.publish(&fm);
-                seg.state = SegState::Dirty;
-            }
+            fm.free.remove(&s);
+            fm.prefree.retain(|&p| p != s);
+            fm.committing.retain(|&p| p != s);
+            self.publish(&fm);
+            seg.state = SegState::Dirty;
         }
+        drop(fm);
         if seg.entry.set_valid(off) {
             self.validated.add(1);
         }
