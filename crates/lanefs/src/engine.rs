@@ -547,6 +547,15 @@ impl Engine {
         Err(Error::errno(libc::ENOSPC, "file system full, even for metadata"))
     }
 
+    /// Stops the file system: every later change fails with EIO naming `why`, and whoever
+    /// waits for a checkpoint wakes up to that error.
+    pub(crate) fn stop_with_failure(&self, why: String) {
+        tracing::error!("lanefs: file system stopped: {why}");
+        *self.failure.lock() = why;
+        self.failed.store(true, Ordering::Release);
+        self.cp_done.notify_all();
+    }
+
     /// Asks for a checkpoint and waits until one that started after this call is durable.
     pub(crate) fn wait_for_checkpoint(&self) -> Result<()> {
         let target = self.cp.lock().started + 1;

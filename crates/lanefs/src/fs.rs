@@ -215,7 +215,24 @@ impl Fs {
             let bg = engine.clone();
             let h = std::thread::Builder::new()
                 .name("lanefs-checkpoint".into())
-                .spawn(move || background_checkpoints(bg, interval))
+                .spawn(move || {
+                    let e = bg.clone();
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        background_checkpoints(bg, interval)
+                    }));
+                    if let Err(p) = r {
+                        // Writers waiting for a checkpoint would wait for ever: stop the file
+                        // system instead (every later change fails with EIO, as after a failed
+                        // checkpoint), and let `unmount` report the panic.
+                        let what = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        e.stop_with_failure(format!("the background checkpoint thread panicked: {what}"));
+                        std::panic::resume_unwind(p);
+                    }
+                })
                 .map_err(Error::Io)?;
             Some(h)
         };
@@ -553,7 +570,10 @@ impl Fs {
             self.engine.stop.store(true, Ordering::Release);
             cv.notify_all();
         }
-        let _ = h.join();
+        if h.join().is_err() {
+            // Its state is unknown: no final checkpoint. What was fsynced is in the journal.
+            return Err(Error::errno(libc::EIO, "the background checkpoint thread panicked"));
+        }
         self.engine.checkpoint(true)
     }
 }
@@ -669,7 +689,7 @@ fn background_checkpoints(e: Arc<Engine>, interval: Option<std::time::Duration>)
         };
         if let Err(err) = r {
             if e.failed.load(Ordering::Acquire) {
-                tracing::error!("lanefs: checkpoint failed, file system stopped: {err}");
+                // Logged where the file system was stopped.
                 return;
             }
             tracing::warn!("lanefs: background cleaning: {err}");

@@ -100,9 +100,7 @@ impl Engine {
         let deleted = match r {
             Ok(deleted) => deleted,
             Err(e) => {
-                *self.failure.lock() = e.to_string();
-                self.failed.store(true, Ordering::Release);
-                self.cp_done.notify_all();
+                self.stop_with_failure(e.to_string());
                 return Err(e);
             }
         };
@@ -430,14 +428,17 @@ impl Engine {
         for &(idx, a) in &fresh {
             tree_map.insert(idx, a);
             let still = pages.is_some_and(|p| p.settle(idx));
-            // The block is this checkpoint's to install if the mapping is what the snapshot
-            // saw: a truncate or punch drops a page and its block in one critical section
-            // under this lock, so a page that had a block and whose mapping is unchanged still
-            // owns it, even if the page itself is no longer cached (stress runs found such a
-            // page; its block was then freed by the tree diff while still mapped, and freed
-            // again later). A page that had no block and is gone was truncated.
             let unchanged = disk.cur_map.get(&idx) == s.map.get(&idx);
-            if unchanged && (still || s.map.contains_key(&idx)) {
+            // A page in flight leaves the cache only by a truncate or punch, which drops its
+            // mapping in the same critical section under this lock. Its mapping can then look
+            // unchanged only if it had none, or had the never-written placeholder and a
+            // fallocate put the placeholder back: either way the block holds cut data (a
+            // mapped block installed here read back as the fallocated range's contents).
+            debug_assert!(
+                still || !unchanged || matches!(s.map.get(&idx), None | Some(&NEW_ADDR)),
+                "inode {ino}: page {idx} gone while its block is still mapped"
+            );
+            if still && unchanged {
                 let old = s.map.get(&idx).copied();
                 disk.cur_map.insert(idx, a);
                 if let Some(old) = old {
