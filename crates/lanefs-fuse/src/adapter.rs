@@ -576,15 +576,25 @@ impl Filesystem for LaneFuse {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _busy = self.inflight.enter(Op::Write, ino.0, req.pid());
-        match self.fs.write_at(ino.0, offset, data) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(e)),
+        let n = match self.fs.write_at(ino.0, offset, data) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(e)),
+        };
+        // O_SYNC / O_DSYNC (the kernel sets them in the request from the file and the call):
+        // after a buffered write the kernel sends FSYNC itself, after a direct-I/O one it does
+        // not, so such a write is made durable here before it is acknowledged.
+        if flags.0 & libc::O_DIRECT != 0 && flags.0 & libc::O_DSYNC != 0 {
+            let datasync = flags.0 & libc::O_SYNC != libc::O_SYNC;
+            if let Err(e) = self.fs.fsync(ino.0, datasync) {
+                return reply.error(errno(e));
+            }
         }
+        reply.written(n as u32)
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
