@@ -241,6 +241,10 @@ fn default_lanes() -> u32 {
 
 fn mkfs(image: &Path, size: Option<u64>, lanes: Option<u32>, label: &str, force: bool) -> Result<(), String> {
     let lanes = lanes.unwrap_or_else(default_lanes);
+    let max = lanefs::format::superblock::LABEL_MAX;
+    if label.len() > max {
+        return Err(format!("label of {} bytes: a label holds at most {max}", label.len()));
+    }
     let meta = std::fs::metadata(image);
     let is_file = match &meta {
         Ok(m) => m.file_type().is_file(),

@@ -1,7 +1,8 @@
 //! lanefs through a real FUSE mount: the `lanefs mount` daemon, a mixed workload from two
 //! processes that must survive unmount and remount exactly, a SIGKILL of the daemon after fsynced
 //! writes, the errors for bad input, the stuck-request log, `umount` then `mount` at once, a
-//! second mount of a mounted image, and the mount(8) helper's flags. Every test needs root,
+//! second mount of a mounted image, the mount(8) helper's flags, and the ioctls (the shutdown,
+//! FITRIM, the label). Every test needs root,
 //! /dev/fuse and fusermount3: without them it fails under CI or as root, and is skipped (with a
 //! note) otherwise. Each mount is undone by its exact path, each daemon stopped by its PID,
 //! whatever happens.
@@ -936,6 +937,223 @@ fn readdir_ends_while_it_renames_every_entry_it_reads() {
     // A new listing sees the directory as it is now.
     fs::File::create(d.join("late")).unwrap();
     assert_eq!(fs::read_dir(&d).unwrap().count(), N + 1);
+    m.umount();
+    fsck_clean(&img);
+}
+
+/// The ioctls of issue 14, as fstests' godown, fstrim and xfs_io send them.
+mod ioctls {
+    pub const GOINGDOWN: libc::c_ulong = 0x8004_587d;
+    pub const FITRIM: libc::c_ulong = 0xc018_5879;
+    pub const GETFSLABEL: libc::c_ulong = 0x8100_9431;
+    pub const SETFSLABEL: libc::c_ulong = 0x4100_9432;
+    pub const LOGFLUSH: u32 = 1;
+    pub const NOLOGFLUSH: u32 = 2;
+
+    #[repr(C)]
+    #[derive(Debug, Default)]
+    pub struct FstrimRange {
+        pub start: u64,
+        pub len: u64,
+        pub minlen: u64,
+    }
+}
+
+/// `ioctl(fd of path, cmd, arg)` on a file or directory of a mount; the errno on failure.
+fn ioctl_on<T>(path: &Path, cmd: libc::c_ulong, arg: &mut T) -> io::Result<()> {
+    ioctl_fd(&File::open(path)?, cmd, arg)
+}
+
+/// `ioctl(f, cmd, arg)`.
+fn ioctl_fd<T>(f: &File, cmd: libc::c_ulong, arg: &mut T) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `arg` is a live, exclusively borrowed value of the type each command reads and
+    // writes (u32, struct fstrim_range, char[256]), valid for the whole call; the descriptor
+    // is open for its duration.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd, arg as *mut T) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn errno_of(r: io::Result<impl std::fmt::Debug>) -> i32 {
+    match r {
+        Ok(v) => panic!("succeeded: {v:?}"),
+        Err(e) => e.raw_os_error().expect("an errno"),
+    }
+}
+
+#[test]
+fn goingdown_is_a_crash_every_request_gets_eio_and_the_next_mount_recovers() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    // No checkpoint timer: what is durable at the shutdown is what was fsynced.
+    let m = Mounted::daemon(&img, &mp, &["-o", "checkpoint_secs=0"]);
+    let root = m.mp.clone();
+    let synced = data(1, 200_000);
+    let f = File::create(root.join("synced")).unwrap();
+    f.write_all_at(&synced, 0).unwrap();
+    f.sync_all().unwrap();
+    fs::create_dir(root.join("dir")).unwrap();
+    fs::write(root.join("dir/inner"), b"fsynced with its directory").unwrap();
+    File::open(root.join("dir/inner")).unwrap().sync_all().unwrap();
+    File::open(root.join("dir")).unwrap().sync_all().unwrap();
+    // Not fsynced.
+    f.write_all_at(b"LATER", 10).unwrap();
+    fs::write(root.join("unsynced"), b"never fsynced").unwrap();
+    fs::create_dir(root.join("newdir")).unwrap();
+
+    let mut flags = ioctls::NOLOGFLUSH;
+    let dir = File::open(&root).unwrap();
+    ioctl_fd(&dir, ioctls::GOINGDOWN, &mut flags).unwrap();
+    // Requests that reach the daemon get EIO (the kernel may answer some from its caches).
+    assert_eq!(errno_of(File::create(root.join("new"))), libc::EIO, "create");
+    assert_eq!(errno_of(fs::create_dir(root.join("new-dir"))), libc::EIO, "mkdir");
+    assert_eq!(errno_of(fs::metadata(root.join("never-looked-up"))), libc::EIO, "lookup");
+    assert_eq!(errno_of(f.sync_all()), libc::EIO, "fsync");
+    assert_eq!(errno_of(fs::read_dir(root.join("newdir"))), libc::EIO, "opendir");
+    // Opening the mount point is a request too; through a descriptor opened before, a second
+    // shutdown is no error (as on xfs).
+    assert_eq!(errno_of(File::open(&root)), libc::EIO, "open");
+    ioctl_fd(&dir, ioctls::GOINGDOWN, &mut flags).unwrap();
+    drop((f, dir));
+    // Unmount works, and the daemon exits (`umount` waits for it).
+    m.umount();
+    fsck_clean(&img);
+
+    let m = Mounted::daemon(&img, &mp, &[]);
+    assert!(fs::read(m.mp.join("synced")).unwrap() == synced, "the fsynced file, without the later write");
+    assert_eq!(fs::read(m.mp.join("dir/inner")).unwrap(), b"fsynced with its directory");
+    for gone in ["unsynced", "newdir"] {
+        assert_eq!(errno_of(fs::metadata(m.mp.join(gone))), libc::ENOENT, "{gone} was never made durable");
+    }
+    fs::write(m.mp.join("after"), b"after recovery").unwrap();
+    m.umount();
+    fsck_clean(&img);
+}
+
+#[test]
+fn goingdown_with_logflush_makes_what_was_done_durable_first() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &["-o", "checkpoint_secs=0"]);
+    fs::create_dir(m.mp.join("d")).unwrap();
+    fs::write(m.mp.join("d/f"), b"written, never fsynced").unwrap();
+    // The flags are read from this thread while it waits in the ioctl (godown -f).
+    let mut flags = ioctls::LOGFLUSH;
+    ioctl_on(&m.mp, ioctls::GOINGDOWN, &mut flags).unwrap();
+    assert_eq!(errno_of(File::create(m.mp.join("new"))), libc::EIO);
+    m.umount();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    assert_eq!(fs::read(m.mp.join("d/f")).unwrap(), b"written, never fsynced");
+    // Flags xfs does not know are refused, and leave the file system up.
+    let mut bad = 7u32;
+    assert_eq!(errno_of(ioctl_on(&m.mp, ioctls::GOINGDOWN, &mut bad)), libc::EINVAL);
+    fs::write(m.mp.join("still-up"), b"yes").unwrap();
+    m.umount();
+    fsck_clean(&img);
+}
+
+/// FS_IOC_SETFSLABEL on `mp`: `label` in a NUL-padded 256-byte buffer.
+fn set_label(mp: &Path, label: &[u8]) -> io::Result<()> {
+    let mut buf = [0u8; 256];
+    buf[..label.len()].copy_from_slice(label);
+    ioctl_on(mp, ioctls::SETFSLABEL, &mut buf)
+}
+
+/// FS_IOC_GETFSLABEL on `p`, a file or directory of a mount.
+fn get(p: &Path) -> Vec<u8> {
+    let mut buf = [0xFFu8; 256];
+    ioctl_on(p, ioctls::GETFSLABEL, &mut buf).unwrap();
+    let end = buf.iter().position(|&c| c == 0).expect("NUL-terminated");
+    assert!(buf[end..].iter().all(|&c| c == 0), "padded with NULs");
+    buf[..end].to_vec()
+}
+
+#[test]
+fn fitrim_and_the_label_ioctls_through_the_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    fs::write(m.mp.join("f"), data(3, 1 << 20)).unwrap();
+
+    // FITRIM on the mount point, as fstrim sends it: the bytes trimmed come back in `len`.
+    let mut r = ioctls::FstrimRange { start: 0, len: u64::MAX, minlen: 0 };
+    ioctl_on(&m.mp, ioctls::FITRIM, &mut r).unwrap();
+    let st = rustix::fs::statvfs(&m.mp).unwrap();
+    let size = st.f_blocks * st.f_frsize;
+    assert!(r.len > size / 2 && r.len <= size, "trimmed {} of {size}", r.len);
+    for (start, len) in [(0, 0), (0, 100), (u64::MAX, 1 << 20), (4 << 30, u64::MAX)] {
+        let mut bad = ioctls::FstrimRange { start, len, minlen: 0 };
+        assert_eq!(errno_of(ioctl_on(&m.mp, ioctls::FITRIM, &mut bad)), libc::EINVAL, "{start} {len}");
+    }
+
+    // The label: set, read back, cleared, limits; on a file of the mount too.
+    let set = |label: &[u8]| set_label(&m.mp, label);
+    assert_eq!(get(&m.mp), b"");
+    set(b"label.492").unwrap();
+    assert_eq!(get(&m.mp), b"label.492");
+    assert_eq!(get(&m.mp.join("f")), b"label.492");
+    assert_eq!(errno_of(set(&[b'l'; 32])), libc::EINVAL, "over 31 bytes");
+    assert_eq!(errno_of(set(&[b'l'; 256])), libc::EINVAL, "no NUL in the buffer");
+    set(&[b'o'; 31]).unwrap();
+    assert_eq!(get(&m.mp), vec![b'o'; 31]);
+    set(b"").unwrap();
+    assert_eq!(get(&m.mp), b"");
+    set(b"kept").unwrap();
+    // Commands lanefs does not know: ENOTTY, as from a kernel file system.
+    let mut x = 0u64;
+    assert_eq!(errno_of(ioctl_on(&m.mp, 0x8008_6601, &mut x)), libc::ENOTTY);
+    m.umount();
+
+    let (code, out, err) = lanefs(&[os("inspect"), img.as_os_str()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.lines().any(|l| l.starts_with("label") && l.ends_with(" kept")), "{out}");
+    let m = Mounted::daemon(&img, &mp, &["-o", "ro"]);
+    assert_eq!(get(&m.mp), b"kept");
+    assert_eq!(errno_of(set_label(&m.mp, b"x")), libc::EROFS);
+    let mut r = ioctls::FstrimRange { start: 0, len: u64::MAX, minlen: 0 };
+    assert_eq!(errno_of(ioctl_on(&m.mp, ioctls::FITRIM, &mut r)), libc::EROFS);
+    m.umount();
+    fsck_clean(&img);
+}
+
+#[test]
+fn o_sync_direct_writes_are_durable_once_acknowledged() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &["-o", "checkpoint_secs=0"]);
+    // The kernel sends no FSYNC after a direct-I/O write, O_SYNC or not (generic/737): the
+    // daemon makes each one durable before it answers. O_DSYNC too, and with a new name.
+    let mut expect = Vec::new();
+    for (name, flag) in [("osync", libc::O_SYNC), ("odsync", libc::O_DSYNC)] {
+        let f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT | flag)
+            .open(m.mp.join(name))
+            .unwrap();
+        let mut buf = AlignedBuf::new(1 << 20);
+        buf.as_mut().copy_from_slice(&data(11, 1 << 20));
+        f.write_all_at(buf.as_ref(), 0).unwrap();
+        expect.push((name, buf.as_ref().to_vec()));
+    }
+    let mut flags = ioctls::NOLOGFLUSH;
+    ioctl_on(&m.mp, ioctls::GOINGDOWN, &mut flags).unwrap();
+    m.umount();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    for (name, want) in expect {
+        assert!(fs::read(m.mp.join(name)).unwrap() == want, "{name}: not durable when its write returned");
+    }
     m.umount();
     fsck_clean(&img);
 }

@@ -12,13 +12,13 @@
 use crate::inflight::{Inflight, Op};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use lanefs::format::node::Timespec;
 use lanefs::fs_seek::Seek;
-use lanefs::{Attr, FileKind, Fs, SetAttr};
+use lanefs::{Attr, FileKind, Fs, SetAttr, TrimRange};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -144,7 +144,8 @@ pub fn max_write() -> u32 {
 
 fn errno(e: lanefs::Error) -> Errno {
     let n = e.to_errno();
-    if n == libc::EIO || n == libc::EUCLEAN {
+    // After a shutdown every request gets EIO, by design: no line for each.
+    if (n == libc::EIO && !e.is_shut_down()) || n == libc::EUCLEAN {
         // The caller sees only the number: say why (on the daemon's stderr).
         eprintln!("lanefs: {e}");
     }
@@ -289,6 +290,88 @@ impl LaneFuse {
             done += n as u64;
         }
         Ok(done)
+    }
+}
+
+/// ioctl commands lanefs answers (linux/fs.h, xfs_fs.h, ext4.h).
+pub mod ioctl {
+    /// `_IOR('X', 125, __u32)`: XFS_IOC_GOINGDOWN, the same number as EXT4_IOC_SHUTDOWN.
+    pub const GOINGDOWN: u32 = 0x8004_587d;
+    /// `_IOWR('X', 121, struct fstrim_range)`.
+    pub const FITRIM: u32 = 0xc018_5879;
+    /// `_IOR(0x94, 49, char[FSLABEL_MAX])`.
+    pub const FS_IOC_GETFSLABEL: u32 = 0x8100_9431;
+    /// `_IOW(0x94, 50, char[FSLABEL_MAX])`.
+    pub const FS_IOC_SETFSLABEL: u32 = 0x4100_9432;
+    /// The label buffer of the label ioctls.
+    pub const FSLABEL_MAX: usize = 256;
+    /// GOINGDOWN flags: make everything durable first (DEFAULT, LOGFLUSH), or not (NOLOGFLUSH).
+    pub const GOING_FLAGS_DEFAULT: u32 = 0;
+    pub const GOING_FLAGS_LOGFLUSH: u32 = 1;
+    pub const GOING_FLAGS_NOLOGFLUSH: u32 = 2;
+}
+
+impl LaneFuse {
+    /// XFS_IOC_GOINGDOWN / EXT4_IOC_SHUTDOWN. The kernel passes no input for this `_IOR`
+    /// command, so the flags are read from the caller (`crate::caller`); when they cannot be,
+    /// it is NOLOGFLUSH: a crash, the durability contract's test. With DEFAULT or LOGFLUSH,
+    /// what was done is made durable first (a sync: more than XFS's log force, which keeps
+    /// metadata only, and what a caller asking for it expects to find).
+    fn going_down(&self, req: &Request, cmd: u32) -> Result<(), Errno> {
+        if req.uid() != 0 {
+            return Err(Errno::EPERM);
+        }
+        if self.fs.is_shut_down() {
+            return Ok(());
+        }
+        let flags = crate::caller::ioctl_u32_input(req.pid(), cmd).unwrap_or(ioctl::GOING_FLAGS_NOLOGFLUSH);
+        match flags {
+            ioctl::GOING_FLAGS_DEFAULT | ioctl::GOING_FLAGS_LOGFLUSH => {
+                if let Err(e) = self.fs.sync() {
+                    // Going down all the same, as XFS does when its log force fails.
+                    eprintln!("lanefs: sync before the shutdown failed: {e}");
+                }
+            }
+            ioctl::GOING_FLAGS_NOLOGFLUSH => {}
+            _ => return Err(Errno::EINVAL),
+        }
+        self.fs.shutdown().map_err(errno)?;
+        crate::syslog::open();
+        crate::syslog::warning(&format!(
+            "shut down by pid {} ({}): nothing more is written; unmount, and the next mount recovers",
+            req.pid(),
+            if flags == ioctl::GOING_FLAGS_NOLOGFLUSH { "no flush, as a crash" } else { "after a sync" }
+        ));
+        Ok(())
+    }
+
+    /// FITRIM: `struct fstrim_range { u64 start, len, minlen }` in, the bytes trimmed in `len`
+    /// out.
+    fn fitrim(&self, req: &Request, input: &[u8]) -> Result<Vec<u8>, Errno> {
+        if req.uid() != 0 {
+            return Err(Errno::EPERM);
+        }
+        let word = |i: usize| -> Result<u64, Errno> {
+            input
+                .get(i * 8..i * 8 + 8)
+                .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+                .ok_or(Errno::EINVAL)
+        };
+        let range = TrimRange { start: word(0)?, len: word(1)?, minlen: word(2)? };
+        let trimmed = self.fs.trim(range).map_err(errno)?;
+        let mut out = input[..24].to_vec();
+        out[8..16].copy_from_slice(&trimmed.to_ne_bytes());
+        Ok(out)
+    }
+
+    /// FS_IOC_SETFSLABEL: a NUL-terminated label in a 256-byte buffer.
+    fn set_label(&self, req: &Request, input: &[u8]) -> Result<(), Errno> {
+        if req.uid() != 0 {
+            return Err(Errno::EPERM);
+        }
+        // As btrfs: a buffer with no NUL holds no valid label.
+        let end = input.iter().position(|&c| c == 0).ok_or(Errno::EINVAL)?;
+        self.fs.set_label(&input[..end]).map_err(errno)
     }
 }
 
@@ -493,15 +576,25 @@ impl Filesystem for LaneFuse {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _busy = self.inflight.enter(Op::Write, ino.0, req.pid());
-        match self.fs.write_at(ino.0, offset, data) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(e)),
+        let n = match self.fs.write_at(ino.0, offset, data) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(e)),
+        };
+        // O_SYNC / O_DSYNC (the kernel sets them in the request from the file and the call):
+        // after a buffered write the kernel sends FSYNC itself, after a direct-I/O one it does
+        // not, so such a write is made durable here before it is acknowledged.
+        if flags.0 & libc::O_DIRECT != 0 && flags.0 & libc::O_DSYNC != 0 {
+            let datasync = flags.0 & libc::O_SYNC != libc::O_SYNC;
+            if let Err(e) = self.fs.fsync(ino.0, datasync) {
+                return reply.error(errno(e));
+            }
         }
+        reply.written(n as u32)
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
@@ -760,6 +853,37 @@ impl Filesystem for LaneFuse {
         match self.fs.seek(ino.0, off, what) {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let _busy = self.inflight.enter(Op::Ioctl, ino.0, req.pid());
+        let r = match cmd {
+            ioctl::GOINGDOWN => self.going_down(req, cmd).map(|()| Vec::new()),
+            ioctl::FITRIM => self.fitrim(req, in_data),
+            ioctl::FS_IOC_GETFSLABEL => self.fs.label().map_err(errno).map(|mut l| {
+                l.resize(ioctl::FSLABEL_MAX, 0);
+                l
+            }),
+            ioctl::FS_IOC_SETFSLABEL => self.set_label(req, in_data).map(|()| Vec::new()),
+            // What the kernel's file systems say to a command they do not know.
+            _ => Err(Errno::ENOTTY),
+        };
+        match r {
+            // The kernel takes at most `out_size` bytes back (EIO for more).
+            Ok(out) if out.len() <= out_size as usize => reply.ioctl(0, &out),
+            Ok(_) => reply.error(Errno::EINVAL),
+            Err(e) => reply.error(e),
         }
     }
 

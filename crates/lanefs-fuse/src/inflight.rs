@@ -50,7 +50,7 @@ ops! {
     Write = "WRITE", Release = "RELEASE", Fsync = "FSYNC", Opendir = "OPENDIR",
     Readdir = "READDIR", Readdirplus = "READDIRPLUS", Fsyncdir = "FSYNCDIR", Statfs = "STATFS", Setxattr = "SETXATTR", Getxattr = "GETXATTR",
     Listxattr = "LISTXATTR", Removexattr = "REMOVEXATTR", Access = "ACCESS", Create = "CREATE",
-    Fallocate = "FALLOCATE", Lseek = "LSEEK", CopyFileRange = "COPY_FILE_RANGE",
+    Fallocate = "FALLOCATE", Lseek = "LSEEK", CopyFileRange = "COPY_FILE_RANGE", Ioctl = "IOCTL",
 }
 
 impl fmt::Display for Op {

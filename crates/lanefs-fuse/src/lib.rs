@@ -22,6 +22,11 @@
 //! ignores the engine's: pjdfstest loses 5 cases (ctime after unlink, rename and link of a
 //! regular file, UTIME_NOW, open with O_TRUNC), so it stays an opt-in.
 //!
+//! ioctls (see `adapter::ioctl`): the shutdown (XFS_IOC_GOINGDOWN, which is also ext4's
+//! EXT4_IOC_SHUTDOWN; its flags are read from the caller, see `caller`), FITRIM, and
+//! FS_IOC_GETFSLABEL / FS_IOC_SETFSLABEL. The kernel sends ioctls on directories too
+//! (FUSE_IOCTL_DIR, protocol 7.18 and later), so they work on the mount point.
+//!
 //! [`inflight`] keeps the request each worker is serving, so that one stuck for longer than
 //! `stuck_request_secs` is logged (stderr in the foreground, syslog for the daemon).
 
@@ -29,6 +34,7 @@
 #![deny(unsafe_code)]
 
 pub mod adapter;
+mod caller;
 pub mod inflight;
 pub mod mount;
 mod syslog;

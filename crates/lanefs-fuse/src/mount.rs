@@ -79,11 +79,13 @@ pub struct Parsed {
     pub checkpoint_interval: Option<Option<Duration>>,
     /// `stuck_request_secs=N`: requests in flight this long are logged (None: never).
     pub stuck_request: Option<Duration>,
+    /// `norecovery` (with `ro`): the last checkpoint alone, the journals not replayed.
+    pub no_recovery: bool,
 }
 
 /// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
-/// access list; `threads=N`, `nvm=FILE`, `writeback_cache`, `checkpoint_secs=N` and
-/// `stuck_request_secs=N` are lanefs's own; anything else is passed to the kernel, which refuses
+/// access list; `threads=N`, `nvm=FILE`, `writeback_cache`, `checkpoint_secs=N`,
+/// `stuck_request_secs=N` and `norecovery` (with `ro`) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut fuse = Vec::new();
@@ -94,6 +96,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut writeback_cache = false;
     let mut checkpoint_interval = None;
     let mut stuck_request = Some(STUCK_REQUEST);
+    let mut no_recovery = false;
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let opt = match o {
             "ro" => MountOption::RO,
@@ -128,6 +131,10 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
             }
             "writeback_cache" => {
                 writeback_cache = true;
+                continue;
+            }
+            "norecovery" => {
+                no_recovery = true;
                 continue;
             }
             // Access-time policies the kernel applies to every mount; FUSE takes no option.
@@ -181,7 +188,10 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     }
     // The kernel's own subtype option: /proc/mounts shows the type as fuse.lanefs.
     fuse.push(MountOption::CUSTOM("subtype=lanefs".into()));
-    Ok(Parsed { fuse, acl, threads, nvm, writeback_cache, checkpoint_interval, stuck_request })
+    if no_recovery && !fuse.contains(&MountOption::RO) {
+        return Err("option norecovery needs ro: the journals it leaves out must not be overwritten".into());
+    }
+    Ok(Parsed { fuse, acl, threads, nvm, writeback_cache, checkpoint_interval, stuck_request, no_recovery })
 }
 
 fn default_threads() -> usize {
@@ -403,7 +413,13 @@ fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result
         None => None,
     };
     let defaults = FsOptions::default();
-    let mut opts = FsOptions { read_only, nvm, nvm_size: args.nvm_size.or(defaults.nvm_size), ..defaults };
+    let mut opts = FsOptions {
+        read_only,
+        no_recovery: parsed.no_recovery,
+        nvm,
+        nvm_size: args.nvm_size.or(defaults.nvm_size),
+        ..defaults
+    };
     if let Some(interval) = parsed.checkpoint_interval {
         opts.checkpoint_interval = interval;
     }

@@ -48,6 +48,11 @@ pub struct FsOptions {
     /// Never write the device: recovery replays into memory only, every change fails with
     /// EROFS, fsync and sync do nothing, and no checkpoint is taken (a `-o ro` mount).
     pub read_only: bool,
+    /// Mount the last checkpoint alone: the journals (and the region's) are not replayed, so
+    /// what was fsynced since that checkpoint is not seen (`-o norecovery`, as XFS has it: a
+    /// last resort to look at an image whose journals cannot be trusted or written). Only with
+    /// `read_only` (EINVAL otherwise): a later mount still recovers everything.
+    pub no_recovery: bool,
     /// Persistent-memory region (`--nvm FILE`) holding the NAT and the lane journals (so fsync
     /// commits there instead of writing journal blocks); see `crate::pmem`. Created with
     /// `nvm_size` bytes when missing and the image's NAT is still on the device.
@@ -74,6 +79,7 @@ impl Default for FsOptions {
             journal_blocks_limit: 16384,
             logged_ops_limit: 1 << 20,
             read_only: false,
+            no_recovery: false,
             nvm: None,
             nvm_size: None,
             nvm_region: crate::pmem::RegionOptions::default(),
@@ -172,7 +178,10 @@ pub(crate) struct CpState {
 
 /// A mounted file system.
 pub struct Engine {
+    /// The device, behind `halt`: a [`crate::device::HaltDevice`].
     pub(crate) dev: Arc<dyn BlockDevice>,
+    /// The shutdown gate every device and region write of this mount passes (`Fs::shutdown`).
+    pub(crate) halt: Arc<crate::device::Halt>,
     pub(crate) g: Geometry,
     pub(crate) nat: NatTable,
     /// The persistent-memory region holding the NAT (`FsOptions::nvm`), when mounted with one.
@@ -305,8 +314,17 @@ impl Engine {
         (cpu as u32 % self.lanes.lane_count(), cpu)
     }
 
-    /// Refuses changes after a failed checkpoint.
+    /// Refuses every operation once the file system is shut down (`Fs::shutdown`).
+    pub(crate) fn check_live(&self) -> Result<()> {
+        if self.halt.is_halted() {
+            return Err(Error::Io(crate::device::halt::halted_error()));
+        }
+        Ok(())
+    }
+
+    /// Refuses changes after a shutdown or a failed checkpoint, and on a read-only mount.
     pub(crate) fn check_writable(&self) -> Result<()> {
+        self.check_live()?;
         if self.opts.read_only {
             return Err(Error::errno(libc::EROFS, "mounted read-only"));
         }

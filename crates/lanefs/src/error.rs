@@ -117,6 +117,11 @@ impl Error {
     }
 
     /// The errno a POSIX caller should see.
+    /// Whether this is the EIO every operation gets after `Fs::shutdown`.
+    pub fn is_shut_down(&self) -> bool {
+        matches!(self, Error::Io(e) if e.get_ref().is_some_and(|c| c.is::<crate::device::halt::ShutDown>()))
+    }
+
     pub fn to_errno(&self) -> i32 {
         match self {
             Error::Errno { errno, .. } => *errno,

@@ -33,6 +33,7 @@ use crate::engine::Engine;
 pub use crate::engine::FsOptions;
 use crate::error::{Error, Result};
 use crate::format::node::{Timespec, S_IFMT};
+pub use crate::fsctl::TrimRange;
 use crate::mem::mnode::MNode;
 use crate::mem::ops::NewInode;
 pub use crate::mem::ops::{
@@ -275,6 +276,7 @@ impl Fs {
     }
 
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        self.engine.check_live()?;
         let m = self.engine.lookup(ino32(parent)?, name)?;
         Ok(self.attr(&m))
     }
@@ -289,12 +291,14 @@ impl Fs {
     }
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.engine.check_live()?;
         let _g = self.engine.pass.shared();
         let m = self.engine.mnode(ino32(ino)?)?;
         Ok(self.attr(&m))
     }
 
     pub fn setattr(&self, ino: Ino, a: &SetAttr) -> Result<Attr> {
+        self.engine.check_live()?;
         let m = self.engine.setattr(ino32(ino)?, a.mode, a.uid, a.gid, a.size, a.atime, a.mtime, a.ctime)?;
         Ok(self.attr(&m))
     }
@@ -306,6 +310,7 @@ impl Fs {
 
     /// Creates a file of any type (`mode` includes the type bits).
     pub fn mknod(&self, parent: Ino, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
+        self.engine.check_live()?;
         let mode = if mode & S_IFMT == 0 { mode | 0o100000 } else { mode };
         if mode & S_IFMT == 0o040000 || mode & S_IFMT == 0o120000 {
             return Err(Error::errno(libc::EINVAL, "use mkdir or symlink"));
@@ -316,6 +321,7 @@ impl Fs {
     }
 
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.engine.check_live()?;
         let mode = 0o040000 | (mode & 0o7777);
         let m = self.engine.create_node(
             ino32(parent)?,
@@ -326,6 +332,7 @@ impl Fs {
     }
 
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        self.engine.check_live()?;
         let m = self.engine.create_node(
             ino32(parent)?,
             name,
@@ -335,6 +342,7 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        self.engine.check_live()?;
         let _g = self.engine.pass.shared();
         let m = self.engine.mnode(ino32(ino)?)?;
         if m.file_type != 0o120000 {
@@ -345,25 +353,30 @@ impl Fs {
     }
 
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        self.engine.check_live()?;
         let m = self.engine.link(ino32(ino)?, ino32(newparent)?, newname)?;
         Ok(self.attr(&m))
     }
 
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.unlink(ino32(parent)?, name)
     }
 
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.rmdir(ino32(parent)?, name)
     }
 
     /// rename(2); `flags` may hold [`RENAME_NOREPLACE`] or [`RENAME_EXCHANGE`].
     pub fn rename(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags)
     }
 
     /// Opens an inode: keeps it alive after its last name is removed until [`Fs::release`].
     pub fn open_ino(&self, ino: Ino) -> Result<Attr> {
+        self.engine.check_live()?;
         let m = self.engine.open_file(ino32(ino)?)?;
         Ok(self.attr(&m))
     }
@@ -376,24 +389,29 @@ impl Fs {
     /// (the way a FUSE file handle or an application holding a descriptor works). The inode
     /// stays alive until the handle is dropped, even if its last name is removed.
     pub fn open_file(&self, ino: Ino) -> Result<Handle> {
+        self.engine.check_live()?;
         let m = self.engine.open_file(ino32(ino)?)?;
         Ok(Handle { engine: self.engine.clone(), m })
     }
 
     pub fn read_at(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.engine.check_live()?;
         self.engine.read_at(ino32(ino)?, off, buf)
     }
 
     pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.engine.check_live()?;
         self.engine.write_at(ino32(ino)?, off, data)
     }
 
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.truncate(ino32(ino)?, size)
     }
 
     /// fallocate(2): mode 0, [`FALLOC_FL_KEEP_SIZE`], or punch hole (with keep size).
     pub fn fallocate(&self, ino: Ino, mode: i32, off: u64, len: u64) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.fallocate(ino32(ino)?, mode, off, len)
     }
 
@@ -434,6 +452,7 @@ impl Fs {
     /// assert_eq!(seen, 3, "each entry once, and the listing ends");
     /// ```
     pub fn listing(&self, ino: Ino) -> Result<Listing> {
+        self.engine.check_live()?;
         let _g = self.engine.pass.shared();
         let d = self.engine.dir_mnode(ino32(ino)?)?;
         Ok(Listing { ino, horizon: d.dir().expect("dir").map.horizon() })
@@ -451,6 +470,7 @@ impl Fs {
         max: usize,
         horizon: Option<&crate::mem::dir::Horizon>,
     ) -> Result<Vec<DirEntry>> {
+        self.engine.check_live()?;
         let _g = self.engine.pass.shared();
         let d = self.engine.dir_mnode(ino32(ino)?)?;
         let mut out = Vec::new();
@@ -497,24 +517,29 @@ impl Fs {
     }
 
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        self.engine.check_live()?;
         self.engine.getxattr(ino32(ino)?, name)
     }
 
     /// `flags`: 0, [`XATTR_CREATE`] or [`XATTR_REPLACE`].
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.setxattr(ino32(ino)?, name, value, flags)
     }
 
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        self.engine.check_live()?;
         self.engine.listxattr(ino32(ino)?)
     }
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.removexattr(ino32(ino)?, name)
     }
 
     /// fsync(2) (`datasync`: fdatasync) of a file or directory.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.fsync(ino32(ino)?, datasync)
     }
 
@@ -544,21 +569,93 @@ impl Fs {
     /// Cleans every segment that has invalid blocks, now (the background cleaner does this
     /// gradually when space runs short). Returns the segments emptied.
     pub fn clean(&self) -> Result<u64> {
+        self.engine.check_live()?;
         self.engine.check_writable()?;
         self.engine.clean_all()
     }
 
+    /// The label (FS_IOC_GETFSLABEL): up to [`crate::format::superblock::LABEL_MAX`] bytes.
+    pub fn label(&self) -> Result<Vec<u8>> {
+        self.engine.label()
+    }
+
+    /// Sets the label (FS_IOC_SETFSLABEL), in both superblock copies: EINVAL for more than
+    /// [`crate::format::superblock::LABEL_MAX`] bytes or a NUL byte.
+    pub fn set_label(&self, label: &[u8]) -> Result<()> {
+        self.engine.set_label(label)
+    }
+
+    /// FITRIM: tells the device that the free space in `range` holds nothing (a hole punched
+    /// in an image file, a discard on a block device); returns the bytes discarded. See
+    /// [`crate::fsctl`] for what counts as free and the arguments refused.
+    pub fn trim(&self, range: TrimRange) -> Result<u64> {
+        self.engine.trim(range)
+    }
+
     /// sync(2): everything becomes durable (a checkpoint).
     pub fn sync(&self) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.checkpoint(false)
     }
 
-    /// Makes everything durable and stops the background thread.
+    /// Makes everything durable and stops the background thread. After [`Fs::shutdown`] it
+    /// writes nothing: it only stops the thread, and the next mount recovers.
     pub fn unmount(mut self) -> Result<()> {
-        self.shutdown()
+        self.stop()
     }
 
-    fn shutdown(&mut self) -> Result<()> {
+    /// Shuts the file system down as a power cut would: from the moment this returns nothing
+    /// more reaches the image (or the persistent-memory region) — no writeback, no checkpoint,
+    /// no journal commit, no final checkpoint at unmount — and every later call returns EIO
+    /// (`statfs` and `io_stats` excepted; `release` and dropping a [`Handle`] still work, in
+    /// memory). Writes in flight finish or fail; the call waits for those that started.
+    /// [`Fs::unmount`] still works, and the next mount recovers from the last checkpoint and
+    /// the journals, exactly as after a crash: whatever was fsynced is there.
+    ///
+    /// This is XFS_IOC_GOINGDOWN with XFS_FSOP_GOING_FLAGS_NOLOGFLUSH (and ext4's
+    /// EXT4_IOC_SHUTDOWN with EXT4_GOING_FLAGS_NOLOGFLUSH); for their other modes, which make
+    /// what was done durable first, call [`Fs::sync`] before it. Shutting down again does
+    /// nothing.
+    ///
+    /// ```
+    /// # use lanefs::device::MemDevice;
+    /// # use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
+    /// # use std::sync::Arc;
+    /// let dev = Arc::new(MemDevice::new(64 << 20));
+    /// Fs::format(&*dev, &MkfsOptions::default()).unwrap();
+    /// let opts = FsOptions { checkpoint_interval: None, ..Default::default() };
+    /// let fs = Fs::open(dev.clone(), opts.clone()).unwrap();
+    /// let kept = fs.create(ROOT, b"kept", 0o644, 0, 0).unwrap();
+    /// fs.write_at(kept.ino, 0, b"durable").unwrap();
+    /// fs.fsync(kept.ino, false).unwrap();
+    /// let lost = fs.create(ROOT, b"lost", 0o644, 0, 0).unwrap();
+    /// fs.write_at(lost.ino, 0, b"never synced").unwrap();
+    /// fs.shutdown().unwrap();
+    /// assert_eq!(fs.getattr(ROOT).unwrap_err().to_errno(), libc::EIO);
+    /// fs.unmount().unwrap();
+    ///
+    /// let fs = Fs::open(dev, opts).unwrap();
+    /// assert_eq!(fs.resolve("/kept").unwrap().size, 7);
+    /// assert!(fs.resolve("/lost").is_err());
+    /// ```
+    pub fn shutdown(&self) -> Result<()> {
+        if self.engine.halt.halt() {
+            tracing::warn!("lanefs: shut down: nothing more is written; the next mount recovers");
+        }
+        // The background thread and whoever waits for a checkpoint find the gate shut and stop.
+        self.engine.kick_checkpoint();
+        self.engine.cp_done.notify_all();
+        debug_assert!(self.is_shut_down());
+        Ok(())
+    }
+
+    /// Whether [`Fs::shutdown`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.engine.halt.is_halted()
+    }
+
+    /// Stops the background thread and takes the final checkpoint (none after a shutdown).
+    fn stop(&mut self) -> Result<()> {
         // Read-only mounts have no background thread and write nothing.
         let Some(h) = self.background.take() else { return Ok(()) };
         {
@@ -574,13 +671,17 @@ impl Fs {
             // Its state is unknown: no final checkpoint. What was fsynced is in the journal.
             return Err(Error::errno(libc::EIO, "the background checkpoint thread panicked"));
         }
+        if self.is_shut_down() {
+            // The image stays as the shutdown left it: the next mount recovers.
+            return Ok(());
+        }
         self.engine.checkpoint(true)
     }
 }
 
 impl Drop for Fs {
     fn drop(&mut self) {
-        if let Err(e) = self.shutdown() {
+        if let Err(e) = self.stop() {
             tracing::error!("lanefs: final checkpoint failed: {e}");
         }
     }
@@ -598,14 +699,17 @@ impl Handle {
     }
 
     pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.engine.check_live()?;
         self.engine.read_mnode(&self.m, off, buf)
     }
 
     pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize> {
+        self.engine.check_live()?;
         self.engine.write_mnode(&self.m, off, data)
     }
 
     pub fn fsync(&self, datasync: bool) -> Result<()> {
+        self.engine.check_live()?;
         self.engine.fsync_mnode(&self.m, datasync)
     }
 
@@ -665,7 +769,7 @@ fn background_checkpoints(e: Arc<Engine>, interval: Option<std::time::Duration>)
             }
             std::mem::take(&mut *kicked)
         };
-        if e.stop.load(Ordering::Acquire) || e.failed.load(Ordering::Acquire) {
+        if e.stop.load(Ordering::Acquire) || e.failed.load(Ordering::Acquire) || e.halt.is_halted() {
             return;
         }
         let due = kicked || interval.is_some_and(|d| last_cp.elapsed() >= d);

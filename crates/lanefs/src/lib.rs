@@ -16,6 +16,7 @@ pub mod format;
 pub mod fs;
 pub mod fs_seek;
 pub mod fsck;
+pub mod fsctl;
 pub mod gc;
 pub mod inspect;
 pub mod journal;
@@ -32,5 +33,5 @@ pub mod sync;
 pub use error::{Error, Result};
 pub use fs::{
     Attr, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, IoStats, Listing, MkfsOptions, SetAttr, StatFs,
-    ROOT,
+    TrimRange, ROOT,
 };

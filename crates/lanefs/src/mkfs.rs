@@ -29,7 +29,7 @@ use std::sync::Arc;
 pub struct MkfsOptions {
     /// Lanes (sets of active logs); one per core is the usual choice.
     pub lanes: u32,
-    /// Up to 31 bytes of label.
+    /// Up to 31 bytes of label (`format::superblock::LABEL_MAX`); more are cut off.
     pub label: String,
     /// Owner of the root directory.
     pub root_uid: u32,
@@ -103,7 +103,7 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
     let uuid = random_bytes();
     let mut sb = Superblock::new(g, uuid, t.sec.max(0) as u64);
     let label = opts.label.as_bytes();
-    let n = label.len().min(31);
+    let n = label.len().min(crate::format::superblock::LABEL_MAX);
     sb.label[..n].copy_from_slice(&label[..n]);
 
     // 1. No valid superblock until the end; invalidate both old checkpoint packs too.

@@ -13,7 +13,7 @@
 //! `crate::pmem`).
 
 use crate::checkpoint::{read_blocks, read_checkpoint, read_nat, read_sit, read_summary, read_superblock};
-use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::device::{BlockDevice, Halt, HaltDevice, BLOCK_SIZE};
 use crate::engine::{CpState, Engine, FsOptions, GroupCommit, StampClock, JOURNAL_LOG};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::CP_FLAG_NVM_NAT;
@@ -54,13 +54,19 @@ pub(crate) fn nonce_of(uuid: &[u8; 16]) -> u64 {
 
 /// Mounts the file system on `dev`, recovering from a crash if needed.
 pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>, RecoveryReport)> {
+    if opts.no_recovery && !opts.read_only {
+        return Err(Error::errno(libc::EINVAL, "norecovery needs a read-only mount"));
+    }
+    // Every write of this mount, to the device and to the region, passes the shutdown gate.
+    let halt = Halt::new();
+    let dev: Arc<dyn BlockDevice> = Arc::new(HaltDevice::new(dev, halt.clone()));
     let sb = read_superblock(&*dev)?.sb;
     let g = sb.geometry;
     let cpr = read_checkpoint(&*dev, &g)?;
     let cp = cpr.cp;
     let age = cp.elapsed_secs;
     // The region first: it may hold the NAT and the lane journals.
-    let (nat, nvm, nvm_log, region_txns) = load_nat(&*dev, &sb, &cp, &opts)?;
+    let (nat, nvm, nvm_log, region_txns) = load_nat(&*dev, &sb, &cp, &opts, &halt)?;
     // Records go to the region's journals only under a pack that says the image needs its
     // region (a mount without it would miss them): the first mount with a region takes a
     // checkpoint, which flags the pack, before it returns.
@@ -89,7 +95,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     // The journals.
     let mut reads: Vec<ChainRead> = Vec::with_capacity(cp.lanes.len());
     for (l, lane) in cp.lanes.iter().enumerate() {
-        let r = if lane.journal_head == 0 {
+        let r = if lane.journal_head == 0 || opts.no_recovery {
             ChainRead::empty(lane.journal_head, lane.journal_seq)
         } else {
             read_chain(&*dev, &g, l as u16, nonce, lane.journal_head, lane.journal_seq, g.main_blocks())?
@@ -104,7 +110,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     }
     // The region's lane journals: committed after their data was durable, so the check is a
     // formality there, kept for the same rule everywhere.
-    let mut region_txns = region_txns;
+    let mut region_txns = if opts.no_recovery { Vec::new() } else { region_txns };
     for t in &mut region_txns {
         let kept = verified_prefix(&*dev, t, cp.stamp)?;
         report.torn_transactions += t.len() - kept;
@@ -193,6 +199,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     let opts = FsOptions { nvm_inline_pages: Some(inline), ..opts };
     let engine = Arc::new(Engine {
         dev,
+        halt,
         g,
         nat,
         nvm,
@@ -261,7 +268,13 @@ type Loaded = (NatTable, Option<NvmNat>, Option<NvmJournal>, Vec<Vec<Transaction
 /// the region (created if missing) when the mount has one. The region's lane journals are read
 /// under a flagged pack only (records go there only under one). A read-only mount writes
 /// nothing and keeps no region.
-fn load_nat(dev: &dyn BlockDevice, sb: &Superblock, cp: &Checkpoint, opts: &FsOptions) -> Result<Loaded> {
+fn load_nat(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    cp: &Checkpoint,
+    opts: &FsOptions,
+    halt: &Arc<Halt>,
+) -> Result<Loaded> {
     let g = &sb.geometry;
     let flagged = cp.flags & CP_FLAG_NVM_NAT != 0;
     let table = |blocks| NatTable::from_blocks(g, blocks, NatTable::default_slots(), cp.next_nid);
@@ -277,7 +290,9 @@ fn load_nat(dev: &dyn BlockDevice, sb: &Superblock, cp: &Checkpoint, opts: &FsOp
     };
     if flagged {
         // Never a fresh region here: the NAT is in the one the image was checkpointed with.
-        let nvm = NvmNat::new(PmemRegion::open(path, Some(sb.uuid), &opts.nvm_region)?, g)?;
+        let mut region = PmemRegion::open(path, Some(sb.uuid), &opts.nvm_region)?;
+        region.set_halt(halt.clone());
+        let nvm = NvmNat::new(region, g)?;
         let log = NvmJournal::new(nvm.region(), nvm.layout().end, g)?;
         let blocks = nvm.read(cp.version)?;
         let txns = log.read(nvm.region(), cp.version)?;
@@ -291,12 +306,13 @@ fn load_nat(dev: &dyn BlockDevice, sb: &Superblock, cp: &Checkpoint, opts: &FsOp
     if opts.read_only {
         return Ok((table(blocks), None, None, Vec::new()));
     }
-    let (region, _) = PmemRegion::open_or_create(
+    let (mut region, _) = PmemRegion::open_or_create(
         path,
         opts.nvm_size.unwrap_or_else(|| crate::pmem::default_size(g)),
         sb.uuid,
         &opts.nvm_region,
     )?;
+    region.set_halt(halt.clone());
     let nvm = NvmNat::new(region, g)?;
     let log = NvmJournal::new(nvm.region(), nvm.layout().end, g)?;
     nvm.seed(&blocks, cp.version)?;

@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, IoSliceMut, Seek, SeekFrom};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
 
@@ -311,9 +311,9 @@ impl BlockDevice for FileDevice {
         }
     }
 
-    /// Punches a hole (files) or zeroes/unmaps the range (block devices) with fallocate; the
-    /// blocks' contents are unspecified afterwards. Devices that cannot do it cheaply keep the
-    /// data, which is allowed: discard is advice.
+    /// Punches a hole (files: fallocate) or discards the range (block devices: BLKDISCARD); the
+    /// blocks' contents are unspecified afterwards. Devices that cannot do it keep the data,
+    /// which is allowed: discard is advice.
     fn discard(&self, addr: u64, blocks: u64) -> io::Result<()> {
         if blocks == 0 {
             return Ok(());
@@ -323,6 +323,13 @@ impl BlockDevice for FileDevice {
             .and_then(|b| b.checked_mul(BLOCK_SIZE))
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "discard too large"))?;
         plan::check_request(addr, len, self.blocks)?;
+        if self.is_block_device() {
+            return match super::uring::blk_discard(self.file.as_fd(), addr * BLOCK_SIZE as u64, len as u64) {
+                Ok(()) => Ok(()),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY)) => Ok(()),
+                Err(e) => Err(e),
+            };
+        }
         let mode = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
         match rustix::fs::fallocate(&self.file, mode, addr * BLOCK_SIZE as u64, len as u64) {
             Ok(()) => Ok(()),

@@ -14,7 +14,8 @@
 //!
 //! Back ends: [`FileDevice`] (io_uring + O_DIRECT where direct I/O is real, vectored
 //! `pwritev`/`preadv` otherwise), [`MemDevice`] (RAM, tests) and [`CrashDevice`] (records and
-//! injects faults for crash testing). `unsafe` code lives only in `uring.rs` and `aligned.rs`.
+//! injects faults for crash testing); [`HaltDevice`] stops every write at a shutdown ([`halt`]).
+//! `unsafe` code lives only in `uring.rs` and `aligned.rs`.
 
 use std::io;
 use std::path::Path;
@@ -24,6 +25,7 @@ mod aligned;
 mod bench;
 mod crash;
 mod file;
+pub mod halt;
 mod mem;
 mod plan;
 mod uring;
@@ -36,6 +38,7 @@ pub use crash::{
 };
 pub use file::{create_image, DeviceOptions, FileDevice, IoChoice};
 pub(crate) use file::{fs_name, TMPFS_MAGIC};
+pub use halt::{Halt, HaltDevice};
 pub use mem::MemDevice;
 
 /// Opens an image file or block device as a shareable [`BlockDevice`] (see [`FileDevice::open`]).

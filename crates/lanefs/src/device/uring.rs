@@ -4,6 +4,8 @@
 //! buffers behind them through raw pointers after `push` returns, so soundness rests on one rule
 //! that this module keeps: **no batch function returns while the kernel may still touch its
 //! memory**. Every pushed SQE is reaped before return, on success and on every error path.
+//! (Also here, for the same reason: [`blk_discard`], the one ioctl of the device path that
+//! rustix has no safe wrapper for.)
 //!
 //! Rings: a small pool, one ring per CPU slot (at most 16), each behind its own mutex. One ring
 //! behind one mutex would serialise every lane's commit for the whole device latency (the lock is
@@ -312,6 +314,16 @@ fn sqe_for(fd: RawFd, op: &Op, write: bool) -> squeue::Entry {
     } else {
         opcode::Readv::new(types::Fd(fd), iov.as_ptr(), n).offset(op.offset).build()
     }
+}
+
+/// BLKDISCARD: tells the block device `fd` that `len` bytes at byte `start` hold nothing (TRIM).
+pub(super) fn blk_discard(fd: std::os::fd::BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
+    use rustix::ioctl::{ioctl, opcode, Setter};
+    // linux/fs.h: BLKDISCARD is _IO(0x12, 119), taking a pointer to u64[2] {start, len}.
+    const BLKDISCARD: rustix::ioctl::Opcode = opcode::none(0x12, 119);
+    // SAFETY: BLKDISCARD reads exactly a u64[2] through the pointer, which Setter points at its
+    // own copy of `range`, alive for the whole call; the kernel keeps no reference after it.
+    unsafe { ioctl(fd, Setter::<BLKDISCARD, [u64; 2]>::new([start, len])) }.map_err(io::Error::from)
 }
 
 #[cfg(test)]

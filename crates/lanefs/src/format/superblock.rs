@@ -13,6 +13,8 @@ pub const SB_MAGIC: u32 = u32::from_le_bytes(*b"LNFS");
 pub const FORMAT_VERSION: u32 = 1;
 /// Block numbers of the two copies.
 pub const SB_ADDRS: [u64; 2] = [0, 1];
+/// Longest label in bytes: the 32-byte field always ends with a NUL.
+pub const LABEL_MAX: usize = 31;
 
 /// The superblock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +25,7 @@ pub struct Superblock {
     pub uuid: [u8; 16],
     /// Seconds since the epoch at mkfs.
     pub created: u64,
+    /// Up to [`LABEL_MAX`] bytes, NUL-padded.
     pub label: [u8; 32],
     pub geometry: Geometry,
 }

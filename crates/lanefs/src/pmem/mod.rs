@@ -334,6 +334,9 @@ pub struct PmemRegion {
     backing: String,
     /// Shared with [`RegionRecording`] handles, which outlive the region.
     recorder: Option<Arc<Mutex<Recorder>>>,
+    /// The mount's shutdown gate ([`PmemRegion::set_halt`]): every store and persist is admitted
+    /// by it, so that nothing reaches the region once the file system is shut down.
+    halt: Option<Arc<crate::device::Halt>>,
 }
 
 // SAFETY: the mapping is owned by the region and lives until drop; every access to it goes
@@ -545,6 +548,7 @@ impl PmemRegion {
             method,
             backing: crate::device::fs_name(backing),
             recorder: None,
+            halt: None,
         };
         if opts.record {
             let mut image = vec![0u8; len];
@@ -644,9 +648,24 @@ impl PmemRegion {
         self.check(offset, 8)
     }
 
+    /// Puts the region behind the mount's shutdown gate (see `crate::device::halt`): from the
+    /// gate's halt on, every store and persist fails with EIO and changes nothing.
+    pub fn set_halt(&mut self, halt: Arc<crate::device::Halt>) {
+        self.halt = Some(halt);
+    }
+
+    /// Admits one store or persist through the shutdown gate, if the region has one.
+    fn admit(&self) -> Result<Option<crate::device::halt::HaltGuard<'_>>> {
+        match &self.halt {
+            Some(h) => Ok(Some(h.enter()?)),
+            None => Ok(None),
+        }
+    }
+
     /// Stores `value` at the 8-byte-aligned `offset` with one atomic store (never torn).
     pub fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
         self.check_word(offset)?;
+        let _admitted = self.admit()?;
         let raw = value.to_le();
         match &self.recorder {
             // Store and record under the recorder's lock, so the recorded order of values of
@@ -671,6 +690,7 @@ impl PmemRegion {
     /// by compare-and-swap (the other bytes of those words are kept).
     pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check(offset, data.len())?;
+        let _admitted = self.admit()?;
         let words = self.words();
         // Held for the whole write, so the recorded order of each word's values is the order
         // they were stored in.
@@ -746,6 +766,7 @@ impl PmemRegion {
         if ranges.is_empty() {
             return Ok(());
         }
+        let _admitted = self.admit()?;
         match self.method {
             PersistMethod::Msync => {
                 let page = rustix::param::page_size();

@@ -20,7 +20,7 @@ mod lanes;
 mod table;
 
 pub use lanes::{Lane, LaneSet};
-pub use table::{SegState, SegmentTable, Victim, VictimPolicy};
+pub use table::{SegState, SegmentTable, Victim, VictimPolicy, DISCARD_PER_ROUND};
 
 /// Free segments a lane takes from the global map at once.
 pub const FREE_BATCH: usize = 4;

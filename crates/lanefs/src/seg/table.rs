@@ -417,6 +417,58 @@ impl SegmentTable {
         freed
     }
 
+    /// FITRIM's plan: the runs of consecutive segments in `range` that are free now, leaving
+    /// out the `keep` lowest-numbered free segments (allocation takes the lowest first, so
+    /// those are the next to be written and discarding them would only make the device
+    /// allocate them again). A snapshot: [`SegmentTable::take_for_trim`] takes what is still
+    /// free when it comes to it.
+    pub fn free_runs(&self, range: std::ops::Range<u32>, keep: usize) -> Vec<std::ops::Range<u32>> {
+        let fm = self.free.lock();
+        let floor = fm.free.iter().nth(keep).copied();
+        let mut runs: Vec<std::ops::Range<u32>> = Vec::new();
+        let Some(floor) = floor else { return runs };
+        for &s in fm.free.range(range.start.max(floor)..range.end) {
+            match runs.last_mut() {
+                Some(r) if r.end == s => r.end = s + 1,
+                _ => runs.push(s..s + 1),
+            }
+        }
+        runs
+    }
+
+    /// Takes the segments of `range` that are still free, except the `keep` lowest-numbered
+    /// free ones, out of the free map for a discard (as [`SegmentTable::checkpoint_done`] does:
+    /// a discard racing with a new write into the segment would destroy that write). They stay
+    /// counted free. Prefree and committing segments are never free here: the checkpoint that
+    /// frees them, and recovery until then, may still need what they hold. Give them back
+    /// with [`SegmentTable::return_trimmed`].
+    pub fn take_for_trim(&self, range: std::ops::Range<u32>, keep: usize) -> Vec<u32> {
+        let mut fm = self.free.lock();
+        let Some(floor) = fm.free.iter().nth(keep).copied() else { return Vec::new() };
+        let taken: Vec<u32> = fm.free.range(range.start.max(floor)..range.end).copied().collect();
+        for s in &taken {
+            fm.free.remove(s);
+            // Discarded now: a later checkpoint round need not.
+            fm.undiscarded.remove(s);
+        }
+        self.cached.fetch_add(taken.len() as u64, Ordering::AcqRel);
+        self.publish(&fm);
+        drop(fm);
+        debug_assert!(taken.iter().all(|&s| self.state(s) == SegState::Free));
+        taken
+    }
+
+    /// Puts segments taken by [`SegmentTable::take_for_trim`] back into the free map.
+    pub fn return_trimmed(&self, segs: &[u32]) {
+        let mut fm = self.free.lock();
+        for &s in segs {
+            debug_assert_eq!(self.state(s), SegState::Free, "segment {s} changed while trimmed");
+            fm.free.insert(s);
+        }
+        self.cached.fetch_sub(segs.len() as u64, Ordering::AcqRel);
+        self.publish(&fm);
+    }
+
     /// Up to `max` victims for the cleaner: dirty (full, inactive) segments holding at least
     /// one invalid block, best first by `policy`. Segments listed in `skip` are left out.
     pub fn victims(&self, policy: VictimPolicy, max: usize, skip: &[u32]) -> Vec<Victim> {
