@@ -8,6 +8,13 @@
 //!
 //! Each handler that calls the engine marks its request in flight for its duration (see
 //! [`crate::inflight`]), so that a request that never returns shows in the log.
+//!
+//! Permissions: the kernel checks them (`default_permissions`) and, with FUSE_POSIX_ACL, enforces
+//! POSIX ACLs from the xattrs it reads here. What the kernel then leaves to a server, the engine
+//! does for every caller (`lanefs::acl`: ACL inheritance without the umask, which FUSE_DONT_MASK
+//! hands over; the mode kept in step with the access ACL). With FUSE_HANDLE_KILLPRIV_V2 the
+//! server also drops set-ID bits on a write, truncate, fallocate or chown (`lanefs::perm`); each
+//! request's process is a `ReqCaller`, and the kernel is told when a mode it caches went stale.
 
 use crate::inflight::{Inflight, Op};
 use fuser::{
@@ -19,12 +26,12 @@ use fuser::{
 use lanefs::format::node::Timespec;
 use lanefs::fs_seek::Seek;
 use lanefs::{Attr, FileKind, Fs, SetAttr, TrimRange};
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may cache attributes and names. lanefs is the only writer of its image
@@ -49,13 +56,135 @@ pub struct LaneFuse {
     max_write: u32,
     writeback_cache: bool,
     inflight: Arc<Inflight>,
+    /// Whether to offer FUSE_POSIX_ACL (which turns on `default_permissions`).
+    posix_acl: bool,
+    /// What INIT agreed on.
+    killpriv: bool,
+    dont_mask: bool,
+    /// Tells the kernel of changes it did not ask for (set once the session exists).
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 impl LaneFuse {
     /// Serves `fs`; `writeback_cache` asks the kernel to cache writes (see the crate docs);
     /// requests are marked in flight in `inflight`, which needs a slot per worker thread.
     pub fn new(fs: Arc<Fs>, writeback_cache: bool, inflight: Arc<Inflight>) -> LaneFuse {
-        LaneFuse { fs, dirs: DirHandles::new(), max_write: max_write(), writeback_cache, inflight }
+        LaneFuse {
+            fs,
+            dirs: DirHandles::new(),
+            max_write: max_write(),
+            writeback_cache,
+            inflight,
+            posix_acl: true,
+            killpriv: false,
+            dont_mask: false,
+            notifier: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Whether the kernel enforces POSIX ACLs (FUSE_POSIX_ACL); only on a mount with
+    /// `default_permissions`, which it would otherwise turn on.
+    pub fn with_posix_acl(mut self, on: bool) -> LaneFuse {
+        self.posix_acl = on;
+        self
+    }
+
+    /// Where the session's notifier goes once the session exists (`fuser::Session::notifier`).
+    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// The process behind `req`; `fsetid` if the request says whether it has CAP_FSETID.
+    fn caller<'a>(&'a self, req: &Request, fsetid: Option<bool>) -> ReqCaller<'a> {
+        ReqCaller {
+            uid: req.uid(),
+            gid: req.gid(),
+            pid: req.pid(),
+            fsetid,
+            status: OnceCell::new(),
+            notifier: &self.notifier,
+        }
+    }
+
+    /// The umask to apply to a new inode: the request's, if the kernel left it to us.
+    fn umask(&self, umask: u32) -> u32 {
+        if self.dont_mask {
+            umask
+        } else {
+            0
+        }
+    }
+}
+
+/// The process behind one request, as the engine asks about it (`lanefs::Caller`). The kernel
+/// sends its file-system uid and gid and its (thread) id; whether it has CAP_FSETID and its
+/// supplementary groups come from /proc/PID/status, read once and only when the engine asks
+/// (for a file with set-ID bits). A WRITE says it up front: the kernel sets
+/// FUSE_WRITE_KILL_SUIDGID exactly when the writer lacks CAP_FSETID. A process gone by then
+/// counts as uid 0 having CAP_FSETID and no supplementary groups.
+struct ReqCaller<'a> {
+    uid: u32,
+    gid: u32,
+    pid: u32,
+    fsetid: Option<bool>,
+    status: OnceCell<Option<ProcStatus>>,
+    notifier: &'a OnceLock<fuser::Notifier>,
+}
+
+/// What /proc/PID/status says of a process's credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ProcStatus {
+    /// Effective capabilities.
+    cap_eff: u64,
+    groups: Vec<u32>,
+}
+
+const CAP_FSETID: u32 = 4;
+
+/// The credentials in a /proc/PID/status text (None if a line is missing or malformed).
+fn parse_status(text: &str) -> Option<ProcStatus> {
+    let mut cap_eff = None;
+    let mut groups = None;
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("CapEff:") {
+            cap_eff = u64::from_str_radix(v.trim(), 16).ok();
+        } else if let Some(v) = line.strip_prefix("Groups:") {
+            groups = v.split_whitespace().map(|g| g.parse().ok()).collect::<Option<Vec<u32>>>();
+        }
+    }
+    Some(ProcStatus { cap_eff: cap_eff?, groups: groups? })
+}
+
+impl ReqCaller<'_> {
+    fn status(&self) -> Option<&ProcStatus> {
+        self.status
+            .get_or_init(|| {
+                let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+                parse_status(&text)
+            })
+            .as_ref()
+    }
+}
+
+impl lanefs::Caller for ReqCaller<'_> {
+    fn fsetid(&self) -> bool {
+        self.fsetid.unwrap_or_else(|| match self.status() {
+            Some(s) => s.cap_eff & (1 << CAP_FSETID) != 0,
+            None => self.uid == 0,
+        })
+    }
+
+    fn in_group(&self, gid: u32) -> bool {
+        gid == self.gid || self.status().is_some_and(|s| s.groups.contains(&gid))
+    }
+
+    fn dropped(&self, ino: u64, _mode: u32) {
+        // The kernel keeps a file's mode for the attribute TTL, and a write does not make it
+        // ask again: until then it would still see set-ID bits on exec. Attributes only
+        // (offset -1): no page is touched, so this cannot wait on the request being served.
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+        }
     }
 }
 
@@ -268,6 +397,7 @@ impl LaneFuse {
 
     fn copy_range(
         &self,
+        caller: &ReqCaller,
         ino_in: u64,
         off_in: u64,
         ino_out: u64,
@@ -286,7 +416,11 @@ impl LaneFuse {
             if n == 0 {
                 break;
             }
-            self.fs.write_at(ino_out, off_out + done, &buf[..n])?;
+            if self.killpriv {
+                self.fs.write_at_as(ino_out, off_out + done, &buf[..n], caller)?;
+            } else {
+                self.fs.write_at(ino_out, off_out + done, &buf[..n])?;
+            }
             done += n as u64;
         }
         Ok(done)
@@ -388,8 +522,18 @@ impl Filesystem for LaneFuse {
         if self.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
+        // The engine drops set-ID bits itself (no GETXATTR("security.capability") before each
+        // write), inherits default ACLs (so the umask is ours to apply) and keeps the mode in
+        // step with ACLs the kernel then enforces.
+        want |= InitFlags::FUSE_HANDLE_KILLPRIV_V2 | InitFlags::FUSE_DONT_MASK;
+        if self.posix_acl {
+            want |= InitFlags::FUSE_POSIX_ACL;
+        }
         // Ask only for what this kernel offers; a missing optional feature is not an error.
-        let _ = config.add_capabilities(want & caps);
+        let got = want & caps;
+        let _ = config.add_capabilities(got);
+        self.killpriv = got.contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        self.dont_mask = got.contains(InitFlags::FUSE_DONT_MASK);
         let _ = config.set_max_write(self.max_write);
         let _ = config.set_max_readahead(self.max_write);
         // Background requests (readahead, async direct I/O) in flight at once.
@@ -443,7 +587,15 @@ impl Filesystem for LaneFuse {
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(timespec),
         };
-        match self.fs.setattr(ino.0, &a) {
+        // The kernel asks us to drop set-ID bits on a truncate by a caller without CAP_FSETID and
+        // on every chown (FATTR_KILL_SUIDGID, which fuser does not pass on: the engine applies
+        // the kernel's own rule for the caller, which is what that flag stands for).
+        let r = if self.killpriv {
+            self.fs.setattr_as(ino.0, &a, &self.caller(req, None))
+        } else {
+            self.fs.setattr(ino.0, &a)
+        };
+        match r {
             Ok(a) => reply.attr(&TTL, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -463,24 +615,30 @@ impl Filesystem for LaneFuse {
         parent: INodeNo,
         n: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
         let _busy = self.inflight.enter(Op::Mknod, parent.0, req.pid());
-        // The kernel applied the umask already (FUSE_DONT_MASK is not negotiated).
+        if mode & libc::S_IFMT == libc::S_IFDIR {
+            return reply.error(Errno::EINVAL);
+        }
         match self.new_owner(req, parent, mode) {
             Ok((uid, gid, mode)) => {
-                self.entry(self.fs.mknod(parent.0, name(n), mode, rdev as u64, uid, gid), reply)
+                let new = lanefs::New { mode, rdev: rdev as u64, uid, gid, umask: self.umask(umask) };
+                self.entry(self.fs.make(parent.0, name(n), &new), reply)
             }
             Err(e) => reply.error(e),
         }
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let _busy = self.inflight.enter(Op::Mkdir, parent.0, req.pid());
-        match self.new_owner(req, parent, mode | libc::S_IFDIR) {
-            Ok((uid, gid, mode)) => self.entry(self.fs.mkdir(parent.0, name(n), mode, uid, gid), reply),
+        match self.new_owner(req, parent, libc::S_IFDIR | (mode & 0o7777)) {
+            Ok((uid, gid, mode)) => {
+                let new = lanefs::New { mode, rdev: 0, uid, gid, umask: self.umask(umask) };
+                self.entry(self.fs.make(parent.0, name(n), &new), reply)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -575,13 +733,19 @@ impl Filesystem for LaneFuse {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _busy = self.inflight.enter(Op::Write, ino.0, req.pid());
-        let n = match self.fs.write_at(ino.0, offset, data) {
+        let r = if self.killpriv {
+            let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+            self.fs.write_at_as(ino.0, offset, data, &self.caller(req, Some(!kill)))
+        } else {
+            self.fs.write_at(ino.0, offset, data)
+        };
+        let n = match r {
             Ok(n) => n,
             Err(e) => return reply.error(errno(e)),
         };
@@ -726,7 +890,9 @@ impl Filesystem for LaneFuse {
         reply: ReplyEmpty,
     ) {
         let _busy = self.inflight.enter(Op::Setxattr, ino.0, req.pid());
-        self.empty(self.fs.setxattr(ino.0, name(n), value, flags), reply)
+        // The kernel would say whether an ACL keeps set-group-ID only with FUSE_SETXATTR_EXT,
+        // which fuser cannot parse: the engine asks the caller itself.
+        self.empty(self.fs.setxattr_as(ino.0, name(n), value, flags, &self.caller(req, None)), reply)
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
@@ -800,16 +966,17 @@ impl Filesystem for LaneFuse {
         parent: INodeNo,
         n: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let _busy = self.inflight.enter(Op::Create, parent.0, req.pid());
-        let (uid, gid, mode) = match self.new_owner(req, parent, mode) {
+        let (uid, gid, mode) = match self.new_owner(req, parent, libc::S_IFREG | (mode & 0o7777)) {
             Ok(o) => o,
             Err(e) => return reply.error(e),
         };
-        let a = match self.fs.create(parent.0, name(n), mode, uid, gid) {
+        let new = lanefs::New { mode, rdev: 0, uid, gid, umask: self.umask(umask) };
+        let a = match self.fs.make(parent.0, name(n), &new) {
             Ok(a) => a,
             Err(e) => return reply.error(errno(e)),
         };
@@ -830,7 +997,15 @@ impl Filesystem for LaneFuse {
         reply: ReplyEmpty,
     ) {
         let _busy = self.inflight.enter(Op::Fallocate, ino.0, req.pid());
-        self.empty(self.fs.fallocate(ino.0, mode, offset, length), reply)
+        // The kernel drops privileges before a fallocate only by a SETATTR it empties under
+        // FUSE_HANDLE_KILLPRIV_V2; the request carries no flag, so the engine applies the
+        // kernel's rule for the caller, as for a write.
+        let r = if self.killpriv {
+            self.fs.fallocate_as(ino.0, mode, offset, length, &self.caller(req, None))
+        } else {
+            self.fs.fallocate(ino.0, mode, offset, length)
+        };
+        self.empty(r, reply)
     }
 
     fn lseek(
@@ -903,7 +1078,8 @@ impl Filesystem for LaneFuse {
         let _busy = self.inflight.enter(Op::CopyFileRange, ino_in.0, req.pid());
         // The engine cannot share blocks between files, so this is a read + write loop in the
         // daemon: it saves the two kernel crossings per chunk that a user-space copy pays.
-        match self.copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len) {
+        let caller = self.caller(req, None);
+        match self.copy_range(&caller, ino_in.0, offset_in, ino_out.0, offset_out, len) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),
         }
@@ -924,6 +1100,22 @@ mod tests {
         ] {
             assert_eq!(timespec(system_time(t)), t);
         }
+    }
+
+    #[test]
+    fn proc_status_gives_capabilities_and_groups() {
+        let text = "Name:\tsh\nUid:\t4242\t4242\t4242\t4242\nGroups:\t0 27 4243 \n\
+                    CapInh:\t0000000000000000\nCapEff:\t0000000000000010\n";
+        let s = parse_status(text).unwrap();
+        assert_eq!(s, ProcStatus { cap_eff: 1 << CAP_FSETID, groups: vec![0, 27, 4243] });
+        // No supplementary groups: an empty list, not a failure.
+        let s = parse_status("Groups:\t\nCapEff:\t0000000000000000\n").unwrap();
+        assert_eq!(s, ProcStatus { cap_eff: 0, groups: vec![] });
+        assert_eq!(parse_status("Groups:\t1\n"), None, "no CapEff line");
+        assert_eq!(parse_status("Groups:\tx\nCapEff:\t0\n"), None, "a bad group");
+        // This process's own entry parses (the adapter reads the requester's the same way).
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(parse_status(&own).is_some());
     }
 
     #[test]

@@ -312,9 +312,15 @@ fn serve(
     config.n_threads = Some(threads);
     config.clone_fd = true;
     let inflight = Arc::new(Inflight::new(threads));
-    let fuse = LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone());
+    let kernel_acls = parsed.fuse.contains(&MountOption::DefaultPermissions);
+    let fuse =
+        LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone()).with_posix_acl(kernel_acls);
+    let notifier = fuse.notifier_slot();
     let session = match Session::new(fuse, &mountpoint, &config) {
-        Ok(s) => s,
+        Ok(s) => {
+            let _ = notifier.set(s.notifier());
+            s
+        }
         Err(e) => {
             let e = format!("cannot mount on {}: {}", mountpoint.display(), plain(&e));
             return Err(match finish(fs, lock) {

@@ -3,7 +3,11 @@
 //! [`Fs`] translates; it decides nothing. Inode numbers are the on-disk node ids (stable across
 //! mounts); the root is [`ROOT`]. Errors carry an errno ([`Error::to_errno`]) and print as one
 //! line. Permissions are not checked here: a library caller is trusted as the owner of the image,
-//! and the FUSE adapter lets the kernel check them (`default_permissions`).
+//! and the FUSE adapter lets the kernel check them (`default_permissions`). What a change takes
+//! from a file (set-ID bits, file capabilities) depends on who makes it: the plain calls act as
+//! a privileged caller, the `_as` calls for a [`Caller`] (see [`crate::perm`]). POSIX ACLs are
+//! the same for every caller: inherited from a directory's default ACL, and kept in step with
+//! the mode (see [`crate::acl`]).
 //!
 //! # Example
 //!
@@ -40,6 +44,7 @@ pub use crate::mem::ops::{
     FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE,
 };
 pub use crate::mkfs::MkfsOptions;
+pub use crate::perm::{Caller, Privileged};
 pub use crate::recovery::RecoveryReport;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -108,6 +113,19 @@ pub struct SetAttr {
     pub mtime: Option<Timespec>,
     /// Defaults to now.
     pub ctime: Option<Timespec>,
+}
+
+/// A new inode for [`Fs::make`].
+#[derive(Debug, Clone, Default)]
+pub struct New {
+    /// Type and permission bits (any type but a symlink; a regular file if none).
+    pub mode: u32,
+    /// For a device.
+    pub rdev: u64,
+    pub uid: u32,
+    pub gid: u32,
+    /// The creating process's umask: it masks `mode` unless the parent has a default ACL.
+    pub umask: u32,
 }
 
 /// One directory entry from [`Fs::readdir`].
@@ -290,6 +308,13 @@ impl Fs {
         self.getattr(cur)
     }
 
+    /// The mnode of `ino` (kept alive by the caller's reference however it is unlinked).
+    fn mnode(&self, ino: Ino) -> Result<Arc<MNode>> {
+        self.engine.check_live()?;
+        let _g = self.engine.pass.shared();
+        self.engine.mnode(ino32(ino)?)
+    }
+
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         self.engine.check_live()?;
         let _g = self.engine.pass.shared();
@@ -298,8 +323,28 @@ impl Fs {
     }
 
     pub fn setattr(&self, ino: Ino, a: &SetAttr) -> Result<Attr> {
+        self.set_attr(ino, a, None)
+    }
+
+    /// [`Fs::setattr`] by `caller`: a size change and a chown first drop the privileges they
+    /// take (see [`crate::perm`]).
+    pub fn setattr_as(&self, ino: Ino, a: &SetAttr, caller: &dyn Caller) -> Result<Attr> {
+        self.set_attr(ino, a, Some(caller))
+    }
+
+    fn set_attr(&self, ino: Ino, a: &SetAttr, caller: Option<&dyn Caller>) -> Result<Attr> {
         self.engine.check_live()?;
-        let m = self.engine.setattr(ino32(ino)?, a.mode, a.uid, a.gid, a.size, a.atime, a.mtime, a.ctime)?;
+        let m = self.engine.setattr(
+            ino32(ino)?,
+            a.mode,
+            a.uid,
+            a.gid,
+            a.size,
+            a.atime,
+            a.mtime,
+            a.ctime,
+            caller,
+        )?;
         Ok(self.attr(&m))
     }
 
@@ -310,23 +355,29 @@ impl Fs {
 
     /// Creates a file of any type (`mode` includes the type bits).
     pub fn mknod(&self, parent: Ino, name: &[u8], mode: u32, rdev: u64, uid: u32, gid: u32) -> Result<Attr> {
-        self.engine.check_live()?;
         let mode = if mode & S_IFMT == 0 { mode | 0o100000 } else { mode };
-        if mode & S_IFMT == 0o040000 || mode & S_IFMT == 0o120000 {
-            return Err(Error::errno(libc::EINVAL, "use mkdir or symlink"));
+        if mode & S_IFMT == 0o040000 {
+            return Err(Error::errno(libc::EINVAL, "use mkdir"));
         }
-        let m =
-            self.engine.create_node(ino32(parent)?, name, NewInode { mode, uid, gid, rdev, symlink: &[] })?;
-        Ok(self.attr(&m))
+        self.make(parent, name, &New { mode, rdev, uid, gid, umask: 0 })
     }
 
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.make(parent, name, &New { mode: 0o040000 | (mode & 0o7777), uid, gid, ..Default::default() })
+    }
+
+    /// Creates a file, directory or special file as `new` says (a process's create, mkdir or
+    /// mknod, with its umask).
+    pub fn make(&self, parent: Ino, name: &[u8], new: &New) -> Result<Attr> {
         self.engine.check_live()?;
-        let mode = 0o040000 | (mode & 0o7777);
+        let mode = if new.mode & S_IFMT == 0 { new.mode | 0o100000 } else { new.mode };
+        if mode & S_IFMT == 0o120000 {
+            return Err(Error::errno(libc::EINVAL, "use symlink"));
+        }
         let m = self.engine.create_node(
             ino32(parent)?,
             name,
-            NewInode { mode, uid, gid, rdev: 0, symlink: &[] },
+            NewInode { mode, uid: new.uid, gid: new.gid, rdev: new.rdev, symlink: &[], umask: new.umask },
         )?;
         Ok(self.attr(&m))
     }
@@ -336,7 +387,7 @@ impl Fs {
         let m = self.engine.create_node(
             ino32(parent)?,
             name,
-            NewInode { mode: 0o120777, uid, gid, rdev: 0, symlink: target },
+            NewInode { mode: 0o120777, uid, gid, rdev: 0, symlink: target, umask: 0 },
         )?;
         Ok(self.attr(&m))
     }
@@ -404,6 +455,13 @@ impl Fs {
         self.engine.write_at(ino32(ino)?, off, data)
     }
 
+    /// [`Fs::write_at`] by `caller`, who first loses what a write takes (see [`crate::perm`]):
+    /// no one sees the new bytes with the old set-ID bits.
+    pub fn write_at_as(&self, ino: Ino, off: u64, data: &[u8], caller: &dyn Caller) -> Result<usize> {
+        let m = self.mnode(ino)?;
+        self.engine.write_mnode_as(&m, off, data, caller)
+    }
+
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
         self.engine.check_live()?;
         self.engine.truncate(ino32(ino)?, size)
@@ -412,6 +470,16 @@ impl Fs {
     /// fallocate(2): mode 0, [`FALLOC_FL_KEEP_SIZE`], or punch hole (with keep size).
     pub fn fallocate(&self, ino: Ino, mode: i32, off: u64, len: u64) -> Result<()> {
         self.engine.check_live()?;
+        self.engine.fallocate(ino32(ino)?, mode, off, len)
+    }
+
+    /// [`Fs::fallocate`] by `caller`, who first loses what a write takes (any mode: the VFS
+    /// treats an allocation, a punch and a zeroing alike).
+    pub fn fallocate_as(&self, ino: Ino, mode: i32, off: u64, len: u64, caller: &dyn Caller) -> Result<()> {
+        let m = self.mnode(ino)?;
+        if m.pages().is_some() {
+            self.engine.drop_privs(&m, crate::perm::Change::Data, caller)?;
+        }
         self.engine.fallocate(ino32(ino)?, mode, off, len)
     }
 
@@ -522,9 +590,25 @@ impl Fs {
     }
 
     /// `flags`: 0, [`XATTR_CREATE`] or [`XATTR_REPLACE`].
+    /// An ACL (`system.posix_acl_access` or `_default`) must be valid; the access ACL then sets
+    /// the mode's permission bits (see [`crate::acl`]).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.setxattr(ino32(ino)?, name, value, flags)
+        self.engine.setxattr(ino32(ino)?, name, value, flags, &Privileged)
+    }
+
+    /// [`Fs::setxattr`] by `caller`: an access ACL drops set-group-ID unless the caller is in
+    /// the file's group or privileged.
+    pub fn setxattr_as(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        caller: &dyn Caller,
+    ) -> Result<()> {
+        self.engine.check_live()?;
+        self.engine.setxattr(ino32(ino)?, name, value, flags, caller)
     }
 
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {

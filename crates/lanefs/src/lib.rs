@@ -5,6 +5,7 @@
 //!
 //! - [`device`]: block I/O on an image file or block device (io_uring or vectored sync I/O).
 
+pub mod acl;
 pub mod checkpoint;
 pub mod crashtest;
 pub mod device;
@@ -25,6 +26,7 @@ pub mod mkfs;
 pub mod nat;
 pub mod node;
 pub mod oplog;
+pub mod perm;
 pub mod pmem;
 pub mod recovery;
 pub mod seg;
@@ -32,6 +34,6 @@ pub mod sync;
 
 pub use error::{Error, Result};
 pub use fs::{
-    Attr, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, IoStats, Listing, MkfsOptions, SetAttr, StatFs,
-    TrimRange, ROOT,
+    Attr, Caller, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, IoStats, Listing, MkfsOptions, New,
+    Privileged, SetAttr, StatFs, TrimRange, ROOT,
 };

@@ -8,12 +8,14 @@
 //! - [`pages`]: file pages in per-file sparse, sharded maps with copy-on-write snapshots.
 //! - [`mnode`]: the in-memory inode.
 //! - [`ops`]: the operations themselves.
+//! - [`perm`]: privileges a change drops, ACL inheritance and the mode kept in step with ACLs.
 
 pub mod cells;
 pub mod dir;
 pub mod mnode;
 pub mod ops;
 pub mod pages;
+pub mod perm;
 pub mod range_lock;
 
 pub use cells::Cells;

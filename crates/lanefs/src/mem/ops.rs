@@ -17,6 +17,7 @@ use crate::format::tree::MAX_FILE_BLOCKS;
 use crate::fsck::dtype_of;
 use crate::journal::{InodeAttr, Record};
 use crate::oplog::dirlog::LoggedOp;
+use crate::perm::{Caller, Change};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -65,11 +66,15 @@ fn refuse_new_name(
 
 /// What a new inode is.
 pub struct NewInode<'a> {
+    /// Type and permission bits, as asked for: the parent's default ACL or else `umask` masks
+    /// them.
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
     pub rdev: u64,
     pub symlink: &'a [u8],
+    /// The creating process's umask (0: none).
+    pub umask: u32,
 }
 
 impl MNode {
@@ -134,11 +139,15 @@ impl Engine {
         if dir.map.lookup(name).is_some() {
             return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name)));
         }
+        // Its ACLs go in with it, before its name is visible.
+        let (mode, xattrs) = self.inherit(&d, new.mode, new.umask)?;
         let (_, cpu) = self.lane();
         let ino = self.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
         let t = now();
+        let inherited = !xattrs.is_empty();
+        let logged_xattrs = xattrs.clone();
         let meta = Meta {
-            mode: new.mode,
+            mode,
             uid: new.uid,
             gid: new.gid,
             nlink: if ftype == S_IFDIR { 2 } else { 1 },
@@ -147,9 +156,9 @@ impl Engine {
             rdev: new.rdev,
             flags: 0,
             generation: 0,
-            xattrs: Vec::new(),
-            xattrs_dirty: false,
-            xattrs_cp_dirty: false,
+            xattrs,
+            xattrs_dirty: inherited,
+            xattrs_cp_dirty: inherited,
             symlink: new.symlink.to_vec(),
         };
         let size = if ftype == S_IFLNK { new.symlink.len() as u64 } else { 0 };
@@ -160,7 +169,7 @@ impl Engine {
         }
         let attr = m.attr_record(&m.meta.lock());
         let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
-        let dtype = dtype_of(new.mode);
+        let dtype = dtype_of(mode);
         let r = dir.map.update(name, |old| {
             if let Some(refused) = refuse_new_name(dir, name, old) {
                 return refused;
@@ -177,7 +186,15 @@ impl Engine {
             };
             // Counted before it is visible in the log, so a flush never uncounts it first.
             m.note_pending(parent, 1);
-            dir.log.push(LoggedOp::new(rec));
+            if inherited {
+                // Its ACLs go with its name: an fsync of the directory alone makes the name
+                // durable, and the name without the ACL would give the owning group the mask's
+                // rights, which the mode's group bits show.
+                let acls = Record::Xattrs { stamp, ino, attrs: logged_xattrs.clone() };
+                dir.log.push_all([LoggedOp::new(rec), LoggedOp::new(acls)]);
+            } else {
+                dir.log.push(LoggedOp::new(rec));
+            }
             drop(op);
             (Some((ino, dtype)), Ok(()))
         });
@@ -799,7 +816,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Changes attributes; `size` truncates or extends.
+    /// Changes attributes; `size` truncates or extends. A mode change rewrites the access ACL
+    /// to match. With a `caller`, a size change and a chown first drop the privileges they
+    /// take from it (`crate::perm`); without one, nothing is dropped.
     #[allow(clippy::too_many_arguments)]
     pub fn setattr(
         &self,
@@ -811,20 +830,33 @@ impl Engine {
         atime: Option<Timespec>,
         mtime: Option<Timespec>,
         ctime: Option<Timespec>,
+        caller: Option<&dyn Caller>,
     ) -> Result<Arc<MNode>> {
         self.check_writable()?;
-        let _g = self.pass.shared();
-        let m = self.mnode(ino)?;
-        if let Some(s) = size {
-            if m.is_dir() {
-                return Err(Error::errno(libc::EISDIR, "truncate of a directory"));
+        let m = {
+            let _g = self.pass.shared();
+            self.mnode(ino)?
+        };
+        if size.is_some() && m.is_dir() {
+            return Err(Error::errno(libc::EISDIR, "truncate of a directory"));
+        }
+        if let Some(c) = caller {
+            if size.is_some() {
+                self.drop_privs(&m, Change::Data, c)?;
             }
+            if uid.is_some() || gid.is_some() {
+                self.drop_privs(&m, Change::Owner, c)?;
+            }
+        }
+        let _g = self.pass.shared();
+        if let Some(s) = size {
             self.truncate_locked(&m, s)?;
         }
         {
             let mut meta = m.meta.lock();
             if let Some(md) = mode {
                 meta.mode = (meta.mode & S_IFMT) | (md & 0o7777);
+                super::perm::chmod_acl(&mut meta);
             }
             if let Some(u) = uid {
                 meta.uid = u;
@@ -862,7 +894,16 @@ impl Engine {
         Ok(names)
     }
 
-    pub fn setxattr(&self, ino: u32, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+    /// Sets xattr `name`; an ACL (`crate::acl`) is validated and kept in step with the mode,
+    /// and `caller` decides whether an access ACL leaves set-group-ID.
+    pub fn setxattr(
+        &self,
+        ino: u32,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        caller: &dyn Caller,
+    ) -> Result<()> {
         self.check_writable()?;
         self.admit(2)?;
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
@@ -870,6 +911,13 @@ impl Engine {
         }
         if value.len() > XATTR_SIZE_MAX {
             return Err(Error::errno(libc::E2BIG, "xattr value too large"));
+        }
+        if name == crate::acl::ACCESS || name == crate::acl::DEFAULT {
+            let m = {
+                let _g = self.pass.shared();
+                self.mnode(ino)?
+            };
+            return self.set_acl(&m, name, value, caller);
         }
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
@@ -903,11 +951,13 @@ impl Engine {
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
         let mut meta = m.meta.lock();
-        let pos = meta
-            .xattrs
-            .iter()
-            .position(|(n, _)| n == name)
-            .ok_or_else(|| Error::errno(libc::ENODATA, String::from_utf8_lossy(name)))?;
+        let pos = meta.xattrs.iter().position(|(n, _)| n == name);
+        let pos = match pos {
+            Some(p) => p,
+            // Removing an ACL there is not is no error (as ext4).
+            None if name == crate::acl::ACCESS || name == crate::acl::DEFAULT => return Ok(()),
+            None => return Err(Error::errno(libc::ENODATA, String::from_utf8_lossy(name))),
+        };
         meta.xattrs.remove(pos);
         meta.xattrs_dirty = true;
         meta.xattrs_cp_dirty = true;

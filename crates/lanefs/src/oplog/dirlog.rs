@@ -107,6 +107,12 @@ impl DirLog {
         self.shards.current().lock().ops.push(op);
     }
 
+    /// Appends the records of one operation, which share its stamp: in one shard, so that every
+    /// listing (and so replay) keeps them in this order.
+    pub fn push_all(&self, ops: impl IntoIterator<Item = Arc<LoggedOp>>) {
+        self.shards.current().lock().ops.extend(ops);
+    }
+
     /// Records not yet journaled, in no particular order.
     pub fn unjournaled(&self) -> Vec<Arc<LoggedOp>> {
         let mut out = Vec::new();
