@@ -8,6 +8,7 @@
 //! - [`pages`]: file pages in per-file sparse, sharded maps with copy-on-write snapshots.
 //! - [`mnode`]: the in-memory inode.
 //! - [`ops`]: the operations themselves.
+//! - [`xattr`]: an inode's extended attributes.
 
 pub mod cells;
 pub mod dir;
@@ -15,6 +16,7 @@ pub mod mnode;
 pub mod ops;
 pub mod pages;
 pub mod range_lock;
+pub mod xattr;
 
 pub use cells::Cells;
 pub use range_lock::{LockMode, RangeGuard, RangeLock};
