@@ -408,6 +408,8 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
                            "clean_unmount": info.clean_unmount, "other_pack": info.other_pack, "orphans": info.orphans},
             "segments": {"free": info.usage.free, "active": info.usage.active, "dirty": info.usage.dirty,
                          "valid_blocks": info.usage.valid_blocks},
+            "valid_blocks_by_kind": {"data": info.usage.kinds.data, "node": info.usage.kinds.node,
+                                     "xattr": info.usage.kinds.xattr, "other": info.usage.kinds.other},
             "free_bytes": info.free_bytes,
             "bytes_written": {"user": info.user_bytes_written, "gc": info.gc_bytes_written, "checkpoint": info.cp_bytes_written},
             "write_amplification": write_amplification(&info),
@@ -460,6 +462,15 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
         g.reserved_segments
     );
     say!(out, "space         {} valid blocks, {} free", info.usage.valid_blocks, size::show(info.free_bytes));
+    let k = &info.usage.kinds;
+    say!(
+        out,
+        "valid blocks  {} data, {} node, {} xattr{}",
+        k.data,
+        k.node,
+        k.xattr,
+        if k.other > 0 { format!(", {} unsummarised (run fsck)", k.other) } else { String::new() }
+    );
     say!(
         out,
         "written       {} by users, {} by the file system, {} by cleaning; write amplification {}",

@@ -1157,3 +1157,121 @@ fn o_sync_direct_writes_are_durable_once_acknowledged() {
     m.umount();
     fsck_clean(&img);
 }
+
+/// The value of xattr `i` in the xattr test: eight of 64 KiB (the kernel's XATTR_SIZE_MAX),
+/// the rest from empty to a few KiB.
+fn xattr_value(i: usize, round: u64) -> Vec<u8> {
+    let len = if i % 250 == 7 { 65_536 } else { [0, 3, 16, 90, 700, 2500][i % 6] };
+    data(round * 100_000 + i as u64, len)
+}
+
+/// Every (name, value) of `p` through listxattr(2) and getxattr(2), with the size probes a
+/// program makes: a call with no buffer for the length, then a buffer of exactly that size (and
+/// one byte less, which must be ERANGE).
+fn xattrs_probed(p: &Path) -> BTreeMap<String, Vec<u8>> {
+    let size = rustix::fs::listxattr_query(p).expect("listxattr size");
+    let mut names = vec![0u8; size];
+    if size > 0 {
+        let mut short = vec![0u8; size - 1];
+        assert_eq!(rustix::fs::listxattr(p, &mut short), Err(rustix::io::Errno::RANGE), "short list buffer");
+    }
+    assert_eq!(rustix::fs::listxattr(p, &mut names).expect("listxattr"), size);
+    names
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|name| {
+            let name = String::from_utf8(name.to_vec()).unwrap();
+            let len = rustix::fs::getxattr_query(p, name.as_str()).expect("getxattr size");
+            let mut v = vec![0u8; len];
+            if len > 0 {
+                let mut short = vec![0u8; len - 1];
+                assert_eq!(rustix::fs::getxattr(p, name.as_str(), &mut short), Err(rustix::io::Errno::RANGE));
+            }
+            assert_eq!(rustix::fs::getxattr(p, name.as_str(), &mut v).expect("getxattr"), len);
+            (name, v)
+        })
+        .collect()
+}
+
+/// Compares two xattr sets, naming the first difference (never printing megabytes of values).
+fn same_xattrs(got: &BTreeMap<String, Vec<u8>>, want: &BTreeMap<String, Vec<u8>>, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: number of xattrs");
+    for ((gn, gv), (wn, wv)) in got.iter().zip(want) {
+        assert_eq!(gn, wn, "{what}: names");
+        assert!(gv == wv, "{what}: {gn} holds {} bytes, want {} (or other bytes)", gv.len(), wv.len());
+    }
+}
+
+#[test]
+fn two_thousand_xattrs_and_64k_values_through_the_mount_survive_remount() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let f = m.mp.join("f");
+    fs::write(&f, b"data").unwrap();
+    let d = m.mp.join("d");
+    fs::create_dir(&d).unwrap();
+    let mut want: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for i in 0..2000 {
+        let (name, v) = (format!("user.attribute_{i:04}"), xattr_value(i, 0));
+        rustix::fs::setxattr(&f, name.as_str(), &v, rustix::fs::XattrFlags::CREATE).unwrap();
+        want.insert(name, v);
+    }
+    assert_eq!(want.values().filter(|v| v.len() == 65_536).count(), 8);
+    for i in 0..200 {
+        rustix::fs::setxattr(
+            &d,
+            format!("user.dir_{i}").as_str(),
+            &xattr_value(i, 5),
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+    }
+    // What the kernel and lanefs answer at the edges.
+    let too_big = vec![0u8; 65_537];
+    assert_eq!(
+        rustix::fs::setxattr(&f, "user.too_big", &too_big, rustix::fs::XattrFlags::empty()),
+        Err(rustix::io::Errno::TOOBIG)
+    );
+    assert_eq!(
+        rustix::fs::setxattr(&f, "user.attribute_0001", b"x", rustix::fs::XattrFlags::CREATE),
+        Err(rustix::io::Errno::EXIST)
+    );
+    assert_eq!(
+        rustix::fs::setxattr(&f, "user.none", b"x", rustix::fs::XattrFlags::REPLACE),
+        Err(rustix::io::Errno::NODATA)
+    );
+    same_xattrs(&xattrs_probed(&f), &want, "after setting");
+    // Replace a third (with other sizes), remove a quarter, fsync.
+    for i in (0..2000).step_by(3) {
+        let (name, v) = (format!("user.attribute_{i:04}"), xattr_value(i + 1, 1));
+        rustix::fs::setxattr(&f, name.as_str(), &v, rustix::fs::XattrFlags::REPLACE).unwrap();
+        want.insert(name, v);
+    }
+    for i in (1..2000).step_by(4) {
+        let name = format!("user.attribute_{i:04}");
+        rustix::fs::removexattr(&f, name.as_str()).unwrap();
+        want.remove(&name);
+    }
+    File::open(&f).unwrap().sync_all().unwrap();
+    same_xattrs(&xattrs_probed(&f), &want, "after changes");
+    m.umount();
+    fsck_clean(&img);
+    let (code, out, err) = lanefs(&[os("inspect"), img.as_os_str()]);
+    assert_eq!(code, Some(0), "inspect: {err}");
+    let line = out.lines().find(|l| l.starts_with("valid blocks")).expect("inspect shows the blocks by kind");
+    let xattr_blocks: u64 =
+        line.split(", ").find_map(|w| w.strip_suffix(" xattr")?.parse().ok()).expect(line);
+    assert!(xattr_blocks > 100, "the set's stream lives in xattr blocks: {line}");
+
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let f = m.mp.join("f");
+    same_xattrs(&xattrs_probed(&f), &want, "after remount");
+    assert_eq!(xattrs_probed(&m.mp.join("d")).len(), 200);
+    assert_eq!(fs::read(&f).unwrap(), b"data");
+    fs::remove_file(&f).unwrap();
+    m.umount();
+    fsck_clean(&img);
+}

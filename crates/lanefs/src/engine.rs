@@ -12,17 +12,20 @@ use crate::error::{Error, Result};
 use crate::format::dentry::DentryBlock;
 use crate::format::layout::{Geometry, LogType};
 use crate::format::node::Timespec;
+use crate::format::tree::XATTR_NODE_OFS;
+use crate::format::xattr::{self, XattrNode};
 use crate::format::Checkpoint;
 use crate::journal::{ChainWriter, Stamp};
-use crate::mem::mnode::{DiskState, MNode, Meta, S_IFDIR, S_IFLNK};
+use crate::mem::mnode::{DiskState, MNode, Meta, XattrDisk, S_IFDIR, S_IFLNK};
 use crate::mem::pages::CacheStats;
+use crate::mem::xattr::{XattrSet, XattrState};
 use crate::mem::Cells;
 use crate::nat::NatTable;
 use crate::oplog::{InFlight, Timestamp};
 use crate::seg::{LaneSet, SegmentTable};
 use crate::sync::rank::{Condvar, Mutex, Rank, RwLock};
 use crate::sync::{current_cpu, PassSem, PerCpu, PerCpuCounter};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -212,6 +215,9 @@ pub struct Engine {
     pub(crate) deleted_inodes: PerCpuCounter,
     /// Inodes that joined the dirty set since the last checkpoint snapshot.
     pub(crate) dirty_inodes: PerCpuCounter,
+    /// Xattr blocks the next checkpoint will write for the sets changed since the last one
+    /// (`XattrState::owed`, summed): space admitted but not yet taken.
+    pub(crate) xattr_owed: AtomicI64,
     /// Set after a failed checkpoint: the in-memory state no longer matches what can be made
     /// durable, so every further change is refused (like ext4's errors=remount-ro).
     pub(crate) failed: AtomicBool,
@@ -365,6 +371,7 @@ impl Engine {
             return Err(Error::errno(libc::ENOENT, format!("inode {ino}")));
         }
         let (inode, map, tree) = crate::node::read_inode(&*self.dev, &self.g, &self.nat, ino)?;
+        let (xattrs, xattr_disk) = self.read_xattrs(ino, inode.xattr_nid)?;
         let meta = Meta {
             mode: inode.mode,
             uid: inode.uid,
@@ -375,16 +382,14 @@ impl Engine {
             rdev: inode.rdev,
             flags: inode.flags,
             generation: inode.generation,
-            xattrs: self.read_xattrs(ino, inode.xattr_nid)?,
-            xattrs_dirty: false,
-            xattrs_cp_dirty: false,
+            xattrs: XattrState { set: Arc::new(xattrs), ..Default::default() },
             symlink: Vec::new(),
         };
         let mut disk = DiskState {
             tree: Some(tree),
             tree_map: map.clone(),
             cur_map: map,
-            xattr_nid: inode.xattr_nid,
+            xattr: xattr_disk,
             ..Default::default()
         };
         let is_dir = inode.mode & crate::format::node::S_IFMT == S_IFDIR;
@@ -440,9 +445,10 @@ impl Engine {
         Ok(m)
     }
 
-    fn read_xattrs(&self, ino: u32, xattr_nid: u32) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    /// Reads inode `ino`'s xattrs from its xattr node (and the blocks it lists).
+    fn read_xattrs(&self, ino: u32, xattr_nid: u32) -> Result<(XattrSet, XattrDisk)> {
         if xattr_nid == 0 {
-            return Ok(Vec::new());
+            return Ok(Default::default());
         }
         let e = self.nat.get(xattr_nid);
         if e.is_free() || e.ino != ino {
@@ -452,15 +458,38 @@ impl Engine {
                 format!("xattr node {xattr_nid} of inode {ino} missing"),
             ));
         }
+        let at = Some(e.block_addr as u64);
         let mut b = vec![0u8; BLOCK_SIZE];
         self.dev.read_block(e.block_addr as u64, &mut b)?;
-        match crate::format::Node::decode(&b, &self.g, Some(e.block_addr as u64))?.body {
-            crate::format::NodeBody::Xattr(a) => Ok(a),
-            _ => Err(Error::corrupt(
+        let node = crate::format::Node::decode(&b, &self.g, at)?;
+        let f = node.footer;
+        if f.nid != xattr_nid || f.ino != ino || f.node_ofs != XATTR_NODE_OFS {
+            return Err(Error::corrupt(
                 crate::error::Structure::Node,
-                Some(e.block_addr as u64),
-                "not an xattr node",
-            )),
+                at,
+                format!(
+                    "xattr node {xattr_nid} of inode {ino}: footer names node {} of inode {}",
+                    f.nid, f.ino
+                ),
+            ));
+        }
+        let disk = XattrDisk { nid: xattr_nid, ..Default::default() };
+        match node.body {
+            crate::format::NodeBody::Xattr(XattrNode::Inline(a)) => Ok((XattrSet::from_entries(a), disk)),
+            crate::format::NodeBody::Xattr(XattrNode::Blocks { stream_len, stream_crc, addrs }) => {
+                let bufs = crate::checkpoint::read_blocks(
+                    &*self.dev,
+                    &addrs.iter().map(|&a| a as u64).collect::<Vec<_>>(),
+                )?;
+                let mut payloads = Vec::with_capacity(addrs.len());
+                for (i, (&a, blk)) in addrs.iter().zip(bufs.chunks(BLOCK_SIZE)).enumerate() {
+                    payloads.push(xattr::decode_block(blk, ino, i as u32, Some(a as u64))?);
+                }
+                let stream = xattr::join_stream(payloads, stream_len, stream_crc, at)?;
+                let set = XattrSet::from_entries(xattr::decode_stream(&stream, at)?);
+                Ok((set, XattrDisk { blocks: addrs, stream, ..disk }))
+            }
+            _ => Err(Error::corrupt(crate::error::Structure::Node, at, "not an xattr node")),
         }
     }
 
@@ -486,10 +515,12 @@ impl Engine {
     }
 
     /// Blocks the next checkpoint will need for what is dirty now: a block per dirty page,
-    /// and (generously) two per dirty inode for its node and directory blocks.
+    /// (generously) two per dirty inode for its node and directory blocks, and the blocks of
+    /// the xattr sets that changed.
     pub(crate) fn committed_blocks(&self) -> u64 {
         let pages = self.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64;
-        pages + 2 * self.dirty_inodes.sum()
+        let xattrs = self.xattr_owed.load(Ordering::Relaxed).max(0) as u64;
+        pages + xattrs + 2 * self.dirty_inodes.sum()
     }
 
     /// Admits an operation that will dirty up to `blocks` more blocks, or refuses it with

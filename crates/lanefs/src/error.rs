@@ -18,6 +18,8 @@ pub enum Structure {
     Node,
     Dentry,
     Journal,
+    /// An xattr block (the stream of a large xattr set).
+    Xattr,
     /// The persistent-memory region (`--nvm FILE`): its NAT or lane journals.
     Region,
 }
@@ -33,6 +35,7 @@ impl fmt::Display for Structure {
             Structure::Node => "node block",
             Structure::Dentry => "dentry block",
             Structure::Journal => "journal block",
+            Structure::Xattr => "xattr block",
             Structure::Region => "persistent-memory region",
         };
         f.write_str(s)

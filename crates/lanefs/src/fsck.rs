@@ -4,7 +4,9 @@
 //! and then verifies, in order:
 //!
 //! 1. every NAT entry points at a node block that decodes and names the same node and inode;
-//! 2. every node is reachable exactly once from its inode's tree, with the right kind;
+//! 2. every node is reachable exactly once from its inode's tree, with the right kind; a large
+//!    xattr set's blocks decode, belong to the inode at their index, and join into the stream
+//!    its xattr node describes (length, crc32c), which decodes to a valid set;
 //! 3. no block is owned twice (nodes and data), and every owned block lies in the main area;
 //! 4. the SIT (valid counts and bitmaps) equals the set of owned blocks, and no block past an
 //!    active log's write cursor is owned;
@@ -27,7 +29,8 @@ use crate::format::layout::{Geometry, NAT_ENTRIES_PER_BLOCK, ROOT_INO};
 use crate::format::node::{NEW_ADDR, S_IFMT};
 use crate::format::sit::SitEntry;
 use crate::format::superblock::SB_ADDRS;
-use crate::format::tree::NodePos;
+use crate::format::tree::{NodePos, XATTR_NODE_OFS};
+use crate::format::xattr::{self, XattrNode};
 use crate::format::{Checkpoint, Superblock};
 use crate::format::{Node, NodeBody, SegmentSummary, SitBlock, SummaryEntry, SummaryKind};
 use crate::pmem::journal::NvmJournal;
@@ -65,6 +68,8 @@ pub struct FsckStats {
     pub directories: u64,
     pub nodes: u64,
     pub data_blocks: u64,
+    /// Xattr blocks (the streams of xattr sets too large for their node).
+    pub xattr_blocks: u64,
 }
 
 /// The outcome of a check.
@@ -144,6 +149,8 @@ struct NodeInfo {
     children: Vec<u32>,
     data: Vec<(u16, u32)>,
     inode: Option<InodeInfo>,
+    /// An xattr node in the blocks form: (stream length, stream crc, block addresses).
+    xattr_blocks: Option<(u32, u32, Vec<u32>)>,
 }
 
 struct InodeInfo {
@@ -244,6 +251,7 @@ impl<'a> Fsck<'a> {
         let mut reached: HashSet<u32> = HashSet::new();
         let inos: Vec<u32> = nodes.iter().filter(|(_, n)| n.kind == 1).map(|(&k, _)| k).collect();
         let mut dir_blocks: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut xattr_sets = Vec::new();
         for &ino in &inos {
             reached.insert(ino);
             let mut data: Vec<(u64, u32)> = Vec::new();
@@ -271,7 +279,22 @@ impl<'a> Fsck<'a> {
                 data.sort_unstable();
                 dir_blocks.insert(ino, data.iter().map(|d| d.1).collect());
             }
+            let x = info.xattr_nid;
+            if let Some((len, crc, addrs)) =
+                nodes.get(&x).filter(|n| n.ino == ino).and_then(|n| n.xattr_blocks.clone())
+            {
+                for (i, &a) in addrs.iter().enumerate() {
+                    self.own(
+                        &mut owners,
+                        a,
+                        SummaryEntry { kind: SummaryKind::Xattr, nid: ino, ofs: i as u32 },
+                    );
+                }
+                self.report.stats.xattr_blocks += addrs.len() as u64;
+                xattr_sets.push((ino, x, len, crc, addrs));
+            }
         }
+        self.check_xattr_blocks(&xattr_sets)?;
         for (&nid, n) in &nodes {
             if !reached.contains(&nid) {
                 self.problem(
@@ -532,6 +555,7 @@ impl<'a> Fsck<'a> {
                     nids: i.nids,
                     xattr_nid: i.xattr_nid,
                 }),
+                xattr_blocks: None,
             },
             NodeBody::Direct(v) => NodeInfo {
                 kind: 2,
@@ -540,6 +564,7 @@ impl<'a> Fsck<'a> {
                 children: Vec::new(),
                 data: nz(&v),
                 inode: None,
+                xattr_blocks: None,
             },
             NodeBody::Indirect(v) => NodeInfo {
                 kind: 3,
@@ -548,14 +573,21 @@ impl<'a> Fsck<'a> {
                 children: v,
                 data: Vec::new(),
                 inode: None,
+                xattr_blocks: None,
             },
-            NodeBody::Xattr(_) => NodeInfo {
+            NodeBody::Xattr(x) => NodeInfo {
                 kind: 4,
                 ino: node.footer.ino,
                 node_ofs: node.footer.node_ofs,
                 children: Vec::new(),
                 data: Vec::new(),
                 inode: None,
+                xattr_blocks: match x {
+                    XattrNode::Inline(_) => None,
+                    XattrNode::Blocks { stream_len, stream_crc, addrs } => {
+                        Some((stream_len, stream_crc, addrs))
+                    }
+                },
             },
         }
     }
@@ -635,7 +667,7 @@ impl<'a> Fsck<'a> {
         }
         if inode.xattr_nid != 0 {
             match nodes.get(&inode.xattr_nid) {
-                Some(n) if n.kind == 4 && n.ino == ino => {
+                Some(n) if n.kind == 4 && n.ino == ino && n.node_ofs == XATTR_NODE_OFS => {
                     reached.insert(inode.xattr_nid);
                 }
                 _ => self.problem(
@@ -645,6 +677,27 @@ impl<'a> Fsck<'a> {
                 ),
             }
         }
+    }
+
+    /// Reads the blocks of each xattr set in the blocks form, (inode, xattr node, stream
+    /// length, stream crc, blocks), and checks that they make a valid set.
+    fn check_xattr_blocks(&mut self, sets: &[(u32, u32, u32, u32, Vec<u32>)]) -> Result<()> {
+        for (k, (ino, nid, len, crc, addrs)) in sets.iter().enumerate() {
+            (self.progress)("xattrs", k as u64, sets.len() as u64);
+            let bufs = read_blocks(self.dev, &addrs.iter().map(|&a| a as u64).collect::<Vec<_>>())?;
+            let checked = (|| {
+                let mut payloads = Vec::with_capacity(addrs.len());
+                for (i, (&a, b)) in addrs.iter().zip(bufs.chunks(BLOCK_SIZE)).enumerate() {
+                    payloads.push(xattr::decode_block(b, *ino, i as u32, Some(a as u64))?);
+                }
+                let stream = xattr::join_stream(payloads, *len, *crc, None)?;
+                xattr::decode_stream(&stream, None)
+            })();
+            if let Err(e) = checked {
+                self.problem(Structure::Xattr, format!("inode {ino}: xattr node {nid}: {e}"), false);
+            }
+        }
+        Ok(())
     }
 
     fn check_namespace(

@@ -5,7 +5,7 @@
 //! of each valid block through the segment summary (SSA), and asks for that block to be moved:
 //! a data block is recorded in its inode's relocation list, a node block is marked for
 //! rewriting in its inode's tree, the inode's own node and xattr node simply by making the
-//! inode dirty. The next checkpoint then writes every such block to a new place through the
+//! inode dirty, an xattr block in the relocation list of its inode's xattr set. The next checkpoint then writes every such block to a new place through the
 //! normal write path (data to the data logs, cold; nodes to the node logs), which invalidates
 //! the old copy; the victim, now empty, becomes prefree when the checkpoint takes the SIT and
 //! free once that checkpoint is durable, as DESIGN.md requires.
@@ -210,6 +210,7 @@ impl Engine {
             let ok = match e.kind {
                 SummaryKind::Data => self.plan_data_move(e.nid, e.ofs as u64, addr as u32)?,
                 SummaryKind::Node => self.plan_node_move(e.nid, e.ofs, addr as u32)?,
+                SummaryKind::Xattr => self.plan_xattr_move(e.nid, e.ofs, addr as u32)?,
                 // Journal blocks are never valid; an unsummarised valid block is something
                 // fsck will name. Neither can be moved.
                 SummaryKind::Journal | SummaryKind::None => false,
@@ -245,7 +246,8 @@ impl Engine {
         }
         let Ok(m) = self.mnode(e.ino) else { return Ok(false) };
         if node_ofs == XATTR_NODE_OFS {
-            m.meta.lock().xattrs_cp_dirty = true;
+            // Rewritten with the set; its blocks stay where they are.
+            m.meta.lock().xattrs.cp_dirty = true;
         } else if node_ofs != 0 {
             let mut disk = m.disk.lock();
             let found = disk.tree.as_mut().is_some_and(|t| t.relocate(nid, node_ofs));
@@ -254,6 +256,22 @@ impl Engine {
             }
         }
         // The inode node itself is rewritten whenever its inode is checkpointed.
+        self.mark_dirty(&m);
+        Ok(true)
+    }
+
+    /// Xattr block `idx` of inode `ino`, at `addr`: the next checkpoint writes the set and
+    /// copies this block (and rewrites the node that lists it).
+    fn plan_xattr_move(&self, ino: u32, idx: u32, addr: u32) -> Result<bool> {
+        let Ok(m) = self.mnode(ino) else { return Ok(false) };
+        {
+            let mut disk = m.disk.lock();
+            if disk.xattr.blocks.get(idx as usize) != Some(&addr) {
+                return Ok(false);
+            }
+            disk.xattr.relocate.push((idx, addr));
+        }
+        m.meta.lock().xattrs.cp_dirty = true;
         self.mark_dirty(&m);
         Ok(true)
     }

@@ -1,10 +1,12 @@
-//! inspect: describe an image — geometry, checkpoint, segment usage, lanes, free space.
+//! inspect: describe an image — geometry, checkpoint, segment usage (and what the valid blocks
+//! hold, from the segment summaries), lanes, free space.
 
 use crate::checkpoint;
 use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::format::checkpoint::{LogCursor, CP_FLAG_CLEAN, CP_FLAG_NVM_NAT};
 use crate::format::layout::{Geometry, LogType, BLOCK_SIZE, LOG_TYPES};
+use crate::format::ssa::SummaryKind;
 use crate::pmem::journal::NvmJournal;
 use crate::pmem::nat::NvmNat;
 use crate::pmem::{PmemRegion, RegionOptions};
@@ -20,6 +22,21 @@ pub struct SegmentUsage {
     pub dirty: u32,
     /// Valid blocks in the whole main area.
     pub valid_blocks: u64,
+    /// The valid blocks by what the segment summaries say they hold.
+    pub kinds: BlockKinds,
+}
+
+/// Valid blocks by kind (`SummaryKind`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockKinds {
+    pub data: u64,
+    /// Inodes, direct, indirect and xattr nodes.
+    pub node: u64,
+    /// Xattr blocks: the streams of xattr sets too large for their node.
+    pub xattr: u64,
+    /// Valid blocks whose summary says journal or nothing, or whose summary does not decode
+    /// (fsck names them).
+    pub other: u64,
 }
 
 /// Everything `lanefs inspect` prints.
@@ -72,6 +89,22 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
     let mut usage = SegmentUsage::default();
     for (segno, e) in sit.iter().enumerate() {
         usage.valid_blocks += e.valid_blocks as u64;
+        if e.valid_blocks > 0 {
+            let k = &mut usage.kinds;
+            match checkpoint::read_summary(dev, &g, segno as u32) {
+                Ok(sum) => {
+                    for (_, en) in sum.entries.iter().enumerate().filter(|(off, _)| e.is_valid(*off as u32)) {
+                        match en.kind {
+                            SummaryKind::Data => k.data += 1,
+                            SummaryKind::Node => k.node += 1,
+                            SummaryKind::Xattr => k.xattr += 1,
+                            SummaryKind::Journal | SummaryKind::None => k.other += 1,
+                        }
+                    }
+                }
+                Err(_) => k.other += e.valid_blocks as u64,
+            }
+        }
         if active.contains(&(segno as u32)) {
             usage.active += 1;
         } else if e.valid_blocks == 0 {

@@ -24,6 +24,7 @@ use crate::format::{Checkpoint, Superblock};
 use crate::journal::{merge_by_stamp, read_chain, ChainRead, ChainWriter, Record, Transaction};
 use crate::mem::mnode::{ts_to_ns, MNode, Meta, S_IFDIR};
 use crate::mem::pages::CacheStats;
+use crate::mem::xattr::XattrSet;
 use crate::mem::Cells;
 use crate::nat::NatTable;
 use crate::oplog::dirlog::LoggedOp;
@@ -225,6 +226,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         logged_ops: PerCpuCounter::new(),
         deleted_inodes: PerCpuCounter::new(),
         dirty_inodes: PerCpuCounter::new(),
+        xattr_owed: Default::default(),
         failed: AtomicBool::new(false),
         failure: Mutex::new(Rank::Failure, String::new()),
         cp_kick: (Mutex::new(Rank::CpKick, false), Condvar::new()),
@@ -375,9 +377,7 @@ impl Engine {
                     rdev: attr.rdev,
                     flags: attr.flags,
                     generation: attr.generation,
-                    xattrs: Vec::new(),
-                    xattrs_dirty: false,
-                    xattrs_cp_dirty: false,
+                    xattrs: Default::default(),
                     symlink: symlink.clone(),
                 };
                 let m = MNode::new(*ino, meta, attr.size, t(attr.mtime), t(attr.ctime), &self.cache);
@@ -509,9 +509,34 @@ impl Engine {
             Record::Xattrs { ino, attrs, .. } => {
                 let Ok(m) = self.mnode(*ino) else { return Ok(()) };
                 let mut meta = m.meta.lock();
-                meta.xattrs = attrs.clone();
-                meta.xattrs_dirty = true;
-                meta.xattrs_cp_dirty = true;
+                let x = &mut meta.xattrs;
+                let old: Vec<Vec<u8>> = x.set.names().map(<[u8]>::to_vec).collect();
+                x.set = Arc::new(XattrSet::from_entries(attrs.clone()));
+                for n in old.iter().chain(attrs.iter().map(|(n, _)| n)) {
+                    self.xattr_changed(x, n);
+                }
+                drop(meta);
+                self.mark_dirty(&m);
+            }
+            // Not checked against the per-inode limit: within one transaction the records come
+            // in name order, not in the order the changes were made, so a set may pass through
+            // a larger size than it ever had; after the whole transaction it is the set the
+            // fsync saw.
+            Record::SetXattr { ino, name, value, .. } => {
+                let Ok(m) = self.mnode(*ino) else { return Ok(()) };
+                let mut meta = m.meta.lock();
+                let x = &mut meta.xattrs;
+                Arc::make_mut(&mut x.set).set(name, value.clone());
+                self.xattr_changed(x, name);
+                drop(meta);
+                self.mark_dirty(&m);
+            }
+            Record::RemoveXattr { ino, name, .. } => {
+                let Ok(m) = self.mnode(*ino) else { return Ok(()) };
+                let mut meta = m.meta.lock();
+                let x = &mut meta.xattrs;
+                Arc::make_mut(&mut x.set).remove(name);
+                self.xattr_changed(x, name);
                 drop(meta);
                 self.mark_dirty(&m);
             }

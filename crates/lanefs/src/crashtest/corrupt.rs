@@ -2,8 +2,8 @@
 //!
 //! Two reference images are built — one cleanly unmounted, one left by a crash with journal
 //! records to roll forward — and every metadata block is classified by its magic: superblock,
-//! checkpoint pack, NAT, SIT, SSA, node (live ones: those the NAT names), dentry and journal
-//! blocks. A deterministic sweep then damages chosen blocks of each kind: zeroed, filled with
+//! checkpoint pack, NAT, SIT, SSA, node (live ones: those the NAT names), dentry, journal and
+//! xattr blocks. A deterministic sweep then damages chosen blocks of each kind: zeroed, filled with
 //! garbage, one bit flipped (the checksum catches it), and single 32-bit fields set to extreme
 //! values *with the checksum recomputed*, so that the decoders' bounds checks are what is
 //! tested. Truncated images and (in full mode) random damage to random metadata blocks follow.
@@ -46,10 +46,11 @@ pub enum Target {
     Node,
     Dentry,
     Journal,
+    Xattr,
 }
 
 impl Target {
-    pub const ALL: [Target; 8] = [
+    pub const ALL: [Target; 9] = [
         Target::Superblock,
         Target::Checkpoint,
         Target::Nat,
@@ -58,6 +59,7 @@ impl Target {
         Target::Node,
         Target::Dentry,
         Target::Journal,
+        Target::Xattr,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -69,6 +71,7 @@ impl Target {
             Target::Node => "node",
             Target::Dentry => "dentry",
             Target::Journal => "journal",
+            Target::Xattr => "xattr",
         }
     }
 }
@@ -104,11 +107,13 @@ pub struct Reference {
 }
 
 /// The operations of the reference images: directories, files with data (one past the
-/// inode's direct addresses, so it has a direct node), hard links, xattrs.
+/// inode's direct addresses, so it has a direct node), hard links, xattrs (a set too large for
+/// its node, in xattr blocks, too).
 pub(crate) const REFERENCE_OPS: &str = "mkdir /A/D; create /A/D/x; write /A/D/x 0 9000 5; create /big; \
     write /big 0 4096 6; write /big 4194304 8192 7; link /A/foo /B/foo2; setxattr /A/foo user.q 40 8; \
-    create /B/e; rename /B/e /A/e; sync; create /j1; write /j1 0 6000 9; fsync /j1; mkdir /J; \
-    create /J/k; write /J/k 100 3000 10; fsync /J/k; rename /A/bar /J/bar; fsync /J; \
+    create /B/e; rename /B/e /A/e; setxattr /A/e user.big 9000 3; setxattr /A/e user.big2 300 4; \
+    sync; create /j1; write /j1 0 6000 9; fsync /j1; mkdir /J; create /J/k; write /J/k 100 3000 10; \
+    setxattr /J/k user.j 20000 5; fsync /J/k; rename /A/bar /J/bar; fsync /J; \
     truncate /foo 100; fsync /foo";
 
 /// The classified blocks of an image, its size in blocks and its main area's start.
@@ -136,6 +141,7 @@ fn classify(image: &[u8]) -> Result<Classified, String> {
             b"LNSS" => Some(Target::Ssa),
             b"LNDE" => Some(Target::Dentry),
             b"LNJR" => Some(Target::Journal),
+            b"LNXA" => Some(Target::Xattr),
             _ if &magic(b, FOOTER_AT) == b"LNND" && live_nodes.contains(&a) => Some(Target::Node),
             _ => None,
         };
@@ -252,7 +258,7 @@ fn field_offsets(t: Target, quick: bool) -> Vec<usize> {
         // The footer (node id, inode, offset, checkpoint version, ...).
         v.extend((FOOTER_AT..BLOCK_SIZE - 4).step_by(4).filter(|&o| o != FOOTER_AT + 4));
     }
-    if t == Target::Dentry || t == Target::Checkpoint || t == Target::Journal {
+    if t == Target::Dentry || t == Target::Checkpoint || t == Target::Journal || t == Target::Xattr {
         v.extend((512..BLOCK_SIZE).step_by(if quick { 500 } else { 124 }));
     }
     v
@@ -522,6 +528,12 @@ pub fn fuzz_decoders(data: &[u8]) {
                 let _ = crate::journal::Transaction::decode(j.payload.get(4..).unwrap_or(&[]));
             }
             let _ = crate::journal::Transaction::decode(&data[2.min(data.len())..]);
+        }
+        Target::Xattr => {
+            let index = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
+            if let Ok(p) = xattr::decode_block(&b, header_a, index, at) {
+                let _ = xattr::decode_stream(p, at);
+            }
         }
     }
 }

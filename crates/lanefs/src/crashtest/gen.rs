@@ -198,11 +198,13 @@ fn ace_core_ops(m: &Model, tag: u8) -> Vec<(Op, Vec<String>)> {
             }
         }
         out.push((Op::Unlink(p.clone()), vec![p.clone()]));
-        for (name, len) in [("user.x", 16), ("user.y", 200)] {
+        // user.y does not fit an xattr node: setting it moves the set to xattr blocks, and
+        // removing it brings the set back inline.
+        for (name, len) in [("user.x", 16), ("user.y", 9000)] {
             out.push((Op::SetXattr { path: p.clone(), name: name.into(), len, tag }, vec![p.clone()]));
-        }
-        if m.xattrs.contains(&(p.clone(), "user.x".into())) {
-            out.push((Op::RemoveXattr { path: p.clone(), name: "user.x".into() }, vec![p.clone()]));
+            if m.xattrs.contains(&(p.clone(), name.into())) {
+                out.push((Op::RemoveXattr { path: p.clone(), name: name.into() }, vec![p.clone()]));
+            }
         }
     }
     for d in ACE_DIRS {
@@ -352,7 +354,9 @@ fn random_op(m: &Model, rng: &mut Rng, root: &str, tag: u8) -> Option<Op> {
         65..=67 => Op::SetXattr {
             path: file(rng)?,
             name: format!("user.{}", rng.below(3)),
-            len: 1 + rng.below(300) as u32,
+            // Now and then a value too large for an xattr node, up to XATTR_SIZE_MAX: the set
+            // goes to xattr blocks.
+            len: if rng.below(6) == 0 { 4000 + rng.below(61_537) as u32 } else { 1 + rng.below(300) as u32 },
             tag,
         },
         68 => {

@@ -21,14 +21,15 @@
 
 use crate::checkpoint::{commit, CommitSet};
 use crate::engine::{Engine, WriteKind, JOURNAL_LOG};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::checkpoint::{LaneCheckpoint, CP_FLAG_CLEAN};
-use crate::format::node::{Inode, NodeBody, NodeFooter, INODE_ADDRS, INODE_NIDS, NEW_ADDR};
+use crate::format::node::{Inode, NodeBody, NodeFooter, BODY_LEN, INODE_ADDRS, INODE_NIDS, NEW_ADDR};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::format::tree::XATTR_NODE_OFS;
+use crate::format::xattr::{self, XattrNode, MAX_XATTR_STREAM, XATTR_PAYLOAD};
 use crate::format::LogType;
 use crate::journal::{ChainPos, Record};
-use crate::mem::mnode::{DiskState, MNode, Meta, S_IFLNK};
+use crate::mem::mnode::{DiskState, MNode, Meta, XattrDisk, S_IFLNK};
 use crate::mem::pages::{PageBuf, PAGE_SIZE};
 use crate::node::{BlockMap, InodeTree, NodeWriter};
 use std::sync::atomic::Ordering;
@@ -138,12 +139,17 @@ impl Engine {
             m.captured_by.store(seq, Ordering::Release);
             let (meta, xattrs_changed) = {
                 let mut meta = m.meta.lock();
+                // Whatever is pending is this checkpoint's now: the xattrs it writes (their
+                // blocks no longer owed) and those an fsync would journal.
+                self.xattr_settled(&mut meta.xattrs);
+                meta.xattrs.unjournaled.clear();
                 if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
                     drop(meta);
                     deleted.push(m);
                     continue;
                 }
-                let xattrs_changed = std::mem::take(&mut meta.xattrs_cp_dirty);
+                let xattrs_changed = std::mem::take(&mut meta.xattrs.cp_dirty);
+                // Cheap: the xattr set is shared, not copied.
                 (meta.clone(), xattrs_changed)
             };
             // The checkpoint makes whatever is pending durable by itself.
@@ -518,7 +524,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes the xattr node when the set changed; returns the inode naming it.
+    /// Writes the xattr node when the set changed (or the cleaner moves its blocks); returns
+    /// the inode naming it. A set that fits goes inline in the node; a larger one goes to xattr
+    /// blocks as a stream, and only the blocks whose bytes changed (or that the cleaner moves)
+    /// are written again: appending names or replacing a value in place costs a block or two.
     fn write_xattrs(
         &self,
         w: &NodeWriter,
@@ -528,21 +537,54 @@ impl Engine {
         s: &InodeSnap,
         writes: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<Inode> {
-        let old_nid = disk.xattr_nid;
         if !s.xattrs_changed {
-            inode.xattr_nid = old_nid;
+            inode.xattr_nid = disk.xattr.nid;
             return Ok(inode);
         }
-        if old_nid != 0 {
-            let e = self.nat.get(old_nid);
-            if !e.is_free() {
-                self.table.invalidate(e.block_addr as u64)?;
+        let set = &s.meta.xattrs.set;
+        // Every value of a set that fits is shorter than the node.
+        let inline = set.inline_len() <= BODY_LEN;
+        // The new blocks (all allocated before anything is retired, as `write_inode` does).
+        let mut blocks: Vec<u32> = Vec::new();
+        let mut stream: Vec<u8> = Vec::new();
+        let mut body = XattrNode::Inline(Vec::new());
+        if !inline {
+            stream = xattr::encode_stream(set.iter());
+            if stream.len() > MAX_XATTR_STREAM {
+                // setxattr refuses this; only a journal replayed in an odd order gets here.
+                return Err(Error::InvalidArgument(format!(
+                    "inode {ino}: xattr set of {} bytes over the {MAX_XATTR_STREAM}-byte limit",
+                    stream.len()
+                )));
             }
-            self.nat.free_nid(old_nid)?;
+            let moved: std::collections::HashSet<(u32, u32)> = disk.xattr.relocate.iter().copied().collect();
+            for (i, chunk) in stream.chunks(XATTR_PAYLOAD).enumerate() {
+                let old = disk.xattr.blocks.get(i).copied();
+                let same = disk.xattr.stream.chunks(XATTR_PAYLOAD).nth(i) == Some(chunk);
+                match old {
+                    Some(a) if same && !moved.contains(&(i as u32, a)) => blocks.push(a),
+                    _ => {
+                        let owner = SummaryEntry { kind: SummaryKind::Xattr, nid: ino, ofs: i as u32 };
+                        // Cold data: out of the node logs, where the journal chains live.
+                        let a = self.lanes.alloc(w.lane, LogType::ColdData, owner, w.mtime)?;
+                        writes.push((a, xattr::encode_block(ino, i as u32, chunk)));
+                        blocks.push(a as u32);
+                    }
+                }
+            }
+            body = XattrNode::Blocks {
+                stream_len: stream.len() as u32,
+                stream_crc: crc32c::crc32c(&stream),
+                addrs: blocks.clone(),
+            };
+        } else if !set.is_empty() {
+            body = XattrNode::Inline(set.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect());
         }
-        if s.meta.xattrs.is_empty() {
-            disk.xattr_nid = 0;
-            inode.xattr_nid = 0;
+        // The old node, and the old blocks the new set does not keep.
+        let kept: std::collections::HashSet<u32> = blocks.iter().copied().collect();
+        self.retire_xattrs(std::mem::take(&mut disk.xattr), &kept)?;
+        inode.xattr_nid = 0;
+        if set.is_empty() {
             return Ok(inode);
         }
         let nid = self.nat.alloc_nid(w.cpu)?;
@@ -557,13 +599,30 @@ impl Engine {
                 lane: w.lane as u16,
                 ..Default::default()
             },
-            body: NodeBody::Xattr(s.meta.xattrs.clone()),
+            body: NodeBody::Xattr(body),
         };
         writes.push((addr, node.encode()?));
         self.nat.set(nid, crate::format::NatEntry { block_addr: addr as u32, ino });
-        disk.xattr_nid = nid;
+        disk.xattr = XattrDisk { nid, blocks, stream, relocate: Vec::new() };
         inode.xattr_nid = nid;
         Ok(inode)
+    }
+
+    /// Retires an xattr node (its block invalid, its id free) and its blocks but those in
+    /// `keep` (which the set's new node lists again).
+    fn retire_xattrs(&self, x: XattrDisk, keep: &std::collections::HashSet<u32>) -> Result<()> {
+        if x.nid != 0 {
+            let e = self.nat.get(x.nid);
+            if !e.is_free() {
+                self.table.invalidate(e.block_addr as u64)?;
+            }
+            self.nat.set(x.nid, crate::format::NatEntry::default());
+            self.nat.free_nid(x.nid)?;
+        }
+        for a in x.blocks.into_iter().filter(|a| !keep.contains(a)) {
+            self.table.invalidate(a as u64)?;
+        }
+        Ok(())
     }
 
     /// Drops a deleted inode: its nodes, its data blocks, its node ids.
@@ -587,14 +646,7 @@ impl Engine {
         }
         match disk.tree.take() {
             Some(tree) => {
-                let xnid = std::mem::take(&mut disk.xattr_nid);
-                if xnid != 0 {
-                    let e = self.nat.get(xnid);
-                    if !e.is_free() {
-                        self.table.invalidate(e.block_addr as u64)?;
-                    }
-                    self.nat.free_nid(xnid)?;
-                }
+                self.retire_xattrs(std::mem::take(&mut disk.xattr), &Default::default())?;
                 crate::node::drop_inode(w, &tree)?;
             }
             // Never checkpointed: only its reserved id to give back.

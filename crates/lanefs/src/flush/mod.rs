@@ -364,9 +364,14 @@ impl Engine {
             if undo.attr_dirty || !own_map.is_empty() || !logged.is_empty() {
                 records.push(Record::SetAttr { stamp, ino: m.ino, attr: m.attr_record(&meta) });
             }
-            undo.xattrs_dirty = std::mem::take(&mut meta.xattrs_dirty);
-            if undo.xattrs_dirty {
-                records.push(Record::Xattrs { stamp, ino: m.ino, attrs: meta.xattrs.clone() });
+            // Each xattr changed since it was last journaled, as it is now: what changed, not
+            // the whole set (which may hold megabytes).
+            undo.xattr_names = std::mem::take(&mut meta.xattrs.unjournaled);
+            for name in &undo.xattr_names {
+                records.push(match meta.xattrs.set.get(name) {
+                    Some(v) => Record::SetXattr { stamp, ino: m.ino, name: name.clone(), value: v.to_vec() },
+                    None => Record::RemoveXattr { stamp, ino: m.ino, name: name.clone() },
+                });
             }
             drop(meta);
             records.extend(Record::map_runs(m.ino, stamp, &own_map));
@@ -432,8 +437,8 @@ impl Engine {
             if undo.attr_dirty {
                 m.attr_dirty.store(true, Ordering::Release);
             }
-            if undo.xattrs_dirty {
-                m.meta.lock().xattrs_dirty = true;
+            if !undo.xattr_names.is_empty() {
+                m.meta.lock().xattrs.unjournaled.append(&mut undo.xattr_names);
             }
         }
         r
@@ -478,7 +483,7 @@ struct Undo {
     unjournaled: BTreeMap<u64, (u32, u32)>,
     truncated_from: Option<u64>,
     attr_dirty: bool,
-    xattrs_dirty: bool,
+    xattr_names: BTreeSet<Vec<u8>>,
 }
 
 /// Whether `r` involves inode `ino`, as the inode it names or as a directory it changes (then a

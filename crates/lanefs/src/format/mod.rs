@@ -16,6 +16,7 @@ pub mod sit;
 pub mod ssa;
 pub mod superblock;
 pub mod tree;
+pub mod xattr;
 
 pub use checkpoint::{Checkpoint, CopyMap, LaneCheckpoint, LogCursor};
 pub use dentry::{Dentry, DentryBlock};
@@ -26,6 +27,7 @@ pub use node::{Inode, Node, NodeBody, NodeFooter, Timespec};
 pub use sit::{SitBlock, SitEntry};
 pub use ssa::{SegmentSummary, SummaryEntry, SummaryKind};
 pub use superblock::Superblock;
+pub use xattr::XattrNode;
 
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,7 @@
 
 use super::codec::{seal, verify_seal, Dec, Enc};
 use super::layout::{Geometry, BLOCK_SIZE};
+use super::xattr::XattrNode;
 use crate::error::{Error, Result, Structure};
 
 pub const NODE_MAGIC: u32 = u32::from_le_bytes(*b"LNND");
@@ -118,8 +119,9 @@ pub enum NodeBody {
     Direct(Vec<u32>),
     /// `ADDRS_PER_NODE` child node ids.
     Indirect(Vec<u32>),
-    /// Extended attributes of one inode: (name, value) pairs.
-    Xattr(Vec<(Vec<u8>, Vec<u8>)>),
+    /// Extended attributes of one inode: the set itself, or where its stream lives
+    /// (`format::xattr`).
+    Xattr(XattrNode),
 }
 
 impl NodeBody {
@@ -140,11 +142,6 @@ pub struct Node {
     pub body: NodeBody,
 }
 
-/// Bytes an xattr set occupies in a node body (count, then name_len u8, value_len u16, bytes).
-pub fn xattr_encoded_len(attrs: &[(Vec<u8>, Vec<u8>)]) -> usize {
-    2 + attrs.iter().map(|(n, v)| 3 + n.len() + v.len()).sum::<usize>()
-}
-
 fn put_time(e: &mut Enc, t: Timespec) {
     e.i64(t.sec);
     e.u32(t.nsec);
@@ -160,7 +157,8 @@ fn get_time(d: &mut Dec) -> Result<Timespec> {
 
 impl Node {
     /// Encodes the node. Fails only for values no valid node holds (an oversized name or
-    /// xattr set), which callers check before they get here.
+    /// inline xattr set, a block list that does not match its stream), which callers check
+    /// before they get here.
     pub fn encode(&self) -> Result<Vec<u8>> {
         let mut b = vec![0u8; BLOCK_SIZE];
         let mut e = Enc::new(&mut b);
@@ -201,20 +199,7 @@ impl Node {
                     e.u32(a);
                 }
             }
-            NodeBody::Xattr(attrs) => {
-                if xattr_encoded_len(attrs) > BODY_LEN
-                    || attrs.iter().any(|(n, v)| n.is_empty() || n.len() > 255 || v.len() > u16::MAX as usize)
-                {
-                    return Err(Error::NoSpace);
-                }
-                e.u16(attrs.len() as u16);
-                for (n, v) in attrs {
-                    e.u8(n.len() as u8);
-                    e.u16(v.len() as u16);
-                    e.bytes(n);
-                    e.bytes(v);
-                }
-            }
+            NodeBody::Xattr(x) => x.encode(&mut e)?,
         }
         e.pad_to(FOOTER_AT);
         let f = &self.footer;
@@ -351,25 +336,7 @@ impl Node {
                     NodeBody::Indirect(v)
                 }
             }
-            _ => {
-                let count = d.u16()? as usize;
-                // Each entry takes at least 4 bytes, which bounds the allocation by the block.
-                if count * 4 > BODY_LEN {
-                    return Err(d.err(format!("{count} xattrs cannot fit in one node")));
-                }
-                let mut attrs = Vec::with_capacity(count);
-                for _ in 0..count {
-                    let nl = d.u8()? as usize;
-                    let vl = d.u16()? as usize;
-                    if nl == 0 {
-                        return Err(d.err("empty xattr name"));
-                    }
-                    let n = d.bytes(nl)?.to_vec();
-                    let v = d.bytes(vl)?.to_vec();
-                    attrs.push((n, v));
-                }
-                NodeBody::Xattr(attrs)
-            }
+            _ => NodeBody::Xattr(XattrNode::decode(&mut d, g)?),
         };
         Ok(Node { footer, body })
     }

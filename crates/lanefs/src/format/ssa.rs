@@ -2,9 +2,10 @@
 //!
 //! A data block is owned by its inode at a logical block index (`nid` = inode, `ofs` = index),
 //! so a block can be summarised when it is allocated, before the direct node that will point
-//! at it exists; a node block by itself (`nid`, `ofs` = its position in the inode's tree); a
-//! journal block by its lane. The cleaner reads the summary to find and move the valid blocks
-//! of a victim segment; fsck checks it against the owners it finds by walking the tree.
+//! at it exists; a node block by itself (`nid`, `ofs` = its position in the inode's tree); an
+//! xattr block by its inode at its index in the set's stream; a journal block by its lane. The
+//! cleaner reads the summary to find and move the valid blocks of a victim segment; fsck checks
+//! it against the owners it finds by walking the tree.
 //! Entries are nine bytes, so a segment's 512 entries take two blocks of 256.
 
 use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
@@ -24,6 +25,8 @@ pub enum SummaryKind {
     Data = 1,
     Node = 2,
     Journal = 3,
+    /// An xattr block of an inode (`nid` = inode, `ofs` = the block's index in its set's stream).
+    Xattr = 4,
 }
 
 /// Owner of one block.
@@ -94,9 +97,10 @@ impl SegmentSummary {
                     1 => SummaryKind::Data,
                     2 => SummaryKind::Node,
                     3 => SummaryKind::Journal,
+                    4 => SummaryKind::Xattr,
                     k => return Err(d.err(format!("block {off}: unknown kind {k}"))),
                 };
-                let owned = matches!(kind, SummaryKind::Data | SummaryKind::Node);
+                let owned = matches!(kind, SummaryKind::Data | SummaryKind::Node | SummaryKind::Xattr);
                 if owned && (nid == 0 || nid > max_nid) {
                     return Err(d.err(format!("block {off}: owner node {nid} out of range")));
                 }

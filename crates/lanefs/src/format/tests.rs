@@ -128,18 +128,33 @@ fn node() -> impl Strategy<Value = Node> {
             .prop_map(|(footer, v)| Node { footer, body: NodeBody::Direct(v) }),
         (footer(3), proptest::collection::vec(0..=geo().max_nid, ADDRS_PER_NODE))
             .prop_map(|(footer, v)| Node { footer, body: NodeBody::Indirect(v) }),
-        (
-            footer(4),
-            proptest::collection::vec(
-                (
-                    proptest::collection::vec(any::<u8>(), 1..40),
-                    proptest::collection::vec(any::<u8>(), 0..200)
-                ),
-                0..12
-            )
-        )
-            .prop_map(|(footer, a)| Node { footer, body: NodeBody::Xattr(a) }),
+        (footer(4), xattr_node()).prop_map(|(footer, x)| Node { footer, body: NodeBody::Xattr(x) }),
     ]
+}
+
+/// A set of distinct names (inline in a node, or as a stream: in name order).
+fn xattr_set(max: usize, value: usize) -> impl Strategy<Value = Vec<(Vec<u8>, Vec<u8>)>> {
+    proptest::collection::btree_map(
+        proptest::collection::vec(any::<u8>(), 1..=40),
+        proptest::collection::vec(any::<u8>(), 0..=value),
+        0..=max,
+    )
+    .prop_map(|m| m.into_iter().collect())
+}
+
+fn xattr_node() -> impl Strategy<Value = XattrNode> {
+    let g = geo();
+    let blocks = (1usize..=xattr::MAX_XATTR_BLOCKS).prop_flat_map(move |n| {
+        let len = (n - 1) * xattr::XATTR_PAYLOAD + 1..=n * xattr::XATTR_PAYLOAD;
+        let first = g.main_blkaddr as u32..(g.main_blkaddr + g.main_blocks()) as u32 - n as u32;
+        (len, first, any::<u32>()).prop_map(move |(len, first, crc)| XattrNode::Blocks {
+            stream_len: len as u32,
+            stream_crc: crc,
+            // Distinct, in the main area, not in order.
+            addrs: (0..n as u32).rev().map(|i| first + i).collect(),
+        })
+    });
+    prop_oneof![xattr_set(12, 200).prop_map(XattrNode::Inline), blocks]
 }
 
 fn checkpoint() -> impl Strategy<Value = Checkpoint> {
@@ -231,7 +246,12 @@ fn summary() -> impl Strategy<Value = SegmentSummary> {
         (
             nid(),
             any::<u32>(),
-            prop::sample::select(vec![SummaryKind::Data, SummaryKind::Node, SummaryKind::Journal])
+            prop::sample::select(vec![
+                SummaryKind::Data,
+                SummaryKind::Node,
+                SummaryKind::Journal,
+                SummaryKind::Xattr
+            ])
         )
             .prop_map(|(nid, ofs, kind)| SummaryEntry { kind, nid, ofs })
     ];
@@ -283,6 +303,8 @@ fn any_encoded() -> impl Strategy<Value = (&'static str, Vec<u8>, usize)> {
         node().prop_map(|n| ("node", n.encode().unwrap(), BLOCK_SIZE)),
         dentries().prop_map(|d| ("dentry", d.encode().unwrap(), BLOCK_SIZE)),
         journal().prop_map(|j| ("journal", j.encode(), BLOCK_SIZE)),
+        (nid(), 0u32..1000, proptest::collection::vec(any::<u8>(), 0..=xattr::XATTR_PAYLOAD))
+            .prop_map(|(ino, i, p)| ("xattr", xattr::encode_block(ino, i, &p), BLOCK_SIZE)),
     ]
 }
 
@@ -299,6 +321,10 @@ fn decoder(what: &str, orig: &[u8]) -> Decoder {
         "node" => Box::new(move |b| Node::decode(b, &g, None).map(|_| ())),
         "dentry" => Box::new(move |b| DentryBlock::decode(b, hdr_a, g.max_nid, None).map(|_| ())),
         "journal" => Box::new(move |b| JournalBlock::decode(b, &g, None).map(|_| ())),
+        "xattr" => {
+            let index = u32::from_le_bytes(orig[12..16].try_into().unwrap());
+            Box::new(move |b| xattr::decode_block(b, hdr_a, index, None).map(|_| ()))
+        }
         _ => unreachable!(),
     }
 }
@@ -341,6 +367,32 @@ proptest! {
         prop_assert_eq!(SegmentSummary::decode(&m.encode(), m.segno, g.max_nid, None).unwrap(), m.clone());
         prop_assert_eq!(DentryBlock::decode(&d.encode().unwrap(), d.dir_ino, g.max_nid, None).unwrap(), d.clone());
         prop_assert_eq!(JournalBlock::decode(&j.encode(), &g, None).unwrap(), j);
+    }
+
+    #[test]
+    fn xattr_stream_round_trip(set in xattr_set(60, 3000), cut in any::<prop::sample::Index>(), xor in 1u8..=255) {
+        let stream = xattr::encode_stream(set.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        prop_assert_eq!(xattr::decode_stream(&stream, None).unwrap(), set.clone());
+        // Cut into blocks and joined again, checked against the node's length and crc.
+        let crc = crc32c::crc32c(&stream);
+        let blocks: Vec<Vec<u8>> = stream
+            .chunks(xattr::XATTR_PAYLOAD)
+            .enumerate()
+            .map(|(i, p)| xattr::encode_block(7, i as u32, p))
+            .collect();
+        let payloads: Vec<&[u8]> =
+            blocks.iter().enumerate().map(|(i, b)| xattr::decode_block(b, 7, i as u32, None).unwrap()).collect();
+        let joined = xattr::join_stream(payloads.iter().copied(), stream.len() as u32, crc, None).unwrap();
+        prop_assert_eq!(&joined, &stream);
+        prop_assert!(xattr::join_stream(payloads.iter().copied(), stream.len() as u32, crc ^ 1, None).is_err());
+        // A shortened stream, or a changed length field, never decodes to a set.
+        let len = cut.index(stream.len());
+        prop_assert!(xattr::decode_stream(&stream[..len], None).is_err());
+        if stream.len() > 8 {
+            let mut bad = stream.clone();
+            bad[4] ^= xor;
+            prop_assert!(xattr::decode_stream(&bad, None).map(|d| d != set).unwrap_or(true));
+        }
     }
 
     /// Any single flipped byte in any structure is an error.

@@ -2,7 +2,7 @@
 //!
 //! An fsync (or directory fsync) produces one [`Transaction`]: the records that make the fsynced
 //! state durable, each stamped at its operation's linearization point. Records are absolute
-//! where they can be (an inode's whole attribute set, a block's address, the full xattr set), so
+//! where they can be (an inode's whole attribute set, a block's address, an xattr's value), so
 //! replaying a record twice, or replaying one whose effect already reached a checkpoint, is
 //! harmless; only link counts are relative, and replay derives those from `Create` / `Link` /
 //! `Unlink` / `Rename` / `Free`.
@@ -24,8 +24,11 @@
 //! 6 Map        ino u32 | first u64 | count u16 (1..=MAP_RUN_MAX) | count x (addr u32, crc u32)
 //! 7 Truncate   ino u32 | from_block u64
 //! 8 Xattrs     ino u32 | count u16 | count x (name_len u8, value_len u16, name, value)
+//!              (the whole set; written by earlier lanefs, still replayed)
 //! 9 Free       ino u32
 //! 10 Data      ino u32 | index u64 | 4096 bytes    (a page logged inline: region journals only)
+//! 11 SetXattr  ino u32 | name_len u8 (1..=255) | value_len u32 (<= 65536) | name | value
+//! 12 RemoveXattr ino u32 | name_len u8 (1..=255) | name
 //! ```
 //!
 //! Invariants: the encoder accepts exactly what the decoder accepts ([`Record::validate`] runs
@@ -41,7 +44,8 @@ use crate::error::{Error, Result, Structure};
 use crate::format::codec::{Dec, Enc};
 use crate::format::dentry::{validate_name, DT_VALID};
 use crate::format::layout::Geometry;
-use crate::format::node::{xattr_encoded_len, Timespec, BODY_LEN, NEW_ADDR, S_IFMT};
+use crate::format::node::{Timespec, BODY_LEN, NEW_ADDR, S_IFMT};
+use crate::format::xattr::{self, inline_len};
 
 /// Magic at the start of every encoded transaction ("LNTX").
 pub const TXN_MAGIC: u32 = u32::from_le_bytes(*b"LNTX");
@@ -78,6 +82,8 @@ mod tag {
     pub const XATTRS: u8 = 8;
     pub const FREE: u8 = 9;
     pub const DATA: u8 = 10;
+    pub const SET_XATTR: u8 = 11;
+    pub const REMOVE_XATTR: u8 = 12;
 }
 
 /// When an operation took effect: a synchronized tick count and the CPU that read it. The
@@ -135,8 +141,13 @@ pub enum Record {
     Map { stamp: Stamp, ino: u32, first: u64, entries: Vec<(u32, u32)> },
     /// Every block at index `from_block` and beyond is unmapped.
     Truncate { stamp: Stamp, ino: u32, from_block: u64 },
-    /// The inode's complete extended attribute set (name, value).
+    /// The inode's complete extended attribute set (name, value), as lanefs journaled xattrs
+    /// before it journaled them one by one: decoded and replayed, no longer written.
     Xattrs { stamp: Stamp, ino: u32, attrs: Vec<(Vec<u8>, Vec<u8>)> },
+    /// Extended attribute `name` of the inode holds `value`.
+    SetXattr { stamp: Stamp, ino: u32, name: Vec<u8>, value: Vec<u8> },
+    /// The inode has no extended attribute `name`.
+    RemoveXattr { stamp: Stamp, ino: u32, name: Vec<u8> },
     /// The inode is gone: no names left and no longer open.
     Free { stamp: Stamp, ino: u32 },
     /// File block `idx` holds `data`, carried in the record itself (an fsync with a
@@ -184,6 +195,8 @@ impl Record {
             | Record::Map { stamp, .. }
             | Record::Truncate { stamp, .. }
             | Record::Xattrs { stamp, .. }
+            | Record::SetXattr { stamp, .. }
+            | Record::RemoveXattr { stamp, .. }
             | Record::Free { stamp, .. }
             | Record::Data { stamp, .. } => *stamp,
         }
@@ -199,6 +212,8 @@ impl Record {
             Record::Map { .. } => tag::MAP,
             Record::Truncate { .. } => tag::TRUNCATE,
             Record::Xattrs { .. } => tag::XATTRS,
+            Record::SetXattr { .. } => tag::SET_XATTR,
+            Record::RemoveXattr { .. } => tag::REMOVE_XATTR,
             Record::Free { .. } => tag::FREE,
             Record::Data { .. } => tag::DATA,
         }
@@ -273,9 +288,9 @@ impl Record {
             }
             Record::Xattrs { ino, attrs, .. } => {
                 check_ino(*ino, "inode")?;
-                // The engine keeps an inode's xattrs in one xattr node; a set that could not be
-                // stored there cannot be replayed either.
-                if xattr_encoded_len(attrs) > BODY_LEN {
+                // Earlier lanefs kept an inode's xattrs in one xattr node, and never journaled
+                // a set larger than that.
+                if inline_len(attrs.iter().map(|(n, v)| (n.as_slice(), v.as_slice()))) > BODY_LEN {
                     return Err("xattr set larger than one xattr node".into());
                 }
                 if attrs.iter().any(|(n, v)| n.is_empty() || n.len() > 255 || v.len() > u16::MAX as usize) {
@@ -287,6 +302,14 @@ impl Record {
                 if names.windows(2).any(|w| w[0] == w[1]) {
                     return Err("xattr set names one attribute twice".into());
                 }
+            }
+            Record::SetXattr { ino, name, value, .. } => {
+                check_ino(*ino, "inode")?;
+                xattr::check_attr(name, value)?;
+            }
+            Record::RemoveXattr { ino, name, .. } => {
+                check_ino(*ino, "inode")?;
+                xattr::check_attr(name, &[])?;
             }
             Record::Free { ino, .. } => check_ino(*ino, "inode")?,
             Record::Data { ino, idx, .. } => {
@@ -313,6 +336,8 @@ impl Record {
             Record::SetAttr { ino, .. }
             | Record::Truncate { ino, .. }
             | Record::Xattrs { ino, .. }
+            | Record::SetXattr { ino, .. }
+            | Record::RemoveXattr { ino, .. }
             | Record::Free { ino, .. }
             | Record::Data { ino, .. } => nid_ok(*ino),
             Record::Map { ino, entries, .. } => {
@@ -371,6 +396,8 @@ impl Record {
                 Record::Xattrs { attrs, .. } => {
                     4 + 2 + attrs.iter().map(|(n, v)| 3 + n.len() + v.len()).sum::<usize>()
                 }
+                Record::SetXattr { name, value, .. } => 4 + 1 + 4 + name.len() + value.len(),
+                Record::RemoveXattr { name: n, .. } => 4 + name(n),
                 Record::Free { .. } => 4,
                 Record::Data { .. } => 4 + 8 + BLOCK_SIZE,
             }
@@ -441,6 +468,17 @@ impl Record {
                     e.bytes(n);
                     e.bytes(v);
                 }
+            }
+            Record::SetXattr { ino, name, value, .. } => {
+                e.u32(*ino);
+                e.u8(name.len() as u8);
+                e.u32(value.len() as u32);
+                e.bytes(name);
+                e.bytes(value);
+            }
+            Record::RemoveXattr { ino, name, .. } => {
+                e.u32(*ino);
+                put_name(e, name);
             }
             Record::Free { ino, .. } => e.u32(*ino),
             Record::Data { ino, idx, data, .. } => {
@@ -524,6 +562,19 @@ impl Record {
                     attrs.push((n, v));
                 }
                 Record::Xattrs { stamp, ino, attrs }
+            }
+            tag::SET_XATTR => {
+                let ino = d.u32()?;
+                let nl = d.u8()? as usize;
+                let vl = d.u32()? as usize;
+                // Bounded by the bytes left: never allocates more than the record holds.
+                let name = d.bytes(nl)?.to_vec();
+                let value = d.bytes(vl)?.to_vec();
+                Record::SetXattr { stamp, ino, name, value }
+            }
+            tag::REMOVE_XATTR => {
+                let ino = d.u32()?;
+                Record::RemoveXattr { stamp, ino, name: get_name(d)? }
             }
             tag::FREE => Record::Free { stamp, ino: d.u32()? },
             tag::DATA => {

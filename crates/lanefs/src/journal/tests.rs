@@ -124,6 +124,18 @@ fn record() -> impl Strategy<Value = Record> {
             from_block
         }),
         (stamp(), ino(), xattrs()).prop_map(|(stamp, ino, attrs)| Record::Xattrs { stamp, ino, attrs }),
+        (
+            stamp(),
+            ino(),
+            proptest::collection::vec(any::<u8>(), 1..=255),
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..=300),
+                Just(vec![7u8; crate::format::xattr::XATTR_SIZE_MAX])
+            ]
+        )
+            .prop_map(|(stamp, ino, name, value)| Record::SetXattr { stamp, ino, name, value }),
+        (stamp(), ino(), proptest::collection::vec(any::<u8>(), 1..=255))
+            .prop_map(|(stamp, ino, name)| Record::RemoveXattr { stamp, ino, name }),
         (stamp(), ino()).prop_map(|(stamp, ino)| Record::Free { stamp, ino }),
     ]
 }
@@ -307,6 +319,11 @@ fn encode_rejects_what_decode_would() {
             attrs: vec![(b"u".to_vec(), vec![]), (b"u".to_vec(), vec![1])],
         },
         Record::Xattrs { stamp: st(1, 0), ino: 2, attrs: vec![(b"u".to_vec(), vec![0; 5000])] },
+        Record::SetXattr { stamp: st(1, 0), ino: 2, name: vec![], value: vec![1] },
+        Record::SetXattr { stamp: st(1, 0), ino: 2, name: vec![b'u'; 256], value: vec![] },
+        Record::SetXattr { stamp: st(1, 0), ino: 2, name: b"u".to_vec(), value: vec![0; 65537] },
+        Record::SetXattr { stamp: st(1, 0), ino: 0, name: b"u".to_vec(), value: vec![] },
+        Record::RemoveXattr { stamp: st(1, 0), ino: 2, name: vec![] },
         Record::Free { stamp: st(1, 0), ino: 0 },
     ];
     for r in bad {

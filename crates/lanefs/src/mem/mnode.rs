@@ -9,6 +9,7 @@
 use super::dir::DirMap;
 use super::pages::{CacheStats, PageMap};
 use super::range_lock::RangeLock;
+use super::xattr::XattrState;
 use crate::format::node::{Timespec, S_IFMT};
 use crate::node::{BlockMap, InodeTree};
 use crate::oplog::dirlog::DirLog;
@@ -33,11 +34,7 @@ pub struct Meta {
     pub rdev: u64,
     pub flags: u32,
     pub generation: u32,
-    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
-    /// Xattrs changed since they were last journaled.
-    pub xattrs_dirty: bool,
-    /// Xattrs changed since the last checkpoint wrote them (an fsync does not clear this).
-    pub xattrs_cp_dirty: bool,
+    pub xattrs: XattrState,
     /// A symlink's target.
     pub symlink: Vec<u8>,
 }
@@ -60,8 +57,8 @@ pub struct DiskState {
     /// Blocks that left `cur_map` and are in no checkpoint tree: invalid once the next gated
     /// moment (fsync, writeback or checkpoint) processes them.
     pub garbage: Vec<u32>,
-    /// Node id of the xattr node in the checkpoint (0: none).
-    pub xattr_nid: u32,
+    /// The xattr node and blocks of the checkpoint.
+    pub xattr: XattrDisk,
     /// A directory's on-disk dentry layout (loaded with the directory).
     pub dentries: Option<crate::diskdir::DiskDir>,
     /// Bumped whenever a mapped block is replaced or dropped (after which it may be freed
@@ -100,6 +97,21 @@ impl DiskState {
             self.garbage.push(addr);
         }
     }
+}
+
+/// Where an inode's xattrs live in the checkpoint (`format::xattr`).
+#[derive(Default)]
+pub struct XattrDisk {
+    /// Node id of the xattr node (0: none).
+    pub nid: u32,
+    /// The xattr blocks it lists, in stream order (empty: the set is inline in the node).
+    pub blocks: Vec<u32>,
+    /// The stream those blocks hold, so that the next checkpoint rewrites only the blocks
+    /// whose bytes changed.
+    pub stream: Vec<u8>,
+    /// Blocks the cleaner asked to move: (index, address it saw). The next checkpoint that
+    /// writes the set copies each one still there.
+    pub relocate: Vec<(u32, u32)>,
 }
 
 /// Directory state.

@@ -9,6 +9,7 @@
 //! - [`mnode`]: the in-memory inode.
 //! - [`ops`]: the operations themselves.
 //! - [`perm`]: privileges a change drops, ACL inheritance and the mode kept in step with ACLs.
+//! - [`xattr`]: an inode's extended attributes.
 
 pub mod cells;
 pub mod dir;
@@ -17,6 +18,7 @@ pub mod ops;
 pub mod pages;
 pub mod perm;
 pub mod range_lock;
+pub mod xattr;
 
 pub use cells::Cells;
 pub use range_lock::{LockMode, RangeGuard, RangeLock};

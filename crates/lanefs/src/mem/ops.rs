@@ -8,12 +8,14 @@
 
 use super::mnode::{ts_to_ns, Content, MNode, Meta, S_IFDIR, S_IFLNK, S_IFREG};
 use super::pages::{PageMap, PAGE_SIZE};
+use super::xattr::XattrState;
 use crate::device::BLOCK_SIZE;
 use crate::engine::{now, Engine};
 use crate::error::{Error, Result};
 use crate::format::dentry::validate_name;
 use crate::format::node::{Timespec, NEW_ADDR, S_IFMT};
 use crate::format::tree::MAX_FILE_BLOCKS;
+use crate::format::xattr::{blocks_for, stream_entry_len, MAX_XATTR_STREAM};
 use crate::fsck::dtype_of;
 use crate::journal::{InodeAttr, Record};
 use crate::oplog::dirlog::LoggedOp;
@@ -23,9 +25,7 @@ use std::sync::Arc;
 
 /// Largest file size in bytes.
 pub const MAX_FILE_SIZE: u64 = MAX_FILE_BLOCKS * BLOCK_SIZE as u64;
-/// Largest xattr name and value (as Linux).
-pub const XATTR_NAME_MAX: usize = 255;
-pub const XATTR_SIZE_MAX: usize = 65536;
+pub use crate::format::xattr::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
 pub const XATTR_CREATE: i32 = 1;
 pub const XATTR_REPLACE: i32 = 2;
 pub const RENAME_NOREPLACE: u32 = 1;
@@ -156,11 +156,14 @@ impl Engine {
             rdev: new.rdev,
             flags: 0,
             generation: 0,
-            xattrs,
-            xattrs_dirty: inherited,
-            xattrs_cp_dirty: inherited,
+            xattrs: Default::default(),
             symlink: new.symlink.to_vec(),
         };
+        let mut meta = meta;
+        for (n, v) in xattrs {
+            Arc::make_mut(&mut meta.xattrs.set).set(&n, v);
+            self.xattr_changed(&mut meta.xattrs, &n);
+        }
         let size = if ftype == S_IFLNK { new.symlink.len() as u64 } else { 0 };
         let m = MNode::new(ino, meta, size, t, t, &self.cache);
         m.parent.store(parent, Ordering::Relaxed);
@@ -856,7 +859,7 @@ impl Engine {
             let mut meta = m.meta.lock();
             if let Some(md) = mode {
                 meta.mode = (meta.mode & S_IFMT) | (md & 0o7777);
-                super::perm::chmod_acl(&mut meta);
+                self.chmod_acl(&mut meta);
             }
             if let Some(u) = uid {
                 meta.uid = u;
@@ -879,23 +882,25 @@ impl Engine {
     pub fn getxattr(&self, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
-        let meta = m.meta.lock();
-        meta.xattrs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
+        // The set is shared, not copied: the value is copied without the lock.
+        let set = m.meta.lock().xattrs.set.clone();
+        set.get(name)
+            .map(<[u8]>::to_vec)
             .ok_or_else(|| Error::errno(libc::ENODATA, String::from_utf8_lossy(name)))
     }
 
+    /// The names of an inode's xattrs, in byte order.
     pub fn listxattr(&self, ino: u32) -> Result<Vec<Vec<u8>>> {
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
-        let names = m.meta.lock().xattrs.iter().map(|(n, _)| n.clone()).collect();
-        Ok(names)
+        let set = m.meta.lock().xattrs.set.clone();
+        Ok(set.names().map(<[u8]>::to_vec).collect())
     }
 
-    /// Sets xattr `name`; an ACL (`crate::acl`) is validated and kept in step with the mode,
-    /// and `caller` decides whether an access ACL leaves set-group-ID.
+    /// setxattr(2). An inode holds up to `MAX_XATTR_STREAM` bytes of xattrs (about 3.9 MiB of
+    /// names and values): past that ENOSPC, as ext4 gives when an inode's xattr block is full.
+    /// An ACL (`crate::acl`) is validated and kept in step with the mode, and `caller` decides
+    /// whether an access ACL leaves set-group-ID.
     pub fn setxattr(
         &self,
         ino: u32,
@@ -905,13 +910,26 @@ impl Engine {
         caller: &dyn Caller,
     ) -> Result<()> {
         self.check_writable()?;
-        self.admit(2)?;
         if name.is_empty() || name.len() > XATTR_NAME_MAX {
             return Err(Error::errno(libc::ERANGE, "xattr name length"));
         }
         if value.len() > XATTR_SIZE_MAX {
             return Err(Error::errno(libc::E2BIG, "xattr value too large"));
         }
+        if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 || flags == XATTR_CREATE | XATTR_REPLACE {
+            return Err(Error::errno(libc::EINVAL, format!("setxattr flags {flags:#x}")));
+        }
+        // Room for what the next checkpoint writes: the set's blocks (all of them, if it is
+        // not already owed) with the new value, and the nodes.
+        let owed_now = self.cells.get(ino as u64).map_or(0, |m| {
+            let meta = m.meta.lock();
+            if meta.xattrs.cp_dirty {
+                0
+            } else {
+                blocks_for(meta.xattrs.set.stream_len()) as u64
+            }
+        });
+        self.admit(2 + owed_now + blocks_for(stream_entry_len(name.len(), value.len())) as u64)?;
         if name == crate::acl::ACCESS || name == crate::acl::DEFAULT {
             let m = {
                 let _g = self.pass.shared();
@@ -922,24 +940,18 @@ impl Engine {
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
         let mut meta = m.meta.lock();
-        let pos = meta.xattrs.iter().position(|(n, _)| n == name);
-        match (pos, flags) {
-            (Some(_), XATTR_CREATE) => return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name))),
-            (None, XATTR_REPLACE) => return Err(Error::errno(libc::ENODATA, String::from_utf8_lossy(name))),
+        let x = &mut meta.xattrs;
+        match (x.set.contains(name), flags) {
+            (true, XATTR_CREATE) => return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name))),
+            (false, XATTR_REPLACE) => return Err(Error::errno(libc::ENODATA, String::from_utf8_lossy(name))),
             _ => {}
         }
-        let mut next = meta.xattrs.clone();
-        match pos {
-            Some(i) => next[i].1 = value.to_vec(),
-            None => next.push((name.to_vec(), value.to_vec())),
-        }
-        // All of an inode's xattrs live in one node, as ext4 keeps them in one block.
-        if crate::format::node::xattr_encoded_len(&next) > crate::format::node::BODY_LEN {
+        if x.set.stream_len_with(name, value.len()) > MAX_XATTR_STREAM {
             return Err(Error::errno(libc::ENOSPC, "no room for more extended attributes on this inode"));
         }
-        meta.xattrs = next;
-        meta.xattrs_dirty = true;
-        meta.xattrs_cp_dirty = true;
+        // Copies the set only if a checkpoint is writing it now.
+        Arc::make_mut(&mut x.set).set(name, value.to_vec());
+        self.xattr_changed(x, name);
         drop(meta);
         m.touch_ctime(now());
         self.mark_dirty(&m);
@@ -951,20 +963,37 @@ impl Engine {
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
         let mut meta = m.meta.lock();
-        let pos = meta.xattrs.iter().position(|(n, _)| n == name);
-        let pos = match pos {
-            Some(p) => p,
+        let x = &mut meta.xattrs;
+        if !x.set.contains(name) {
             // Removing an ACL there is not is no error (as ext4).
-            None if name == crate::acl::ACCESS || name == crate::acl::DEFAULT => return Ok(()),
-            None => return Err(Error::errno(libc::ENODATA, String::from_utf8_lossy(name))),
-        };
-        meta.xattrs.remove(pos);
-        meta.xattrs_dirty = true;
-        meta.xattrs_cp_dirty = true;
+            if name == crate::acl::ACCESS || name == crate::acl::DEFAULT {
+                return Ok(());
+            }
+            return Err(Error::errno(libc::ENODATA, String::from_utf8_lossy(name)));
+        }
+        Arc::make_mut(&mut x.set).remove(name);
+        self.xattr_changed(x, name);
         drop(meta);
         m.touch_ctime(now());
         self.mark_dirty(&m);
         Ok(())
+    }
+
+    /// Notes (under the inode's meta lock) that xattr `name` changed: the next fsync journals
+    /// it, the next checkpoint writes the set, and the blocks that takes are owed until then.
+    pub(crate) fn xattr_changed(&self, x: &mut XattrState, name: &[u8]) {
+        x.unjournaled.insert(name.to_vec());
+        x.cp_dirty = true;
+        // An upper bound: a small set goes inline in its node, and a checkpoint rewrites only
+        // the blocks that changed.
+        let need = blocks_for(x.set.stream_len()) as u64;
+        self.xattr_owed.fetch_add(need as i64 - x.owed as i64, Ordering::Relaxed);
+        x.owed = need;
+    }
+
+    /// The blocks owed for `x` are no longer (a checkpoint took the set, or the inode is gone).
+    pub(crate) fn xattr_settled(&self, x: &mut XattrState) {
+        self.xattr_owed.fetch_sub(std::mem::take(&mut x.owed) as i64, Ordering::Relaxed);
     }
 
     /// Number of allocated 4 KiB blocks of a file (for st_blocks).

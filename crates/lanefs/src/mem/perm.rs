@@ -9,11 +9,14 @@
 //! set, as if the chmod came after).
 
 use super::mnode::{MNode, Meta, S_IFDIR, S_IFLNK, S_IFREG};
+use super::xattr::XattrSet;
 use crate::acl::{self, Acl};
 use crate::engine::{now, Engine};
 use crate::error::{Error, Result};
 use crate::format::node::S_IFMT;
+use crate::format::xattr::MAX_XATTR_STREAM;
 use crate::perm::{self, Caller, Change, S_ISGID};
+use std::sync::Arc;
 
 type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -26,42 +29,24 @@ struct Loss {
     capability: bool,
 }
 
-/// Sets (`Some`) or removes (`None`) xattr `name` in `x`, keeping its place in the list.
-fn put(x: &mut Xattrs, name: &[u8], value: Option<Vec<u8>>) {
-    let pos = x.iter().position(|(n, _)| n == name);
-    match (pos, value) {
-        (Some(i), Some(v)) => x[i].1 = v,
-        (None, Some(v)) => x.push((name.to_vec(), v)),
-        (Some(i), None) => {
-            x.remove(i);
-        }
-        (None, None) => {}
-    }
-}
-
-fn get<'a>(x: &'a Xattrs, name: &[u8]) -> Option<&'a [u8]> {
-    x.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice())
-}
-
-/// Whether an inode's xattrs fit its xattr node (as `setxattr` checks).
+/// Whether a new inode's inherited xattrs fit in its xattr set (as `setxattr` checks).
 fn fits(x: &Xattrs) -> Result<()> {
-    if crate::format::node::xattr_encoded_len(x) > crate::format::node::BODY_LEN {
+    if XattrSet::from_entries(x.clone()).stream_len() > MAX_XATTR_STREAM {
         return Err(Error::errno(libc::ENOSPC, "no room for more extended attributes on this inode"));
     }
     Ok(())
 }
 
-/// After a chmod: the access ACL's mirrored entries rewritten to the new mode. A stored value
-/// that does not decode (written before ACLs were checked) is left as it is.
-pub(crate) fn chmod_acl(meta: &mut Meta) {
-    let Some(Ok(Some(mut a))) = get(&meta.xattrs, acl::ACCESS).map(Acl::decode) else { return };
-    a.chmod(meta.mode);
-    put(&mut meta.xattrs, acl::ACCESS, Some(a.encode()));
-    meta.xattrs_dirty = true;
-    meta.xattrs_cp_dirty = true;
-}
-
 impl Engine {
+    /// After a chmod: the access ACL's mirrored entries rewritten to the new mode. A stored
+    /// value that does not decode (written before ACLs were checked) is left as it is.
+    pub(crate) fn chmod_acl(&self, meta: &mut Meta) {
+        let Some(Ok(Some(mut a))) = meta.xattrs.set.get(acl::ACCESS).map(Acl::decode) else { return };
+        a.chmod(meta.mode);
+        Arc::make_mut(&mut meta.xattrs.set).set(acl::ACCESS, a.encode());
+        self.xattr_changed(&mut meta.xattrs, acl::ACCESS);
+    }
+
     /// The mode and xattrs of a new inode created with `mode` (type and permission bits) in
     /// directory `dir`, by a process whose umask is `umask`: masked by the directory's default
     /// ACL if it has one (and then not by the umask), which a new directory also inherits.
@@ -70,7 +55,7 @@ impl Engine {
         if mode & S_IFMT == S_IFLNK {
             return Ok((mode, Vec::new()));
         }
-        let default = get(&dir.meta.lock().xattrs, acl::DEFAULT).map(<[u8]>::to_vec);
+        let default = dir.meta.lock().xattrs.set.get(acl::DEFAULT).map(<[u8]>::to_vec);
         let Some(bytes) = default else { return Ok((masked, Vec::new())) };
         // A stored value that does not decode (from before ACLs were checked) counts as none.
         let Ok(Some(default)) = Acl::decode(&bytes) else { return Ok((masked, Vec::new())) };
@@ -91,7 +76,7 @@ impl Engine {
     fn loss(&self, m: &MNode, change: Change, caller: &dyn Caller) -> Loss {
         let (mode, gid, capability) = {
             let meta = m.meta.lock();
-            (meta.mode, meta.gid, get(&meta.xattrs, perm::SECURITY_CAPABILITY).is_some())
+            (meta.mode, meta.gid, meta.xattrs.set.contains(perm::SECURITY_CAPABILITY))
         };
         let capability = capability && (change == Change::Owner || m.file_type == S_IFREG);
         Loss { setid: perm::setid_to_drop(mode, gid, change, caller), capability }
@@ -110,10 +95,8 @@ impl Engine {
             let mode = {
                 let mut meta = m.meta.lock();
                 meta.mode &= !loss.setid;
-                if loss.capability {
-                    put(&mut meta.xattrs, perm::SECURITY_CAPABILITY, None);
-                    meta.xattrs_dirty = true;
-                    meta.xattrs_cp_dirty = true;
+                if loss.capability && Arc::make_mut(&mut meta.xattrs.set).remove(perm::SECURITY_CAPABILITY) {
+                    self.xattr_changed(&mut meta.xattrs, perm::SECURITY_CAPABILITY);
                 }
                 meta.mode
             };
@@ -154,22 +137,34 @@ impl Engine {
         let g = self.pass.shared();
         let mode = {
             let mut meta = m.meta.lock();
-            let mut next = meta.xattrs.clone();
             let mut mode = meta.mode;
-            match &new {
+            let value = match &new {
                 Some(a) if name == acl::ACCESS => {
                     let (m2, extended) = a.equiv_mode(mode);
                     mode = if drop_sgid { m2 & !S_ISGID } else { m2 };
-                    put(&mut next, name, extended.then(|| a.encode()));
+                    extended.then(|| a.encode())
                 }
-                Some(a) => put(&mut next, name, Some(a.encode())),
-                None => put(&mut next, name, None),
+                Some(a) => Some(a.encode()),
+                None => None,
+            };
+            let x = &mut meta.xattrs;
+            let changed = match value {
+                Some(v) => {
+                    if x.set.stream_len_with(name, v.len()) > MAX_XATTR_STREAM {
+                        return Err(Error::errno(
+                            libc::ENOSPC,
+                            "no room for more extended attributes on this inode",
+                        ));
+                    }
+                    Arc::make_mut(&mut x.set).set(name, v);
+                    true
+                }
+                None => Arc::make_mut(&mut x.set).remove(name),
+            };
+            if changed {
+                self.xattr_changed(x, name);
             }
-            fits(&next)?;
-            meta.xattrs = next;
             meta.mode = mode;
-            meta.xattrs_dirty = true;
-            meta.xattrs_cp_dirty = true;
             mode
         };
         m.touch_ctime(now());
