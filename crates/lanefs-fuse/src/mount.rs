@@ -758,6 +758,13 @@ mod tests {
         assert_eq!(parse_options(&["checkpoint_secs=0".into()]).unwrap().checkpoint_interval, Some(None));
         assert!(parse_options(&["checkpoint_secs=-1".into()]).is_err());
         assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.starts_with("checkpoint"))));
+        let p = parse_options(&["ro,norecovery".into()]).unwrap();
+        assert!(
+            p.no_recovery && !p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c == "norecovery"))
+        );
+        assert!(!parse_options(&["ro".into()]).unwrap().no_recovery);
+        let e = parse_options(&["norecovery".into()]).unwrap_err();
+        assert!(e.contains("norecovery needs ro"), "{e}");
     }
 
     #[test]
