@@ -304,7 +304,9 @@ fn serve(
     config.mount_options = parsed.fuse.clone();
     // A write-protected image is mounted read-only in the kernel too, so that a change fails
     // with EROFS there, as on a kernel file system.
+    // (mount(8) passes `rw` on when nothing else is asked for.)
     if read_only && !config.mount_options.contains(&MountOption::RO) {
+        config.mount_options.retain(|o| *o != MountOption::RW);
         config.mount_options.push(MountOption::RO);
     }
     if !config.mount_options.iter().any(|o| matches!(o, MountOption::FSName(_))) {
