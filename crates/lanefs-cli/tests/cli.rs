@@ -142,6 +142,11 @@ fn mkfs_refuses_what_it_should() {
     let o = lanefs(&["mkfs", s, "--size", "128M"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("holds lanefs") && text(&o).contains("--force"), "{}", text(&o));
+    // A label holds 31 bytes: more are refused, not cut (the image keeps what it had).
+    let long = "l".repeat(32);
+    let o = lanefs(&["mkfs", s, "--size", "256M", "--force", "--lanes", "1", "--label", &long]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("at most 31"), "{}", text(&o));
     let o = lanefs(&["mkfs", s, "--size", "256M", "--force", "--lanes", "1", "--label", "data"]);
     assert!(o.status.success(), "{}", text(&o));
     let v = inspect_json(s);

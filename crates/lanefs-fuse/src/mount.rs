@@ -79,13 +79,14 @@ pub struct Parsed {
     pub checkpoint_interval: Option<Option<Duration>>,
     /// `stuck_request_secs=N`: requests in flight this long are logged (None: never).
     pub stuck_request: Option<Duration>,
-    /// `norecovery` (with `ro`): the last checkpoint alone, the journals not replayed.
+    /// `norecovery` (read-only mounts only): the last checkpoint alone, the journals not
+    /// replayed.
     pub no_recovery: bool,
 }
 
 /// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
 /// access list; `threads=N`, `nvm=FILE`, `writeback_cache`, `checkpoint_secs=N`,
-/// `stuck_request_secs=N` and `norecovery` (with `ro`) are lanefs's own; anything else is passed to the kernel, which refuses
+/// `stuck_request_secs=N` and `norecovery` (read-only mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut fuse = Vec::new();
@@ -188,9 +189,6 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     }
     // The kernel's own subtype option: /proc/mounts shows the type as fuse.lanefs.
     fuse.push(MountOption::CUSTOM("subtype=lanefs".into()));
-    if no_recovery && !fuse.contains(&MountOption::RO) {
-        return Err("option norecovery needs ro: the journals it leaves out must not be overwritten".into());
-    }
     Ok(Parsed { fuse, acl, threads, nvm, writeback_cache, checkpoint_interval, stuck_request, no_recovery })
 }
 
@@ -293,8 +291,8 @@ fn serve(
     // mount comes up is held and unmounts it once it is up, where the default action would kill
     // the daemon with the mount up and no final checkpoint.
     let signals = catch_signals();
-    let (fs, lock, image, mountpoint) = match open(args, parsed, note)? {
-        Opened::Fs { fs, lock, image, mountpoint } => (fs, lock, image, mountpoint),
+    let (fs, lock, image, mountpoint, read_only) = match open(args, parsed, note)? {
+        Opened::Fs { fs, lock, image, mountpoint, read_only } => (fs, lock, image, mountpoint, read_only),
         Opened::Bound(said) => {
             note(&said);
             ready();
@@ -304,6 +302,13 @@ fn serve(
     let fs = Arc::new(fs);
     let mut config = Config::default();
     config.mount_options = parsed.fuse.clone();
+    // A write-protected image is mounted read-only in the kernel too, so that a change fails
+    // with EROFS there, as on a kernel file system.
+    // (mount(8) passes `rw` on when nothing else is asked for.)
+    if read_only && !config.mount_options.contains(&MountOption::RO) {
+        config.mount_options.retain(|o| *o != MountOption::RW);
+        config.mount_options.push(MountOption::RO);
+    }
     if !config.mount_options.iter().any(|o| matches!(o, MountOption::FSName(_))) {
         config.mount_options.push(MountOption::FSName(image.display().to_string()));
     }
@@ -366,8 +371,8 @@ fn stuck_log(foreground: bool, mountpoint: &Path) -> Box<dyn Fn(&crate::inflight
 
 /// What `open` made of the request.
 enum Opened {
-    /// A file system to serve.
-    Fs { fs: Fs, lock: File, image: PathBuf, mountpoint: PathBuf },
+    /// A file system to serve (read-only: asked for, or the image is write-protected).
+    Fs { fs: Fs, lock: File, image: PathBuf, mountpoint: PathBuf, read_only: bool },
     /// The image was mounted: the mount point is a bind of that mount now; what to tell the user.
     Bound(String),
 }
@@ -389,11 +394,7 @@ fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result
     }
     let mountpoint = mp.canonicalize().map_err(|e| format!("mount point {}: {e}", mp.display()))?;
     let img = &args.image;
-    let lock = File::options()
-        .read(true)
-        .write(true)
-        .open(img)
-        .map_err(|e| format!("{}: {}", img.display(), plain(&e)))?;
+    let (lock, write_protected) = open_image(img)?;
     let image = img.canonicalize().map_err(|e| format!("{}: {}", img.display(), plain(&e)))?;
     let imd = lock.metadata().map_err(|e| format!("{}: {}", img.display(), plain(&e)))?;
     if imd.is_dir() {
@@ -409,10 +410,23 @@ fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result
         }
         Err(e) => return Err(format!("{}: cannot lock: {e}", img.display())),
     }
-    let dev = FileDevice::open(img, DeviceOptions { io: IoChoice::Auto })
-        .map_err(|e| format!("{}: {}", img.display(), plain(&e)))?;
-    // `-o ro`: recovery replays into memory only and nothing is ever written to the image.
-    let read_only = parsed.fuse.contains(&MountOption::RO);
+    // `-o ro`: recovery replays into memory only and nothing is ever written to the image. A
+    // write-protected image is mounted so, as the kernel's file systems do, with a word.
+    let asked_ro = parsed.fuse.contains(&MountOption::RO);
+    if write_protected && !asked_ro {
+        note(&format!("{} is write-protected, mounting read-only", img.display()));
+    }
+    let read_only = asked_ro || write_protected;
+    if parsed.no_recovery && !read_only {
+        return Err("option norecovery needs ro: the journals it leaves out must not be overwritten".into());
+    }
+    let dev_opts = DeviceOptions { io: IoChoice::Auto };
+    let dev = if write_protected {
+        FileDevice::open_read_only(img, dev_opts)
+    } else {
+        FileDevice::open(img, dev_opts)
+    }
+    .map_err(|e| format!("{}: {}", img.display(), plain(&e)))?;
     // The daemon leaves its start directory: a relative region path is made absolute first.
     let nvm = match args.nvm.clone().or(parsed.nvm.clone()) {
         Some(p) => Some(std::path::absolute(&p).map_err(|e| format!("--nvm {}: {e}", p.display()))?),
@@ -432,7 +446,37 @@ fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result
     let fs = Fs::open(Arc::new(dev), opts).map_err(|e| format!("{}: {e}", img.display()))?;
     // The daemon must not keep its start directory busy.
     let _ = std::env::set_current_dir("/");
-    Ok(Opened::Fs { fs, lock, image, mountpoint })
+    Ok(Opened::Fs { fs, lock, image, mountpoint, read_only })
+}
+
+/// Opens the image (the descriptor that holds the lock) and tells whether it is
+/// write-protected: a block device the kernel keeps read-only (`blockdev --setro`, a read-only
+/// loop device), or an image that cannot be opened for writing (on a read-only file system, or
+/// without write permission). Such a device may open read-write and fail every write, so it is
+/// asked, not tried.
+fn open_image(img: &Path) -> Result<(File, bool), String> {
+    let fail = |e: std::io::Error| format!("{}: {}", img.display(), plain(&e));
+    match File::options().read(true).write(true).open(img) {
+        Ok(f) => {
+            let protected = block_device_read_only(&f);
+            Ok((f, protected))
+        }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EROFS | libc::EACCES)) => {
+            File::open(img).map(|f| (f, true)).map_err(fail)
+        }
+        Err(e) => Err(fail(e)),
+    }
+}
+
+/// Whether `f` is a block device that the kernel marks read-only (/sys/dev/block/M:N/ro).
+fn block_device_read_only(f: &File) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(m) = f.metadata() else { return false };
+    if !m.file_type().is_block_device() {
+        return false;
+    }
+    let (major, minor) = (rustix::fs::major(m.rdev()), rustix::fs::minor(m.rdev()));
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/ro")).is_ok_and(|s| s.trim() == "1")
 }
 
 /// Takes the exclusive lock on `file`, waiting up to `limit` for its holder.
@@ -764,6 +808,13 @@ mod tests {
         assert_eq!(parse_options(&["checkpoint_secs=0".into()]).unwrap().checkpoint_interval, Some(None));
         assert!(parse_options(&["checkpoint_secs=-1".into()]).is_err());
         assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.starts_with("checkpoint"))));
+        let p = parse_options(&["ro,norecovery".into()]).unwrap();
+        assert!(
+            p.no_recovery && !p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c == "norecovery"))
+        );
+        assert!(!parse_options(&["ro".into()]).unwrap().no_recovery);
+        // Without ro it is refused at mount, unless the image is write-protected (then ro).
+        assert!(parse_options(&["norecovery".into()]).unwrap().no_recovery);
     }
 
     #[test]

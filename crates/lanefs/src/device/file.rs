@@ -150,8 +150,18 @@ impl FileDevice {
     /// Opens an image file or a block device for reading and writing and picks the I/O path
     /// (see [`IoChoice`]). Fails on anything that is neither a regular file nor a block device.
     pub fn open(path: impl AsRef<Path>, opts: DeviceOptions) -> io::Result<FileDevice> {
-        let path = path.as_ref();
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        Self::open_with(path.as_ref(), opts, true)
+    }
+
+    /// As [`FileDevice::open`], for reading only: every write fails (EBADF). For a read-only
+    /// mount of an image that cannot be opened for writing (a write-protected device, a file on
+    /// a read-only file system).
+    pub fn open_read_only(path: impl AsRef<Path>, opts: DeviceOptions) -> io::Result<FileDevice> {
+        Self::open_with(path.as_ref(), opts, false)
+    }
+
+    fn open_with(path: &Path, opts: DeviceOptions, writable: bool) -> io::Result<FileDevice> {
+        let file = OpenOptions::new().read(true).write(writable).open(path)?;
         let meta = file.metadata()?;
         let ft = meta.file_type();
         let (backing, bytes) = if ft.is_block_device() {
