@@ -329,7 +329,7 @@ fn fsck(image: &Path, repair: bool, nvm: Option<PathBuf>, io: IoChoice) -> ExitC
     }
     let s = &report.stats;
     println!(
-        "{}: checkpoint {} (pack {}), {} inodes, {} directories, {} nodes, {} data blocks: {}",
+        "{}: checkpoint {} (pack {}), {} inodes, {} directories, {} nodes, {} data blocks, {} xattr blocks: {}",
         image.display(),
         s.checkpoint_version,
         s.checkpoint_pack,
@@ -337,6 +337,7 @@ fn fsck(image: &Path, repair: bool, nvm: Option<PathBuf>, io: IoChoice) -> ExitC
         s.directories,
         s.nodes,
         s.data_blocks,
+        s.xattr_blocks,
         match report.exit_code() {
             0 => "clean".to_string(),
             1 => format!("{} errors corrected", report.problems.len()),

@@ -264,6 +264,51 @@ fn the_cleaner_moves_xattr_blocks() {
     fs.unmount().unwrap();
 }
 
+#[test]
+fn fsck_and_mount_catch_a_damaged_xattr_block() {
+    let img = fresh(64 << 20);
+    let fs = mount(&img);
+    let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let mut m = Model::new();
+    for i in 0..40u32 {
+        set(&fs, f, &mut m, format!("user.v{i:02}").as_bytes(), i, 3000);
+    }
+    fs.unmount().unwrap();
+    fsck_clean(&img);
+    let blocks = xattr_blocks(&*img.dev);
+    assert!(blocks.len() >= 20, "{} xattr blocks", blocks.len());
+    let victim = *blocks.iter().nth(blocks.len() / 2).unwrap();
+    let mut good = vec![0u8; 4096];
+    img.dev.read_block(victim, &mut good).unwrap();
+    // A flipped byte (the block's crc32c catches it), and changed bytes under a resealed crc
+    // (the stream's crc32c in the node catches those).
+    let mut flipped = good.clone();
+    flipped[100] ^= 0x40;
+    let mut resealed = good.clone();
+    resealed[200] ^= 0x01;
+    lanefs::format::codec::seal(&mut resealed, lanefs::format::codec::CRC_OFFSET);
+    for (what, bad) in [("flipped", flipped), ("resealed", resealed)] {
+        img.dev.write_block(victim, &bad).unwrap();
+        let nvm = img.region.as_ref().map(|r| r.path().to_path_buf());
+        let r = check(&*img.dev, &FsckOptions { nvm, ..Default::default() }).unwrap();
+        assert!(
+            r.problems.iter().any(|p| p.structure == lanefs::error::Structure::Xattr),
+            "{what}: fsck missed it: {:#?}",
+            r.problems
+        );
+        // Mount succeeds (the inode is loaded on first use); reading its xattrs is an error.
+        let fs = mount(&img);
+        let e = fs.listxattr(f).unwrap_err();
+        assert!(matches!(e, lanefs::Error::Corrupt { .. }), "{what}: {e}");
+        drop(fs.unmount());
+    }
+    img.dev.write_block(victim, &good).unwrap();
+    fsck_clean(&img);
+    let fs = mount(&img);
+    assert_matches(&fs, f, &m, "repaired");
+    fs.unmount().unwrap();
+}
+
 /// One version of the file's xattrs: from the point `at` (device events) on, it may be on disk.
 struct Version {
     at: usize,
