@@ -14,6 +14,7 @@ use crate::engine::{now, Engine};
 use crate::error::{Error, Result};
 use crate::format::node::S_IFMT;
 use crate::perm::{self, Caller, Change, S_ISGID};
+use std::sync::Arc;
 
 type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -185,7 +186,13 @@ impl Engine {
 impl Engine {
     /// [`Engine::write_mnode`] by `caller`, who first loses what a write takes (see
     /// [`crate::perm`]).
-    pub fn write_mnode_as(&self, m: &MNode, off: u64, data: &[u8], caller: &dyn Caller) -> Result<usize> {
+    pub fn write_mnode_as(
+        &self,
+        m: &Arc<MNode>,
+        off: u64,
+        data: &[u8],
+        caller: &dyn Caller,
+    ) -> Result<usize> {
         // A write of nothing changes nothing, and takes nothing (as the VFS).
         if !data.is_empty() && m.pages().is_some() {
             self.drop_privs(m, Change::Data, caller)?;
