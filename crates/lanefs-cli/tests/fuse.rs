@@ -1108,9 +1108,9 @@ fn fitrim_and_the_label_ioctls_through_the_mount() {
     set(b"").unwrap();
     assert_eq!(get(&m.mp), b"");
     set(b"kept").unwrap();
-    // Commands lanefs does not know: ENOTTY, as from a kernel file system.
+    // Commands lanefs does not know (FS_IOC_GETVERSION): ENOTTY, as from a kernel file system.
     let mut x = 0u64;
-    assert_eq!(errno_of(ioctl_on(&m.mp, 0x8008_6601, &mut x)), libc::ENOTTY);
+    assert_eq!(errno_of(ioctl_on(&m.mp, 0x8008_7601, &mut x)), libc::ENOTTY);
     m.umount();
 
     let (code, out, err) = lanefs(&[os("inspect"), img.as_os_str()]);
@@ -1340,5 +1340,163 @@ fn a_write_protected_device_is_mounted_read_only_with_a_word() {
     fs::write(m.mp.join("g"), b"written").unwrap();
     m.umount();
     drop(dev);
+    fsck_clean(&img);
+}
+
+/// The mount's line in /proc/self/mounts (per-mount and superblock options together).
+fn proc_mounts_options(mp: &Path) -> Vec<String> {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    let want = mp.to_str().unwrap();
+    let line =
+        mounts.lines().rev().find(|l| l.split(' ').nth(1) == Some(want)).expect("in /proc/self/mounts");
+    line.split(' ').nth(3).unwrap().split(',').map(String::from).collect()
+}
+
+fn atime_of(p: &Path) -> std::time::SystemTime {
+    fs::metadata(p).unwrap().accessed().unwrap()
+}
+
+/// Sets `p`'s atime and mtime long ago (its ctime becomes now).
+fn age(p: &Path) {
+    let old = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let f = File::options().write(true).open(p).unwrap();
+    f.set_times(fs::FileTimes::new().set_accessed(old).set_modified(old)).unwrap();
+}
+
+/// Longer than a tick of the clock the daemon stamps times with.
+fn tick() {
+    std::thread::sleep(Duration::from_millis(30));
+}
+
+/// fstests generic/003 in short: the kernel keeps no atime for a FUSE file system, so the
+/// daemon applies the mount's atime options on reads and listings, and the mount table shows
+/// the options as it does for a kernel file system's mount.
+#[test]
+fn atime_options_are_applied_by_the_daemon_and_shown_in_the_mount_table() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let opts = proc_mounts_options(&m.mp);
+    assert!(opts.iter().any(|o| o == "relatime"), "relatime by default: {opts:?}");
+    let (f, d) = (m.mp.join("f"), m.mp.join("d"));
+    fs::write(&f, b"aaa").unwrap();
+    fs::create_dir(&d).unwrap();
+    age(&f);
+    tick();
+    fs::read(&f).unwrap();
+    let a1 = atime_of(&f);
+    assert!(a1 > std::time::UNIX_EPOCH + Duration::from_secs(1_000_000), "relatime: first read updates");
+    tick();
+    fs::read(&f).unwrap();
+    assert_eq!(atime_of(&f), a1, "relatime: no change since the last read, no update");
+    m.umount();
+    assert_eq!(
+        Mounted::daemon(&img, &mp, &["-o", "ro"]).mp.join("f").metadata().unwrap().accessed().unwrap(),
+        a1,
+        "the update is durable"
+    );
+    run(&[os("umount"), mp.as_os_str()], Duration::from_secs(60));
+
+    let m = Mounted::daemon(&img, &mp, &["-o", "strictatime,nodiratime,lazytime"]);
+    let opts = proc_mounts_options(&m.mp);
+    assert!(!opts.iter().any(|o| o == "relatime" || o == "noatime"), "strictatime: {opts:?}");
+    assert!(opts.iter().any(|o| o == "nodiratime") && opts.iter().any(|o| o == "lazytime"), "{opts:?}");
+    tick();
+    fs::read(&f).unwrap();
+    let a2 = atime_of(&f);
+    tick();
+    fs::read(&f).unwrap();
+    let a3 = atime_of(&f);
+    assert!(a1 < a2 && a2 < a3, "strictatime: every read updates ({a1:?} {a2:?} {a3:?})");
+    let d0 = atime_of(&d);
+    tick();
+    fs::read_dir(&d).unwrap().for_each(drop);
+    assert_eq!(atime_of(&d), d0, "nodiratime");
+    m.umount();
+
+    let m = Mounted::daemon(&img, &mp, &["-o", "noatime"]);
+    assert!(proc_mounts_options(&m.mp).iter().any(|o| o == "noatime"));
+    assert_eq!(atime_of(&f), a3, "lazytime: written out at unmount");
+    age(&f);
+    let old = atime_of(&f);
+    tick();
+    fs::read(&f).unwrap();
+    fs::read_dir(&d).unwrap().for_each(drop);
+    assert_eq!(atime_of(&f), old, "noatime");
+    m.umount();
+    fsck_clean(&img);
+}
+
+/// `lsattr`'s flag letters for `p`.
+fn lsattr(p: &Path) -> String {
+    let out = Command::new("lsattr").arg("-d").arg(p).output().expect("lsattr");
+    assert!(out.status.success(), "lsattr: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).split(' ').next().unwrap().to_string()
+}
+
+fn chattr(args: &str, p: &Path) -> std::process::Output {
+    Command::new("chattr").arg(args).arg(p).output().expect("chattr")
+}
+
+/// fstests generic/079, 545 and 555 in short: chattr and lsattr through the mount (the
+/// kernel's FS_IOC_GETFLAGS/SETFLAGS/FSGETXATTR/FSSETXATTR reach the daemon as FUSE_IOCTL),
+/// and the engine refuses what immutable and append-only forbid, since the kernel does not see
+/// the flags.
+#[test]
+fn chattr_through_the_mount_sets_flags_the_daemon_enforces() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let f = m.mp.join("f");
+    fs::write(&f, b"data").unwrap();
+    let ctime = fs::metadata(&f).unwrap().ctime_nsec();
+    tick();
+    assert!(chattr("+i", &f).status.success());
+    assert!(lsattr(&f).contains('i'), "{}", lsattr(&f));
+    assert_ne!(fs::metadata(&f).unwrap().ctime_nsec(), ctime, "chattr changes the ctime");
+    let eperm = |r: io::Result<()>, what: &str| {
+        assert_eq!(r.expect_err(what).raw_os_error(), Some(libc::EPERM), "{what}");
+    };
+    eperm(OpenOptions::new().write(true).open(&f).map(drop), "open for writing");
+    eperm(fs::remove_file(&f), "unlink");
+    eperm(fs::rename(&f, m.mp.join("g")), "rename");
+    eperm(fs::hard_link(&f, m.mp.join("g")), "link");
+    eperm(fs::set_permissions(&f, fs::Permissions::from_mode(0o600)), "chmod");
+    assert_eq!(fs::read(&f).unwrap(), b"data", "reads go on");
+    // Without CAP_LINUX_IMMUTABLE the kernel refuses before asking the daemon.
+    let capsh = Command::new("capsh")
+        .arg("--drop=cap_linux_immutable")
+        .arg("--")
+        .arg("-c")
+        .arg(format!("chattr -i {}", f.display()))
+        .output()
+        .expect("capsh");
+    assert!(!capsh.status.success() && String::from_utf8_lossy(&capsh.stderr).contains("not permitted"));
+    assert!(chattr("-i", &f).status.success());
+    assert!(chattr("+a", &f).status.success());
+    eperm(OpenOptions::new().write(true).open(&f).map(drop), "open without O_APPEND");
+    let mut h = OpenOptions::new().append(true).open(&f).unwrap();
+    io::Write::write_all(&mut h, b" more").unwrap();
+    drop(h);
+    assert_eq!(fs::read(&f).unwrap(), b"data more");
+    let out = chattr("+c", &f);
+    assert!(!out.status.success(), "compression is no lanefs flag");
+    // xfs_io's FS_IOC_FSSETXATTR form, and persistence.
+    let d = m.mp.join("d");
+    fs::create_dir(&d).unwrap();
+    let x = Command::new("xfs_io").args(["-c", "chattr +x"]).arg(&d).output().expect("xfs_io");
+    assert!(x.status.success(), "{}", String::from_utf8_lossy(&x.stderr));
+    fs::write(d.join("child"), b"").unwrap();
+    m.umount();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    assert!(lsattr(&m.mp.join("f")).contains('a'), "survives the remount");
+    assert!(lsattr(&m.mp.join("d/child")).contains('x'), "DAX is inherited");
+    assert!(chattr("-a", &m.mp.join("f")).status.success());
+    fs::remove_file(m.mp.join("f")).unwrap();
+    m.umount();
     fsck_clean(&img);
 }

@@ -25,7 +25,7 @@ use fuser::{
 };
 use lanefs::format::node::Timespec;
 use lanefs::fs_seek::Seek;
-use lanefs::{Attr, FileKind, Fs, SetAttr, TrimRange};
+use lanefs::{Attr, FileKind, Fs, InodeFlags, SetAttr, TrimRange};
 use std::cell::{OnceCell, RefCell};
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -47,6 +47,18 @@ const DIR_BATCH: usize = 64;
 
 /// Largest copy_file_range answered in one request (the reply carries a u32).
 const MAX_COPY: u64 = 1 << 30;
+
+/// The inode-attribute ioctls (x86-64 and every other Linux ABI with the generic `_IOC`
+/// layout). The kernel sends them itself, as restricted FUSE_IOCTLs, from its
+/// `fileattr_get`/`fileattr_set` (fs/fuse/ioctl.c): FS_IOC_GETFLAGS/SETFLAGS with a 4-byte
+/// argument, FS_IOC_FSGETXATTR/FSSETXATTR with a `struct fsxattr`. Before a set it reads the
+/// old flags with FSGETXATTR and checks CAP_LINUX_IMMUTABLE for a change of `i` or `a`.
+pub const FS_IOC_GETFLAGS: u32 = 0x8008_6601; // _IOR('f', 1, long)
+pub const FS_IOC_SETFLAGS: u32 = 0x4008_6602; // _IOW('f', 2, long)
+pub const FS_IOC_FSGETXATTR: u32 = 0x801c_581f; // _IOR('X', 31, struct fsxattr)
+pub const FS_IOC_FSSETXATTR: u32 = 0x401c_5820; // _IOW('X', 32, struct fsxattr)
+/// `struct fsxattr`: xflags, extsize, nextents, projid, cowextsize (u32 each), 8 bytes of pad.
+const FSXATTR_LEN: usize = 28;
 
 /// The FUSE file system: a shared handle on a mounted lanefs.
 pub struct LaneFuse {
@@ -92,6 +104,15 @@ impl LaneFuse {
     /// Where the session's notifier goes once the session exists (`fuser::Session::notifier`).
     pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
         self.notifier.clone()
+    }
+
+    /// Drops the kernel's cached attributes of `ino` (not its pages: offset -1, so it takes
+    /// no lock of the inode, which the kernel holds while it waits for a FUSE_IOCTL). A flag
+    /// change by ioctl changes the ctime, and the kernel refreshes nothing after a FUSE_IOCTL.
+    fn attributes_changed(&self, ino: u64) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+        }
     }
 
     /// The process behind `req`; `fsetid` if the request says whether it has CAP_FSETID.
@@ -395,6 +416,64 @@ impl LaneFuse {
         }
     }
 
+    /// FS_IOC_GETFLAGS / SETFLAGS / FSGETXATTR / FSSETXATTR on `ino`: the reply's data, exactly
+    /// `out_size` bytes as the kernel expects. Changing the immutable or append flag needs
+    /// CAP_LINUX_IMMUTABLE, which the kernel has checked before it sends the request; FUSE
+    /// passes no capabilities, so root stands for it here (and for library callers in
+    /// `Fs::set_flags`).
+    fn inode_ioctl(
+        &self,
+        req: &Request,
+        ino: u64,
+        cmd: u32,
+        input: &[u8],
+        out_size: u32,
+    ) -> Result<Vec<u8>, Errno> {
+        let word = |at: usize| -> Result<u32, Errno> {
+            let b = input.get(at..at + 4).ok_or(Errno::EINVAL)?;
+            Ok(u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        };
+        let privileged = req.uid() == 0;
+        let mut out = vec![0u8; out_size as usize];
+        match cmd {
+            FS_IOC_GETFLAGS => {
+                let f = self.fs.get_flags(ino).map_err(errno)?;
+                let v = f.bits().to_le_bytes();
+                let n = out.len().min(4);
+                out[..n].copy_from_slice(&v[..n]);
+            }
+            FS_IOC_SETFLAGS => {
+                self.fs.set_flags(ino, InodeFlags(word(0)?), privileged).map_err(errno)?;
+                self.attributes_changed(ino);
+            }
+            FS_IOC_FSGETXATTR => {
+                let f = self.fs.get_flags(ino).map_err(errno)?;
+                let mut x = [0u8; FSXATTR_LEN];
+                x[..4].copy_from_slice(&f.xflags().to_le_bytes());
+                let n = out.len().min(FSXATTR_LEN);
+                out[..n].copy_from_slice(&x[..n]);
+            }
+            FS_IOC_FSSETXATTR => {
+                if input.len() < FSXATTR_LEN {
+                    return Err(Errno::EINVAL);
+                }
+                // No project quotas: only project 0. (Extent size hints need FS_XFLAG_EXTSIZE,
+                // which from_xflags refuses.)
+                if word(12)? != 0 {
+                    return Err(Errno::from_i32(libc::EOPNOTSUPP));
+                }
+                let mut f = InodeFlags::from_xflags(word(0)?).map_err(errno)?;
+                // fsx_xflags cannot say DIRSYNC: it stays as it was.
+                let old = self.fs.get_flags(ino).map_err(errno)?;
+                f = InodeFlags(f.bits() | (old.bits() & InodeFlags::DIRSYNC.bits()));
+                self.fs.set_flags(ino, f, privileged).map_err(errno)?;
+                self.attributes_changed(ino);
+            }
+            _ => return Err(Errno::from_i32(libc::ENOTTY)),
+        }
+        Ok(out)
+    }
+
     fn copy_range(
         &self,
         caller: &ReqCaller,
@@ -578,11 +657,13 @@ impl Filesystem for LaneFuse {
         reply: ReplyAttr,
     ) {
         let _busy = self.inflight.enter(Op::Setattr, ino.0, req.pid());
+        let now = |t: &Option<TimeOrNow>| t.as_ref().is_none_or(|t| matches!(t, TimeOrNow::Now));
         let a = SetAttr {
             mode,
             uid,
             gid,
             size,
+            times_now: now(&atime) && now(&mtime),
             atime: atime.map(time_or_now),
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(timespec),
@@ -695,7 +776,8 @@ impl Filesystem for LaneFuse {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _busy = self.inflight.enter(Op::Open, ino.0, req.pid());
-        match self.fs.open_ino(ino.0) {
+        // The kernel does not see the inode flags: the engine refuses write opens they forbid.
+        match self.fs.open_with(ino.0, flags.0) {
             Ok(_) => reply.opened(FileHandle(0), Self::open_flags(flags.0)),
             Err(e) => reply.error(errno(e)),
         }
@@ -1051,6 +1133,9 @@ impl Filesystem for LaneFuse {
                 l
             }),
             ioctl::FS_IOC_SETFSLABEL => self.set_label(req, in_data).map(|()| Vec::new()),
+            FS_IOC_GETFLAGS | FS_IOC_SETFLAGS | FS_IOC_FSGETXATTR | FS_IOC_FSSETXATTR => {
+                self.inode_ioctl(req, ino.0, cmd, in_data, out_size)
+            }
             // What the kernel's file systems say to a command they do not know.
             _ => Err(Errno::ENOTTY),
         };

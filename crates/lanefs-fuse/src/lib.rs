@@ -32,6 +32,11 @@
 //! FS_IOC_GETFSLABEL / FS_IOC_SETFSLABEL. The kernel sends ioctls on directories too
 //! (FUSE_IOCTL_DIR, protocol 7.18 and later), so they work on the mount point.
 //!
+//! The kernel keeps no access times and sees no inode flags for a FUSE file system: the engine
+//! updates atime on READ, READDIR and READLINK by the mount's atime options (`lanefs::AtimePolicy`),
+//! and `chattr`/`lsattr` reach it as FUSE_IOCTL (FS_IOC_GETFLAGS/SETFLAGS, FSGETXATTR/FSSETXATTR,
+//! sent by the kernel's `fileattr_get/set`), the engine enforcing immutable and append-only.
+//!
 //! [`inflight`] keeps the request each worker is serving, so that one stuck for longer than
 //! `stuck_request_secs` is logged (stderr in the foreground, syslog for the daemon).
 

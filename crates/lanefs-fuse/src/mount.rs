@@ -29,7 +29,7 @@ use crate::adapter::LaneFuse;
 use crate::inflight::{Inflight, Watcher};
 use fuser::{Config, MountOption, Session, SessionACL};
 use lanefs::device::{DeviceOptions, FileDevice, IoChoice};
-use lanefs::{Fs, FsOptions};
+use lanefs::{AtimeMode, AtimePolicy, Fs, FsOptions};
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -82,6 +82,10 @@ pub struct Parsed {
     /// `norecovery` (read-only mounts only): the last checkpoint alone, the journals not
     /// replayed.
     pub no_recovery: bool,
+    /// The access-time options (`relatime` by default; `noatime`, `strictatime`, `nodiratime`,
+    /// `lazytime` and their opposites, the last word winning), which the daemon applies: the
+    /// kernel keeps no atime for FUSE.
+    pub atime: AtimePolicy,
 }
 
 /// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
@@ -98,6 +102,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut checkpoint_interval = None;
     let mut stuck_request = Some(STUCK_REQUEST);
     let mut no_recovery = false;
+    let mut atime = AtimePolicy::default();
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let opt = match o {
             "ro" => MountOption::RO,
@@ -108,8 +113,20 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
             "nosuid" => MountOption::NoSuid,
             "exec" => MountOption::Exec,
             "noexec" => MountOption::NoExec,
-            "atime" => MountOption::Atime,
-            "noatime" => MountOption::NoAtime,
+            "atime" | "noatime" | "relatime" | "norelatime" | "strictatime" | "nostrictatime"
+            | "lazytime" | "nolazytime" | "diratime" | "nodiratime" => {
+                match o {
+                    "noatime" => atime.mode = AtimeMode::Never,
+                    // The kernel's default is relatime: "atime" and "norelatime" come back to it.
+                    "atime" | "relatime" | "norelatime" | "nostrictatime" => atime.mode = AtimeMode::Relative,
+                    "strictatime" => atime.mode = AtimeMode::Always,
+                    "lazytime" => atime.lazy = true,
+                    "nolazytime" => atime.lazy = false,
+                    "diratime" => atime.dirs = true,
+                    _ => atime.dirs = false,
+                }
+                continue;
+            }
             "dirsync" => MountOption::DirSync,
             "sync" => MountOption::Sync,
             "async" => MountOption::Async,
@@ -138,9 +155,6 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
                 no_recovery = true;
                 continue;
             }
-            // Access-time policies the kernel applies to every mount; FUSE takes no option.
-            "relatime" | "norelatime" | "strictatime" | "lazytime" | "nolazytime" | "diratime"
-            | "nodiratime" => continue,
             // mount(8) and fstab words that are not mount options.
             "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "nofail" | "_netdev" => continue,
             o if o.starts_with("x-") || o.starts_with("comment=") => continue,
@@ -187,9 +201,29 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     if default_permissions {
         fuse.push(MountOption::DefaultPermissions);
     }
+    // What the mount table shows. noatime is a flag fuser passes; lazytime a superblock flag the
+    // kernel takes as a mount option from root's mount(2) (fusermount3 3.14, which mounts for a
+    // user, refuses it). strictatime and nodiratime have no fuser option: `show_atime_flags`
+    // sets them once the mount is up.
+    if atime.mode == AtimeMode::Never {
+        fuse.push(MountOption::NoAtime);
+    }
+    if atime.lazy && rustix::process::geteuid().is_root() {
+        fuse.push(MountOption::CUSTOM("lazytime".into()));
+    }
     // The kernel's own subtype option: /proc/mounts shows the type as fuse.lanefs.
     fuse.push(MountOption::CUSTOM("subtype=lanefs".into()));
-    Ok(Parsed { fuse, acl, threads, nvm, writeback_cache, checkpoint_interval, stuck_request, no_recovery })
+    Ok(Parsed {
+        fuse,
+        acl,
+        threads,
+        nvm,
+        writeback_cache,
+        checkpoint_interval,
+        stuck_request,
+        no_recovery,
+        atime,
+    })
 }
 
 fn default_threads() -> usize {
@@ -334,6 +368,10 @@ fn serve(
             });
         }
     };
+    if let Err(e) = show_atime_flags(&mountpoint, parsed) {
+        // The daemon applies the options all the same; only the table would say otherwise.
+        note(&e);
+    }
     // Read before anything can be mounted over it; a stat of the mount point would be a FUSE
     // request that no worker serves yet.
     let dev = std::fs::read_to_string("/proc/self/mountinfo")
@@ -438,6 +476,7 @@ fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result
         no_recovery: parsed.no_recovery,
         nvm,
         nvm_size: args.nvm_size.or(defaults.nvm_size),
+        atime: parsed.atime,
         ..defaults
     };
     if let Some(interval) = parsed.checkpoint_interval {
@@ -548,21 +587,7 @@ fn second_mount(image: &Path, at: &Path, new: &Path, parsed: &Parsed) -> Result<
         ));
     }
     mount_bind(at, new).map_err(|e| format!("cannot bind {} to {}: {e}", at.display(), new.display()))?;
-    let has = |o: MountOption| parsed.fuse.contains(&o);
-    let mut flags = MountFlags::BIND;
-    // FUSE's defaults, as fuser applies them to a fresh mount: nosuid and nodev unless asked.
-    for (set, flag) in [
-        (has(MountOption::RO), MountFlags::RDONLY),
-        (!has(MountOption::Suid), MountFlags::NOSUID),
-        (!has(MountOption::Dev), MountFlags::NODEV),
-        (has(MountOption::NoExec), MountFlags::NOEXEC),
-        (has(MountOption::NoAtime), MountFlags::NOATIME),
-    ] {
-        if set {
-            flags |= flag;
-        }
-    }
-    if let Err(e) = mount_remount(new, flags, "") {
+    if let Err(e) = mount_remount(new, MountFlags::BIND | per_mount_flags(parsed), "") {
         let _ = unmount(new, UnmountFlags::empty());
         return Err(format!(
             "cannot set the flags of the bind of {} on {}: {e}",
@@ -577,6 +602,46 @@ fn second_mount(image: &Path, at: &Path, new: &Path, parsed: &Parsed) -> Result<
         at.display(),
         new.display()
     ))
+}
+
+/// The per-mount flags a fresh mount with these options gets (what a bind of it is given), and
+/// what `show_atime_flags` sets.
+fn per_mount_flags(parsed: &Parsed) -> rustix::mount::MountFlags {
+    use rustix::mount::MountFlags;
+    let has = |o: MountOption| parsed.fuse.contains(&o);
+    let mut flags = MountFlags::empty();
+    // FUSE's defaults, as fuser applies them to a fresh mount: nosuid and nodev unless asked.
+    for (set, flag) in [
+        (has(MountOption::RO), MountFlags::RDONLY),
+        (!has(MountOption::Suid), MountFlags::NOSUID),
+        (!has(MountOption::Dev), MountFlags::NODEV),
+        (has(MountOption::NoExec), MountFlags::NOEXEC),
+        (parsed.atime.mode == AtimeMode::Never, MountFlags::NOATIME),
+        (parsed.atime.mode == AtimeMode::Always, MountFlags::STRICTATIME),
+        (!parsed.atime.dirs, MountFlags::NODIRATIME),
+    ] {
+        if set {
+            flags |= flag;
+        }
+    }
+    flags
+}
+
+/// Makes the mount table show `strictatime` and `nodiratime` as a kernel file system's mount
+/// does: fuser's mount(2) cannot pass them, so the per-mount flags are set again with a bind
+/// remount (root only: for another user the table shows relatime, while the daemon applies
+/// the options all the same). It changes per-mount flags only, and sends the file system no
+/// request: it can run before the workers serve.
+fn show_atime_flags(mountpoint: &Path, parsed: &Parsed) -> Result<(), String> {
+    use rustix::mount::{mount_remount, MountFlags};
+    if parsed.atime.mode != AtimeMode::Always && parsed.atime.dirs {
+        return Ok(());
+    }
+    if !rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    mount_remount(mountpoint, MountFlags::BIND | per_mount_flags(parsed), "")
+        .map_err(|e| format!("cannot set the access-time flags of {}: {e}", mountpoint.display()))
 }
 
 /// An I/O error without Rust's " (os error N)" tail.
@@ -815,6 +880,27 @@ mod tests {
         assert!(!parse_options(&["ro".into()]).unwrap().no_recovery);
         // Without ro it is refused at mount, unless the image is write-protected (then ro).
         assert!(parse_options(&["norecovery".into()]).unwrap().no_recovery);
+    }
+
+    #[test]
+    fn atime_options_make_a_policy_the_last_word_winning() {
+        let p = parse_options(&[]).unwrap();
+        assert_eq!(p.atime, AtimePolicy::default());
+        assert!(!p.fuse.contains(&MountOption::NoAtime));
+        let p = parse_options(&["noatime,nodiratime".into()]).unwrap();
+        assert_eq!(p.atime, AtimePolicy { mode: AtimeMode::Never, dirs: false, lazy: false });
+        assert!(p.fuse.contains(&MountOption::NoAtime));
+        let p =
+            parse_options(&["noatime,strictatime,lazytime".into(), "nodiratime,diratime".into()]).unwrap();
+        assert_eq!(p.atime, AtimePolicy { mode: AtimeMode::Always, dirs: true, lazy: true });
+        assert!(!p.fuse.contains(&MountOption::NoAtime));
+        for back in ["atime", "relatime", "norelatime", "nostrictatime"] {
+            let p = parse_options(&[format!("strictatime,{back},lazytime,nolazytime")]).unwrap();
+            assert_eq!(p.atime, AtimePolicy::default(), "{back}");
+        }
+        // None of them reaches the kernel as a FUSE option it would refuse.
+        let p = parse_options(&["relatime,strictatime,nodiratime,norelatime,nostrictatime".into()]).unwrap();
+        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.contains("atime"))));
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct FsOptions {
     /// flush is free (`BlockDevice::flush_is_free`: an image in RAM), where the extra
     /// checkpoints cost more than the flushes saved. See `crate::pmem`.
     pub nvm_inline_pages: Option<usize>,
+    /// When reads update access times (`relatime` unless told otherwise; see `mem::atime`).
+    pub atime: crate::mem::atime::AtimePolicy,
 }
 
 impl Default for FsOptions {
@@ -87,6 +89,7 @@ impl Default for FsOptions {
             nvm_size: None,
             nvm_region: crate::pmem::RegionOptions::default(),
             nvm_inline_pages: None,
+            atime: crate::mem::atime::AtimePolicy::default(),
         }
     }
 }
@@ -201,6 +204,14 @@ pub struct Engine {
     pub(crate) chains: Vec<Mutex<ChainWriter>>,
     pub(crate) group: GroupCommit,
     pub(crate) dirty: PerCpu<Mutex<Vec<u32>>>,
+    /// The access-time policy (`mem::atime::AtimePolicy`, one byte: a remount changes it).
+    pub(crate) atime: std::sync::atomic::AtomicU8,
+    /// Per-CPU lists of inodes whose atime changed under lazytime and is in no dirty set.
+    pub(crate) lazy: PerCpu<Mutex<Vec<u32>>>,
+    /// File-system age (`elapsed_secs`) when the oldest lazy atime was queued (0: none).
+    pub(crate) lazy_since: AtomicU64,
+    /// The next checkpoint writes every lazy atime (a `sync`).
+    pub(crate) lazy_flush: AtomicBool,
     /// Unlinked while open.
     pub(crate) orphans: Mutex<std::collections::BTreeSet<u32>>,
     pub(crate) cp: Mutex<CpState>,
@@ -377,10 +388,8 @@ impl Engine {
             uid: inode.uid,
             gid: inode.gid,
             nlink: inode.nlink,
-            atime: inode.atime,
             crtime: inode.crtime,
             rdev: inode.rdev,
-            flags: inode.flags,
             generation: inode.generation,
             xattrs: XattrState { set: Arc::new(xattrs), ..Default::default() },
             symlink: Vec::new(),
@@ -427,7 +436,13 @@ impl Engine {
         } else {
             m_size = inode.size;
         }
-        let m = MNode::new(ino, meta, m_size, inode.mtime, inode.ctime, &self.cache);
+        let stamps = crate::mem::mnode::Stamps {
+            atime: inode.atime,
+            mtime: inode.mtime,
+            ctime: inode.ctime,
+            flags: inode.flags,
+        };
+        let m = MNode::new(ino, meta, m_size, stamps, &self.cache);
         *m.disk.lock() = disk;
         if let Some(d) = m.dir() {
             for e in dir_entries {

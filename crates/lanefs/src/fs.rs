@@ -38,6 +38,8 @@ pub use crate::engine::FsOptions;
 use crate::error::{Error, Result};
 use crate::format::node::{Timespec, S_IFMT};
 pub use crate::fsctl::TrimRange;
+pub use crate::mem::atime::{AtimeMode, AtimePolicy};
+pub use crate::mem::iflags::InodeFlags;
 use crate::mem::mnode::MNode;
 use crate::mem::ops::NewInode;
 pub use crate::mem::ops::{
@@ -113,6 +115,9 @@ pub struct SetAttr {
     pub mtime: Option<Timespec>,
     /// Defaults to now.
     pub ctime: Option<Timespec>,
+    /// `atime` and `mtime`, where given, are the current time (utimensat with NULL or
+    /// UTIME_NOW): allowed on an append-only inode, where explicit times are not (as ext4).
+    pub times_now: bool,
 }
 
 /// A new inode for [`Fs::make`].
@@ -284,7 +289,7 @@ impl Fs {
                 None => m.size.load(Ordering::Acquire),
             },
             blocks: blocks * 8,
-            atime: meta.atime,
+            atime: m.atime(),
             mtime: m.mtime(),
             ctime: m.ctime(),
             crtime: meta.crtime,
@@ -343,9 +348,70 @@ impl Fs {
             a.atime,
             a.mtime,
             a.ctime,
+            a.times_now,
             caller,
         )?;
+        self.sync_if(&m, InodeFlags::SYNC)?;
         Ok(self.attr(&m))
+    }
+
+    /// The inode's flags, as `lsattr` shows them (FS_IOC_GETFLAGS).
+    pub fn get_flags(&self, ino: Ino) -> Result<InodeFlags> {
+        self.engine.check_live()?;
+        self.engine.get_flags(ino32(ino)?)
+    }
+
+    /// Sets the inode's flags (FS_IOC_SETFLAGS, `chattr`): EOPNOTSUPP for a flag lanefs does
+    /// not support; EPERM for a change of [`InodeFlags::IMMUTABLE`] or [`InodeFlags::APPEND`]
+    /// unless `privileged` (the caller holds CAP_LINUX_IMMUTABLE), and for any other change
+    /// while the inode stays immutable. Updates the ctime. What each flag does is in
+    /// [`InodeFlags`]; the engine enforces them for every caller, this API's included.
+    ///
+    /// ```
+    /// # let dev = std::sync::Arc::new(lanefs::device::MemDevice::new(64 << 20));
+    /// # lanefs::Fs::format(&*dev, &lanefs::MkfsOptions::default()).unwrap();
+    /// # let fs = lanefs::Fs::open(dev, lanefs::FsOptions::default()).unwrap();
+    /// use lanefs::{InodeFlags, ROOT};
+    /// let f = fs.create(ROOT, b"log", 0o644, 0, 0).unwrap();
+    /// fs.write_at(f.ino, 0, b"one\n").unwrap();
+    /// fs.set_flags(f.ino, InodeFlags::APPEND, true).unwrap();
+    /// assert_eq!(fs.write_at(f.ino, 0, b"two\n").unwrap_err().to_errno(), libc::EPERM);
+    /// fs.write_at(f.ino, 4, b"two\n").unwrap(); // at the end: allowed
+    /// assert_eq!(fs.unlink(ROOT, b"log").unwrap_err().to_errno(), libc::EPERM);
+    /// ```
+    pub fn set_flags(&self, ino: Ino, flags: InodeFlags, privileged: bool) -> Result<Attr> {
+        self.engine.check_live()?;
+        let m = self.engine.set_flags(ino32(ino)?, flags, privileged)?;
+        self.sync_if(&m, InodeFlags::SYNC)?;
+        Ok(self.attr(&m))
+    }
+
+    /// The access-time policy in force ([`FsOptions::atime`] at mount).
+    pub fn atime_policy(&self) -> AtimePolicy {
+        self.engine.atime_policy()
+    }
+
+    /// Changes the access-time policy (a remount with other atime options).
+    pub fn set_atime_policy(&self, p: AtimePolicy) {
+        self.engine.set_atime_policy(p)
+    }
+
+    /// Makes `m`'s last change durable if its flags ask for it (`SYNC`, or `DIRSYNC` of a
+    /// directory whose entries changed).
+    fn sync_if(&self, m: &Arc<MNode>, which: InodeFlags) -> Result<()> {
+        if InodeFlags(m.iflags()).intersects(which) {
+            self.engine.fsync_mnode(m, false)?;
+        }
+        Ok(())
+    }
+
+    /// After an entry change in directory `dir`: durable now if it is DIRSYNC or SYNC.
+    fn dirsync(&self, dir: Ino) -> Result<()> {
+        let m = {
+            let _g = self.engine.pass.shared();
+            self.engine.mnode(ino32(dir)?)?
+        };
+        self.sync_if(&m, InodeFlags(InodeFlags::DIRSYNC.bits() | InodeFlags::SYNC.bits()))
     }
 
     /// Creates a regular file (`mode`: permission bits).
@@ -379,6 +445,7 @@ impl Fs {
             name,
             NewInode { mode, uid: new.uid, gid: new.gid, rdev: new.rdev, symlink: &[], umask: new.umask },
         )?;
+        self.dirsync(parent)?;
         Ok(self.attr(&m))
     }
 
@@ -389,6 +456,7 @@ impl Fs {
             name,
             NewInode { mode: 0o120777, uid, gid, rdev: 0, symlink: target, umask: 0 },
         )?;
+        self.dirsync(parent)?;
         Ok(self.attr(&m))
     }
 
@@ -400,35 +468,53 @@ impl Fs {
             return Err(Error::errno(libc::EINVAL, "not a symlink"));
         }
         let target = m.meta.lock().symlink.clone();
+        self.engine.touch_atime(&m);
         Ok(target)
     }
 
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         self.engine.check_live()?;
         let m = self.engine.link(ino32(ino)?, ino32(newparent)?, newname)?;
+        self.dirsync(newparent)?;
         Ok(self.attr(&m))
     }
 
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.unlink(ino32(parent)?, name)
+        self.engine.unlink(ino32(parent)?, name)?;
+        self.dirsync(parent)
     }
 
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.rmdir(ino32(parent)?, name)
+        self.engine.rmdir(ino32(parent)?, name)?;
+        self.dirsync(parent)
     }
 
     /// rename(2); `flags` may hold [`RENAME_NOREPLACE`] or [`RENAME_EXCHANGE`].
     pub fn rename(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags)
+        self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags)?;
+        self.dirsync(parent)?;
+        if newparent != parent {
+            self.dirsync(newparent)?;
+        }
+        Ok(())
     }
 
     /// Opens an inode: keeps it alive after its last name is removed until [`Fs::release`].
     pub fn open_ino(&self, ino: Ino) -> Result<Attr> {
         self.engine.check_live()?;
         let m = self.engine.open_file(ino32(ino)?)?;
+        Ok(self.attr(&m))
+    }
+
+    /// Opens an inode as open(2) with `flags` (`libc::O_*`: the access mode, `O_APPEND`,
+    /// `O_TRUNC`) would: EPERM for a write open of an immutable inode, and for one of an
+    /// append-only inode without `O_APPEND` or with `O_TRUNC`. Else as [`Fs::open_ino`].
+    pub fn open_with(&self, ino: Ino, flags: i32) -> Result<Attr> {
+        self.engine.check_live()?;
+        let m = self.engine.open_checked(ino32(ino)?, flags)?;
         Ok(self.attr(&m))
     }
 
@@ -541,6 +627,8 @@ impl Fs {
         self.engine.check_live()?;
         let _g = self.engine.pass.shared();
         let d = self.engine.dir_mnode(ino32(ino)?)?;
+        // A listing is an access of the directory (unless `nodiratime`), as getdents is.
+        self.engine.touch_atime(&d);
         let mut out = Vec::new();
         if cookie < 1 && out.len() < max {
             out.push(DirEntry { name: b".".to_vec(), ino, kind: FileKind::Dir, cookie: 1 });
@@ -676,9 +764,10 @@ impl Fs {
         self.engine.trim(range)
     }
 
-    /// sync(2): everything becomes durable (a checkpoint).
+    /// sync(2): everything becomes durable (a checkpoint), lazytime access times included.
     pub fn sync(&self) -> Result<()> {
         self.engine.check_live()?;
+        self.engine.lazy_flush.store(true, Ordering::Release);
         self.engine.checkpoint(false)
     }
 

@@ -34,6 +34,6 @@ pub mod sync;
 
 pub use error::{Error, Result};
 pub use fs::{
-    Attr, Caller, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, IoStats, Listing, MkfsOptions, New,
-    Privileged, SetAttr, StatFs, TrimRange, ROOT,
+    AtimeMode, AtimePolicy, Attr, Caller, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, InodeFlags,
+    IoStats, Listing, MkfsOptions, New, Privileged, SetAttr, StatFs, TrimRange, ROOT,
 };

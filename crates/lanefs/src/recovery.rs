@@ -215,6 +215,10 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         chains,
         group: GroupCommit::default(),
         dirty: PerCpu::new(|_| Mutex::new(Rank::DirtySet, Vec::new())),
+        atime: std::sync::atomic::AtomicU8::new(opts.atime.encode()),
+        lazy: PerCpu::new(|_| Mutex::new(Rank::LazyAtime, Vec::new())),
+        lazy_since: std::sync::atomic::AtomicU64::new(0),
+        lazy_flush: AtomicBool::new(false),
         orphans: Mutex::new(Rank::Orphans, Default::default()),
         clock: StampClock::new(cp.stamp.max(max_stamp)),
         cp: Mutex::new(Rank::CpState, CpState { cp, pack, started: 0, durable: 0, settled: 0 }),
@@ -372,15 +376,19 @@ impl Engine {
                     uid: attr.uid,
                     gid: attr.gid,
                     nlink: if is_dir { 2 } else { 1 },
-                    atime: attr.atime,
                     crtime: attr.crtime,
                     rdev: attr.rdev,
-                    flags: attr.flags,
                     generation: attr.generation,
                     xattrs: Default::default(),
                     symlink: symlink.clone(),
                 };
-                let m = MNode::new(*ino, meta, attr.size, t(attr.mtime), t(attr.ctime), &self.cache);
+                let stamps = crate::mem::mnode::Stamps {
+                    atime: attr.atime,
+                    mtime: t(attr.mtime),
+                    ctime: t(attr.ctime),
+                    flags: attr.flags,
+                };
+                let m = MNode::new(*ino, meta, attr.size, stamps, &self.cache);
                 m.parent.store(*dir, Ordering::Relaxed);
                 if is_dir {
                     m.disk.lock().dentries = Some(Default::default());
@@ -458,12 +466,12 @@ impl Engine {
                     meta.mode = (meta.mode & crate::format::node::S_IFMT) | (attr.mode & 0o7777);
                     meta.uid = attr.uid;
                     meta.gid = attr.gid;
-                    meta.atime = attr.atime;
                     meta.crtime = attr.crtime;
                     meta.rdev = attr.rdev;
-                    meta.flags = attr.flags;
                     meta.generation = attr.generation;
                 }
+                m.atime.store(ts_to_ns(attr.atime), Ordering::Relaxed);
+                m.flags.store(attr.flags, Ordering::Release);
                 if !m.is_dir() {
                     m.size.store(attr.size, Ordering::Release);
                 }

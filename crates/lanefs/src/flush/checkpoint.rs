@@ -42,8 +42,10 @@ struct InodeSnap {
     m: Arc<MNode>,
     meta: Meta,
     size: u64,
+    atime: crate::format::node::Timespec,
     mtime: crate::format::node::Timespec,
     ctime: crate::format::node::Timespec,
+    flags: u32,
     parent: u32,
     pages: Vec<(u64, PageBuf)>,
     map: BlockMap,
@@ -90,7 +92,7 @@ impl Engine {
         let gate = self.gate.write();
         let mut snap = {
             let _x = self.pass.exclusive();
-            self.snapshot()
+            self.snapshot(clean)
         };
         for op in std::mem::take(&mut snap.uncount) {
             self.count_pending(&op.record, -1);
@@ -117,7 +119,7 @@ impl Engine {
         Ok(())
     }
 
-    fn snapshot(&self) -> Snapshot {
+    fn snapshot(&self, clean: bool) -> Snapshot {
         let seq = {
             let mut cp = self.cp.lock();
             cp.started += 1;
@@ -128,6 +130,9 @@ impl Engine {
         for d in self.dirty.iter() {
             inos.append(&mut d.lock());
         }
+        // Lazy access times go out on unmount, `sync`, or once they are old (`mem::atime`).
+        let all_lazy = clean || self.lazy_flush.swap(false, Ordering::AcqRel);
+        inos.extend(self.take_lazy(all_lazy));
         inos.sort_unstable();
         inos.dedup();
         let mut inodes = Vec::new();
@@ -154,6 +159,7 @@ impl Engine {
             };
             // The checkpoint makes whatever is pending durable by itself.
             m.attr_dirty.store(false, Ordering::Release);
+            m.atime_dirty.store(false, Ordering::Release);
             let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
             let (map, mut relocate) = {
                 let mut disk = m.disk.lock();
@@ -211,12 +217,15 @@ impl Engine {
                 None => m.size.load(Ordering::Acquire),
             };
             let (mtime, ctime, parent) = (m.mtime(), m.ctime(), m.parent.load(Ordering::Acquire));
+            let (atime, flags) = (m.atime(), m.iflags());
             inodes.push(InodeSnap {
                 m,
                 meta,
                 size,
+                atime,
                 mtime,
                 ctime,
+                flags,
                 parent,
                 pages,
                 map,
@@ -503,13 +512,13 @@ impl Engine {
             nlink: s.meta.nlink,
             size,
             blocks: 0,
-            atime: s.meta.atime,
+            atime: s.atime,
             mtime: s.mtime,
             ctime: s.ctime,
             crtime: s.meta.crtime,
             rdev: s.meta.rdev,
             generation: s.meta.generation,
-            flags: s.meta.flags,
+            flags: s.flags,
             xattr_nid: 0,
             parent: s.parent,
             name: Vec::new(),

@@ -76,13 +76,21 @@ impl Engine {
     }
 
     /// fsync of an mnode the caller holds.
-    pub fn fsync_mnode(&self, m: &Arc<MNode>, _datasync: bool) -> Result<()> {
+    pub fn fsync_mnode(&self, m: &Arc<MNode>, datasync: bool) -> Result<()> {
         if self.opts.read_only {
             // Nothing can be dirty: there is nothing to make durable.
             return Ok(());
         }
         self.check_writable()?;
         let gate = self.enter_flush(m)?;
+        // An access time changed by a read is an attribute change for fsync, not for fdatasync
+        // (as ext4: it dirties the inode, not its data). The gate keeps the checkpoint's
+        // snapshot, which clears both marks, away meanwhile.
+        if !datasync && m.atime_dirty.swap(false, Ordering::AcqRel) {
+            m.attr_dirty.store(true, Ordering::Release);
+            // Dirty too: a transaction that does not fit leaves it to the checkpoint.
+            self.mark_dirty(m);
+        }
         let mut start = m.pending_dirs();
         if m.is_dir() {
             start.push(m.ino);

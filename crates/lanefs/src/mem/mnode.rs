@@ -29,10 +29,8 @@ pub struct Meta {
     pub uid: u32,
     pub gid: u32,
     pub nlink: u32,
-    pub atime: Timespec,
     pub crtime: Timespec,
     pub rdev: u64,
-    pub flags: u32,
     pub generation: u32,
     pub xattrs: XattrState,
     /// A symlink's target.
@@ -139,9 +137,14 @@ pub struct MNode {
     pub file_type: u32,
     pub meta: Mutex<Meta>,
     pub size: AtomicU64,
-    /// Nanoseconds since the epoch.
+    /// Nanoseconds since the epoch. The access time is an atomic like the others so that a
+    /// read decides whether to update it without a lock (`mem::atime`).
     pub mtime: AtomicI64,
     pub ctime: AtomicI64,
+    pub atime: AtomicI64,
+    /// Inode flags (`mem::iflags`): an atomic, so that every write checks them without a lock;
+    /// changed under the file's whole range lock, so a write checks what holds until it ends.
+    pub flags: AtomicU32,
     pub content: Content,
     pub disk: Mutex<DiskState>,
     /// Open handles.
@@ -159,6 +162,11 @@ pub struct MNode {
     pub captured_by: AtomicU64,
     /// Its attributes changed since they were last journaled.
     pub attr_dirty: AtomicBool,
+    /// Its access time changed (by a read) since it was last journaled or checkpointed: an
+    /// fsync journals it, an fdatasync does not (`mem::atime`).
+    pub atime_dirty: AtomicBool,
+    /// On the lazy-atime queue (`Engine::lazy`).
+    pub lazy_queued: AtomicBool,
     /// Held by an fsync for its whole transaction, and by writeback, so that what one takes
     /// from the inode (dirty pages, placed blocks, attributes) is journaled, in stamp order,
     /// and durable before another fsync of the inode decides what is left: otherwise an fsync
@@ -175,16 +183,25 @@ pub fn ns_to_ts(ns: i64) -> Timespec {
     Timespec { sec: ns.div_euclid(1_000_000_000), nsec: ns.rem_euclid(1_000_000_000) as u32 }
 }
 
+/// An inode's times and flags, as a new mnode starts with them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamps {
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub flags: u32,
+}
+
+impl Stamps {
+    /// Every time `t`, no flags.
+    pub fn at(t: Timespec) -> Stamps {
+        Stamps { atime: t, mtime: t, ctime: t, flags: 0 }
+    }
+}
+
 impl MNode {
     /// A new mnode of `meta.mode`'s type.
-    pub fn new(
-        ino: u32,
-        meta: Meta,
-        size: u64,
-        mtime: Timespec,
-        ctime: Timespec,
-        stats: &Arc<CacheStats>,
-    ) -> MNode {
+    pub fn new(ino: u32, meta: Meta, size: u64, st: Stamps, stats: &Arc<CacheStats>) -> MNode {
         let file_type = meta.mode & S_IFMT;
         let content = match file_type {
             S_IFREG => Content::File { pages: PageMap::new(stats.clone()), range: RangeLock::new() },
@@ -201,8 +218,10 @@ impl MNode {
             file_type,
             meta: Mutex::new(Rank::Meta, meta),
             size: AtomicU64::new(size),
-            mtime: AtomicI64::new(ts_to_ns(mtime)),
-            ctime: AtomicI64::new(ts_to_ns(ctime)),
+            mtime: AtomicI64::new(ts_to_ns(st.mtime)),
+            ctime: AtomicI64::new(ts_to_ns(st.ctime)),
+            atime: AtomicI64::new(ts_to_ns(st.atime)),
+            flags: AtomicU32::new(st.flags),
             content,
             disk: Mutex::new(Rank::Disk, DiskState::default()),
             open: AtomicU32::new(0),
@@ -211,6 +230,8 @@ impl MNode {
             in_dirty_set: AtomicBool::new(false),
             captured_by: AtomicU64::new(0),
             attr_dirty: AtomicBool::new(false),
+            atime_dirty: AtomicBool::new(false),
+            lazy_queued: AtomicBool::new(false),
             fsync_order: Mutex::new(Rank::FsyncOrder, ()),
         }
     }
@@ -239,6 +260,15 @@ impl MNode {
 
     pub fn ctime(&self) -> Timespec {
         ns_to_ts(self.ctime.load(Ordering::Relaxed))
+    }
+
+    pub fn atime(&self) -> Timespec {
+        ns_to_ts(self.atime.load(Ordering::Relaxed))
+    }
+
+    /// The inode flags (`mem::iflags`).
+    pub fn iflags(&self) -> u32 {
+        self.flags.load(Ordering::Acquire)
     }
 
     /// Sets mtime and ctime to `now` (a data or entry change). Stores only what changed, so

@@ -10,9 +10,12 @@
 //! - [`ops`]: the operations themselves.
 //! - [`perm`]: privileges a change drops, ACL inheritance and the mode kept in step with ACLs.
 //! - [`xattr`]: an inode's extended attributes.
+//! - [`atime`]: when reads update access times; [`iflags`]: inode flags (`chattr`).
 
+pub mod atime;
 pub mod cells;
 pub mod dir;
+pub mod iflags;
 pub mod mnode;
 pub mod ops;
 pub mod pages;

@@ -6,7 +6,8 @@
 //! linearization point), and registers with `inflight` so that a merge stamped later waits for
 //! it. File data is written under the range lock of the bytes written, never a file lock.
 
-use super::mnode::{ts_to_ns, Content, MNode, Meta, S_IFDIR, S_IFLNK, S_IFREG};
+use super::iflags::{refuse, InodeFlags};
+use super::mnode::{ts_to_ns, Content, MNode, Meta, Stamps, S_IFDIR, S_IFLNK, S_IFREG};
 use super::pages::{PageMap, PAGE_SIZE};
 use super::xattr::XattrState;
 use crate::device::BLOCK_SIZE;
@@ -85,12 +86,12 @@ impl MNode {
             uid: meta.uid,
             gid: meta.gid,
             size: self.size.load(Ordering::Acquire),
-            atime: meta.atime,
+            atime: self.atime(),
             mtime: self.mtime(),
             ctime: self.ctime(),
             crtime: meta.crtime,
             rdev: meta.rdev,
-            flags: meta.flags,
+            flags: self.iflags(),
             generation: meta.generation,
         }
     }
@@ -139,6 +140,7 @@ impl Engine {
         if dir.map.lookup(name).is_some() {
             return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name)));
         }
+        refuse(d.iflags(), InodeFlags::IMMUTABLE, "create")?;
         // Its ACLs go in with it, before its name is visible.
         let (mode, xattrs) = self.inherit(&d, new.mode, new.umask)?;
         let (_, cpu) = self.lane();
@@ -151,10 +153,8 @@ impl Engine {
             uid: new.uid,
             gid: new.gid,
             nlink: if ftype == S_IFDIR { 2 } else { 1 },
-            atime: t,
             crtime: t,
             rdev: new.rdev,
-            flags: 0,
             generation: 0,
             xattrs: Default::default(),
             symlink: new.symlink.to_vec(),
@@ -165,7 +165,8 @@ impl Engine {
             self.xattr_changed(&mut meta.xattrs, &n);
         }
         let size = if ftype == S_IFLNK { new.symlink.len() as u64 } else { 0 };
-        let m = MNode::new(ino, meta, size, t, t, &self.cache);
+        let flags = InodeFlags(d.iflags()).inherited_by(new.mode).bits();
+        let m = MNode::new(ino, meta, size, Stamps { flags, ..Stamps::at(t) }, &self.cache);
         m.parent.store(parent, Ordering::Relaxed);
         if ftype == S_IFDIR {
             m.disk.lock().dentries = Some(Default::default());
@@ -225,7 +226,9 @@ impl Engine {
         if m.is_dir() {
             return Err(Error::errno(libc::EPERM, "hard link to a directory"));
         }
+        refuse(m.iflags(), InodeFlags::PRIVILEGED, "link")?;
         let d = self.dir_mnode(parent)?;
+        refuse(d.iflags(), InodeFlags::IMMUTABLE, "link into a directory")?;
         let dir = d.dir().expect("dir");
         {
             let meta = m.meta.lock();
@@ -295,6 +298,8 @@ impl Engine {
         let dir = d.dir().expect("dir");
         let e = dir.map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?;
         let child = self.mnode(e.ino)?;
+        refuse(d.iflags(), InodeFlags::PRIVILEGED, "remove an entry")?;
+        refuse(child.iflags(), InodeFlags::PRIVILEGED, "remove")?;
         if child.is_dir() != want_dir {
             return Err(if want_dir {
                 Error::errno(libc::ENOTDIR, String::from_utf8_lossy(name))
@@ -375,6 +380,11 @@ impl Engine {
         let se =
             sd.dir().expect("dir").map.lookup(sname).ok_or_else(|| enoent(String::from_utf8_lossy(sname)))?;
         let src = self.mnode(se.ino)?;
+        // Both names are removed from their directory (an exchange) or one is removed and one
+        // added: ext4's may_delete and may_create.
+        refuse(sd.iflags(), InodeFlags::PRIVILEGED, "rename out of a directory")?;
+        refuse(src.iflags(), InodeFlags::PRIVILEGED, "rename")?;
+        refuse(dd.iflags(), InodeFlags::IMMUTABLE, "rename into a directory")?;
         // Moving a directory to another directory can create a loop: one at a time, globally
         // (the only global lock ScaleFS and Max allow on this path).
         let _rl = (src.is_dir() && sp != dp || flags & RENAME_EXCHANGE != 0).then(|| self.rename_lock.lock());
@@ -393,6 +403,10 @@ impl Engine {
             return Ok(());
         }
         let dst = de.map(|e| self.mnode(e.ino)).transpose()?;
+        if let Some(dst) = &dst {
+            refuse(dd.iflags(), InodeFlags::APPEND, "replace an entry")?;
+            refuse(dst.iflags(), InodeFlags::PRIVILEGED, "replace")?;
+        }
         if let (Some(dst), true) = (&dst, flags & RENAME_EXCHANGE == 0) {
             match (src.is_dir(), dst.is_dir()) {
                 (true, false) => return Err(Error::errno(libc::ENOTDIR, String::from_utf8_lossy(dname))),
@@ -524,6 +538,59 @@ impl Engine {
         Ok(m)
     }
 
+    /// open(2) of an existing inode with open(2) `flags` (the access mode, O_APPEND, O_TRUNC):
+    /// refuses, with EPERM, a write open of an immutable inode and one of an append-only inode
+    /// without O_APPEND or with O_TRUNC (ext4's `may_open`); else as [`Engine::open_file`].
+    pub fn open_checked(&self, ino: u32, flags: i32) -> Result<Arc<MNode>> {
+        let m = {
+            let _g = self.pass.shared();
+            self.mnode(ino)?
+        };
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        if writes {
+            let f = m.iflags();
+            refuse(f, InodeFlags::IMMUTABLE, "open for writing")?;
+            if f & InodeFlags::APPEND.0 != 0 && (flags & libc::O_APPEND == 0 || flags & libc::O_TRUNC != 0) {
+                return Err(Error::errno(libc::EPERM, "open: inode is append-only; open it with O_APPEND"));
+            }
+        }
+        self.open_file(ino)
+    }
+
+    /// The inode's flags (FS_IOC_GETFLAGS).
+    pub fn get_flags(&self, ino: u32) -> Result<InodeFlags> {
+        let _g = self.pass.shared();
+        Ok(InodeFlags(self.mnode(ino)?.iflags()))
+    }
+
+    /// Sets the inode's flags (FS_IOC_SETFLAGS), checked as ext4 checks them (see
+    /// `mem::iflags`); `privileged`: the caller holds CAP_LINUX_IMMUTABLE. A change of the
+    /// flags is an attribute change (ctime).
+    pub fn set_flags(&self, ino: u32, flags: InodeFlags, privileged: bool) -> Result<Arc<MNode>> {
+        self.check_writable()?;
+        if flags.bits() & !InodeFlags::SUPPORTED.bits() != 0 {
+            return Err(Error::errno(
+                libc::EOPNOTSUPP,
+                format!("inode flags {:#x} not supported", flags.bits() & !InodeFlags::SUPPORTED.bits()),
+            ));
+        }
+        let _g = self.pass.shared();
+        let m = self.mnode(ino)?;
+        let new = flags.for_type(m.file_type);
+        // Every write, truncate and fallocate checks the flags under the range lock: with all of
+        // it held, none is under way, and each that follows sees the new flags.
+        {
+            let _r = m.pages().map(|(_, r)| r.lock_exclusive(0, u64::MAX));
+            // Serialises changes of the flags, so each one checks the flags it replaces.
+            let _meta = m.meta.lock();
+            super::iflags::check_change(InodeFlags(m.iflags()), new, privileged)?;
+            m.flags.store(new.bits(), Ordering::Release);
+        }
+        m.touch_ctime(now());
+        self.mark_dirty(&m);
+        Ok(m)
+    }
+
     pub fn release(&self, ino: u32) -> Result<()> {
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
@@ -548,9 +615,19 @@ impl Engine {
         self.read_mnode(&m, off, buf)
     }
 
-    /// Reads from an mnode the caller holds (an open handle: no inode-table lookup).
+    /// Reads from an mnode the caller holds (an open handle: no inode-table lookup). A read
+    /// of at least one byte asked for is an access (`mem::atime`), also at the end of the file.
     pub fn read_mnode(&self, m: &MNode, off: u64, buf: &mut [u8]) -> Result<usize> {
         let _g = self.pass.shared();
+        let n = self.read_range(m, off, buf)?;
+        if !buf.is_empty() {
+            self.touch_atime(m);
+        }
+        Ok(n)
+    }
+
+    /// The read itself, under the range lock (the caller holds the semaphore).
+    fn read_range(&self, m: &MNode, off: u64, buf: &mut [u8]) -> Result<usize> {
         let (pages, range) = m.pages().ok_or_else(|| {
             Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
         })?;
@@ -627,7 +704,7 @@ impl Engine {
     }
 
     /// Writes to an mnode the caller holds (an open handle: no inode-table lookup).
-    pub fn write_mnode(&self, m: &MNode, off: u64, data: &[u8]) -> Result<usize> {
+    pub fn write_mnode(&self, m: &Arc<MNode>, off: u64, data: &[u8]) -> Result<usize> {
         self.check_writable()?;
         self.admit(data.len().div_ceil(PAGE_SIZE) as u64 + 1)?;
         {
@@ -637,6 +714,10 @@ impl Engine {
         // Outside the semaphore: writeback takes the gate, which a checkpoint holding the gate
         // and waiting for the semaphore to drain must not find us holding.
         self.after_write(m)?;
+        if m.iflags() & InodeFlags::SYNC.0 != 0 {
+            // The SYNC flag: the write is durable when it returns (O_DSYNC for every write).
+            self.fsync_mnode(m, true)?;
+        }
         Ok(data.len())
     }
 
@@ -652,6 +733,12 @@ impl Engine {
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::errno(libc::EFBIG, "write past the largest file size"))?;
         let _r = range.lock_exclusive(off, end);
+        // Under the range lock: a flag change waits for this write (`Engine::set_flags`).
+        let flags = m.iflags();
+        refuse(flags, InodeFlags::IMMUTABLE, "write")?;
+        if flags & InodeFlags::APPEND.0 != 0 && off != m.size.load(Ordering::Acquire) {
+            return Err(Error::errno(libc::EPERM, "write: inode is append-only, and this is not at its end"));
+        }
         for (idx, po, n, at) in page_spans(off, end) {
             self.write_page(m, pages, idx, po, &data[at..at + n])?;
         }
@@ -727,6 +814,7 @@ impl Engine {
         }
         let old = m.size.load(Ordering::Acquire);
         let _r = range.lock_exclusive(old.min(size), u64::MAX);
+        refuse(m.iflags(), InodeFlags::PRIVILEGED, "truncate")?;
         let old = m.size.load(Ordering::Acquire);
         if size < old {
             let keep_pages = size.div_ceil(PAGE_SIZE as u64);
@@ -773,6 +861,9 @@ impl Engine {
             Error::errno(if m.is_dir() { libc::EISDIR } else { libc::ENODEV }, "not a regular file")
         })?;
         let _r = range.lock_exclusive(off, end);
+        // ext4: nothing on an immutable file; on an append-only one, only allocation that
+        // keeps every byte (no punch).
+        refuse(m.iflags(), if punch { InodeFlags::PRIVILEGED } else { InodeFlags::IMMUTABLE }, "fallocate")?;
         let first_full = off.div_ceil(PAGE_SIZE as u64);
         let end_full = end / PAGE_SIZE as u64;
         if punch {
@@ -833,6 +924,7 @@ impl Engine {
         atime: Option<Timespec>,
         mtime: Option<Timespec>,
         ctime: Option<Timespec>,
+        times_now: bool,
         caller: Option<&dyn Caller>,
     ) -> Result<Arc<MNode>> {
         self.check_writable()?;
@@ -840,6 +932,15 @@ impl Engine {
             let _g = self.pass.shared();
             self.mnode(ino)?
         };
+        // ext4 (notify_change): an immutable inode takes no change, an append-only one only
+        // times set to now (touch).
+        let times = atime.is_some() || mtime.is_some();
+        if mode.is_some() || uid.is_some() || gid.is_some() || (times && !times_now) {
+            refuse(m.iflags(), InodeFlags::PRIVILEGED, "change attributes")?;
+        }
+        if times {
+            refuse(m.iflags(), InodeFlags::IMMUTABLE, "change times")?;
+        }
         if size.is_some() && m.is_dir() {
             return Err(Error::errno(libc::EISDIR, "truncate of a directory"));
         }
@@ -855,6 +956,9 @@ impl Engine {
         if let Some(s) = size {
             self.truncate_locked(&m, s)?;
         }
+        if let Some(a) = atime {
+            m.atime.store(ts_to_ns(a), Ordering::Relaxed);
+        }
         {
             let mut meta = m.meta.lock();
             if let Some(md) = mode {
@@ -866,9 +970,6 @@ impl Engine {
             }
             if let Some(g) = gid {
                 meta.gid = g;
-            }
-            if let Some(a) = atime {
-                meta.atime = a;
             }
         }
         if let Some(t) = mtime {
@@ -935,10 +1036,13 @@ impl Engine {
                 let _g = self.pass.shared();
                 self.mnode(ino)?
             };
+            // An ACL is an attribute change like any other (t_immutable's add_acl).
+            refuse(m.iflags(), InodeFlags::PRIVILEGED, "set an ACL")?;
             return self.set_acl(&m, name, value, caller);
         }
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
+        refuse(m.iflags(), InodeFlags::PRIVILEGED, "setxattr")?;
         let mut meta = m.meta.lock();
         let x = &mut meta.xattrs;
         match (x.set.contains(name), flags) {
@@ -962,6 +1066,7 @@ impl Engine {
         self.check_writable()?;
         let _g = self.pass.shared();
         let m = self.mnode(ino)?;
+        refuse(m.iflags(), InodeFlags::PRIVILEGED, "removexattr")?;
         let mut meta = m.meta.lock();
         let x = &mut meta.xattrs;
         if !x.set.contains(name) {

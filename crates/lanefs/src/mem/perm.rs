@@ -180,7 +180,13 @@ impl Engine {
 impl Engine {
     /// [`Engine::write_mnode`] by `caller`, who first loses what a write takes (see
     /// [`crate::perm`]).
-    pub fn write_mnode_as(&self, m: &MNode, off: u64, data: &[u8], caller: &dyn Caller) -> Result<usize> {
+    pub fn write_mnode_as(
+        &self,
+        m: &Arc<MNode>,
+        off: u64,
+        data: &[u8],
+        caller: &dyn Caller,
+    ) -> Result<usize> {
         // A write of nothing changes nothing, and takes nothing (as the VFS).
         if !data.is_empty() && m.pages().is_some() {
             self.drop_privs(m, Change::Data, caller)?;

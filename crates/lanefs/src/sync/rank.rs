@@ -84,6 +84,9 @@ pub enum Rank {
     Orphans,
     /// Per-CPU list of dirty inodes.
     DirtySet,
+    /// Per-CPU list of inodes with a lazytime atime to write (taken like `DirtySet`, after
+    /// the semaphore, never with it).
+    LazyAtime,
 
     // DISKFS: the checkpoint's bookkeeping, journals, segments, the NAT.
     /// The cleaner's victims waiting for a checkpoint.
