@@ -75,6 +75,8 @@ struct Snapshot {
     /// Directory records this checkpoint took that no journal had: their pending counts are
     /// dropped after the exclusive phase (an fsync cannot start before then: the gate).
     uncount: Vec<Arc<crate::oplog::dirlog::LoggedOp>>,
+    /// Reserved blocks at the snapshot (`mem::reserve`).
+    reserved: u64,
 }
 
 impl Engine {
@@ -142,6 +144,8 @@ impl Engine {
                 let mut meta = m.meta.lock();
                 if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
                     drop(meta);
+                    // Its unwritten blocks go with it, before the count is taken below.
+                    m.disk.lock().reserved.clear();
                     deleted.push(m);
                     continue;
                 }
@@ -155,6 +159,10 @@ impl Engine {
                 let mut disk = m.disk.lock();
                 disk.unjournaled.clear();
                 disk.truncated_from = None;
+                // The count this checkpoint records is the NEW_ADDR entries its trees get:
+                // every reserved block is unwritten, and no page written here draws on one.
+                debug_assert!(disk.reserved.iter().all(|i| disk.cur_map.get(&i) == Some(&NEW_ADDR)));
+                debug_assert!(pages.iter().all(|(i, _)| !disk.reserved.contains(*i)));
                 (disk.cur_map.clone(), std::mem::take(&mut disk.relocate))
             };
             relocate.sort_unstable();
@@ -222,13 +230,14 @@ impl Engine {
             });
         }
         let orphans = self.orphans.lock().iter().copied().collect();
+        let reserved = self.cache.reserved_blocks.load(Ordering::Acquire);
         self.reanchor_journal_heads();
         let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
         self.journal_blocks.take();
         self.logged_ops.take();
         self.deleted_inodes.take();
         self.dirty_inodes.take();
-        Snapshot { seq, stamp, inodes, deleted, orphans, heads, uncount }
+        Snapshot { seq, stamp, inodes, deleted, orphans, heads, uncount, reserved }
     }
 
     /// Each lane's next journal block is reserved ahead of use. If the lane's journal log has
@@ -314,6 +323,7 @@ impl Engine {
         cp.version = cp_ver;
         cp.flags = if clean { CP_FLAG_CLEAN } else { 0 };
         cp.stamp = snap.stamp;
+        cp.reserved_blocks = snap.reserved;
         cp.valid_blocks = self.table.total_valid();
         cp.valid_nodes = self.nat.valid_nodes();
         cp.valid_inodes = self.nat.valid_inodes();
@@ -436,7 +446,11 @@ impl Engine {
             // owns it, even if the page itself is no longer cached (stress runs found such a
             // page; its block was then freed by the tree diff while still mapped, and freed
             // again later). A page that had no block and is gone was truncated.
-            let unchanged = disk.cur_map.get(&idx) == s.map.get(&idx);
+            // A reserved block is not unchanged even if it maps as the snapshot saw it
+            // (NEW_ADDR): the snapshot's page drew on the reservation, so the block was
+            // preallocated again since (punch or zero range, then fallocate), and it must
+            // read as zeros, not as this page.
+            let unchanged = disk.cur_map.get(&idx) == s.map.get(&idx) && !disk.reserved.contains(idx);
             if unchanged && (still || s.map.contains_key(&idx)) {
                 let old = s.map.get(&idx).copied();
                 disk.cur_map.insert(idx, a);

@@ -7,6 +7,7 @@
 //! - [`dir`]: directories as concurrent hash maps with stable readdir cookies.
 //! - [`pages`]: file pages in per-file sparse, sharded maps with copy-on-write snapshots.
 //! - [`mnode`]: the in-memory inode.
+//! - [`reserve`]: preallocated, unwritten blocks and the space they hold.
 //! - [`ops`]: the operations themselves.
 
 pub mod cells;
@@ -15,6 +16,7 @@ pub mod mnode;
 pub mod ops;
 pub mod pages;
 pub mod range_lock;
+pub mod reserve;
 
 pub use cells::Cells;
 pub use range_lock::{LockMode, RangeGuard, RangeLock};
