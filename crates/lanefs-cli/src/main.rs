@@ -405,6 +405,7 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
             "segments": {"free": info.usage.free, "active": info.usage.active, "dirty": info.usage.dirty,
                          "valid_blocks": info.usage.valid_blocks},
             "free_bytes": info.free_bytes,
+            "reserved_bytes": info.reserved_bytes,
             "bytes_written": {"user": info.user_bytes_written, "gc": info.gc_bytes_written, "checkpoint": info.cp_bytes_written},
             "write_amplification": write_amplification(&info),
             "lanes": lanes,
@@ -455,7 +456,13 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
         info.usage.dirty,
         g.reserved_segments
     );
-    say!(out, "space         {} valid blocks, {} free", info.usage.valid_blocks, size::show(info.free_bytes));
+    say!(
+        out,
+        "space         {} valid blocks, {} free, {} preallocated and unwritten",
+        info.usage.valid_blocks,
+        size::show(info.free_bytes),
+        size::show(info.reserved_bytes)
+    );
     say!(
         out,
         "written       {} by users, {} by the file system, {} by cleaning; write amplification {}",
