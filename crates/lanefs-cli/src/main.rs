@@ -412,6 +412,7 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
             "valid_blocks_by_kind": {"data": info.usage.kinds.data, "node": info.usage.kinds.node,
                                      "xattr": info.usage.kinds.xattr, "other": info.usage.kinds.other},
             "free_bytes": info.free_bytes,
+            "reserved_bytes": info.reserved_bytes,
             "bytes_written": {"user": info.user_bytes_written, "gc": info.gc_bytes_written, "checkpoint": info.cp_bytes_written},
             "write_amplification": write_amplification(&info),
             "lanes": lanes,
@@ -462,7 +463,13 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
         info.usage.dirty,
         g.reserved_segments
     );
-    say!(out, "space         {} valid blocks, {} free", info.usage.valid_blocks, size::show(info.free_bytes));
+    say!(
+        out,
+        "space         {} valid blocks, {} free, {} preallocated and unwritten",
+        info.usage.valid_blocks,
+        size::show(info.free_bytes),
+        size::show(info.reserved_bytes)
+    );
     let k = &info.usage.kinds;
     say!(
         out,

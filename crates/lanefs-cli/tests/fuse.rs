@@ -1500,3 +1500,109 @@ fn chattr_through_the_mount_sets_flags_the_daemon_enforces() {
     m.umount();
     fsck_clean(&img);
 }
+
+/// fallocate through the mount. Zero range (with and without KEEP_SIZE, partial pages, past the
+/// end) zeroes the bytes, pages the kernel has cached included, and keeps them allocated;
+/// collapse, insert and unshare give EOPNOTSUPP. Preallocation beyond the free space is ENOSPC
+/// with nothing changed, and a preallocated range stays writable after another file fills the
+/// file system. Everything holds after a remount, and fsck finds the image clean.
+#[test]
+fn fallocate_reserves_space_and_zero_range_zeroes_through_the_mount() {
+    use rustix::fs::{fallocate, FallocateFlags as F};
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    let mp = dir.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    mkfs_sized(&img, "256M");
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let open = |name: &str| {
+        OpenOptions::new().read(true).write(true).create(true).truncate(true).open(m.mp.join(name)).unwrap()
+    };
+    let read_all = |name: &str| fs::read(m.mp.join(name)).unwrap();
+    let free = || {
+        let s = rustix::fs::statvfs(&m.mp).unwrap();
+        s.f_bavail * s.f_frsize
+    };
+
+    // Zero range on a file whose pages the kernel has cached (read just before).
+    let z = open("z");
+    let mut model = data(1, 40_960);
+    z.write_all_at(&model, 0).unwrap();
+    z.sync_all().unwrap();
+    assert_eq!(read_all("z"), model);
+    fallocate(&z, F::ZERO_RANGE, 5000, 10_000).unwrap();
+    model[5000..15_000].fill(0);
+    assert_eq!(read_all("z"), model, "zero range within the size");
+    fallocate(&z, F::ZERO_RANGE | F::KEEP_SIZE, 40_000, 20_000).unwrap();
+    model[40_000..].fill(0);
+    let md = z.metadata().unwrap();
+    assert_eq!(md.len(), 40_960, "KEEP_SIZE keeps the size");
+    assert!(md.blocks() >= 60_000 / 512, "zero range past the end allocates ({} sectors)", md.blocks());
+    assert_eq!(read_all("z"), model);
+    fallocate(&z, F::ZERO_RANGE, 70_000, 5_000).unwrap();
+    model.resize(75_000, 0);
+    assert_eq!(z.metadata().unwrap().len(), 75_000, "zero range past the end grows the file");
+    assert_eq!(read_all("z"), model);
+    z.write_all_at(b"after", 9000).unwrap();
+    model[9000..9005].copy_from_slice(b"after");
+    assert_eq!(read_all("z"), model, "a write into zeroed blocks");
+    for (mode, name) in
+        [(F::COLLAPSE_RANGE, "collapse"), (F::INSERT_RANGE, "insert"), (F::UNSHARE_RANGE, "unshare")]
+    {
+        assert_eq!(fallocate(&z, mode, 0, 4096), Err(rustix::io::Errno::OPNOTSUPP), "{name}");
+    }
+    assert_eq!(read_all("z"), model);
+
+    // Preallocation: beyond the free space, then within it.
+    let f = open("f");
+    let before = free();
+    assert_eq!(fallocate(&f, F::empty(), 0, before + (16 << 20)), Err(rustix::io::Errno::NOSPC));
+    let md = f.metadata().unwrap();
+    assert_eq!((md.len(), md.blocks()), (0, 0), "ENOSPC changed the file");
+    let len = 16u64 << 20;
+    // (Free space grows a little whenever a checkpoint retires what dirty inodes may need.)
+    let before = free();
+    fallocate(&f, F::KEEP_SIZE, 0, len).unwrap();
+    let md = f.metadata().unwrap();
+    assert_eq!(md.len(), 0);
+    assert!(md.blocks() >= len / 512);
+    let after = free();
+    assert!(
+        after + len <= before + (1 << 20),
+        "statfs counts the preallocation as free: {before} -> {after}"
+    );
+    // Another file takes everything else.
+    let g = open("g");
+    let chunk = data(2, 1 << 20);
+    let mut off = 0u64;
+    let full = loop {
+        if let Err(e) = g.write_all_at(&chunk, off) {
+            break e;
+        }
+        off += chunk.len() as u64;
+        assert!(off < 1 << 30, "the file system never filled");
+    };
+    assert_eq!(full.raw_os_error(), Some(libc::ENOSPC), "filling g: {full}");
+    assert!(off > 100 << 20, "only {off} bytes fit beside the preallocation");
+    let h = open("h");
+    assert_eq!(fallocate(&h, F::empty(), 0, 1 << 20), Err(rustix::io::Errno::NOSPC));
+    // The preallocated range is still writable.
+    let want = data(3, len as usize);
+    for (k, piece) in want.chunks(1 << 20).enumerate() {
+        f.write_all_at(piece, (k as u64) << 20)
+            .unwrap_or_else(|e| panic!("write into the preallocation at {k} MiB: {e}"));
+    }
+    f.sync_all().unwrap();
+    assert!(read_all("f") == want, "f reads back what was written into its preallocation");
+    drop((z, f, g, h));
+    umount_settled(m);
+    fsck_clean(&img);
+    let m = Mounted::daemon(&img, &mp, &[]);
+    assert_eq!(fs::read(m.mp.join("z")).unwrap(), model, "z after remount");
+    assert!(fs::read(m.mp.join("f")).unwrap() == want, "f after remount");
+    umount_settled(m);
+    fsck_clean(&img);
+}

@@ -113,6 +113,18 @@ impl StampClock {
     }
 }
 
+/// Space claimed by a fallocate in progress (`Engine::claim`), given back when dropped.
+pub(crate) struct Claim<'a> {
+    engine: &'a Engine,
+    blocks: u64,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.engine.claimed.fetch_sub(self.blocks, Ordering::AcqRel);
+    }
+}
+
 /// Inodes deleted between checkpoints before one is asked for (see `Engine::count_deleted`).
 pub(crate) const DELETED_INODES_PER_CHECKPOINT: u64 = 4096;
 
@@ -245,6 +257,9 @@ pub struct Engine {
     pub(crate) mounted_at: std::time::Instant,
     /// The cleaner's state (one cleaning round at a time).
     pub(crate) gc: crate::gc::Cleaner,
+    /// Blocks claimed by fallocates making their reservations now (`Engine::claim`): counted
+    /// as promised, never recorded by a checkpoint.
+    pub(crate) claimed: AtomicU64,
 }
 
 /// What a device write is for (write amplification is everything over user bytes).
@@ -394,13 +409,15 @@ impl Engine {
             xattrs: XattrState { set: Arc::new(xattrs), ..Default::default() },
             symlink: Vec::new(),
         };
-        let mut disk = DiskState {
-            tree: Some(tree),
-            tree_map: map.clone(),
-            cur_map: map,
-            xattr: xattr_disk,
-            ..Default::default()
-        };
+        let mut disk = DiskState::new(self.cache.clone());
+        disk.tree = Some(tree);
+        disk.tree_map = map.clone();
+        disk.cur_map = map;
+        disk.xattr = xattr_disk;
+        // Unwritten blocks of the checkpoint: its count holds them already.
+        for (&idx, _) in disk.cur_map.iter().filter(|(_, &a)| a == crate::format::node::NEW_ADDR) {
+            disk.reserved.adopt(idx);
+        }
         let is_dir = inode.mode & crate::format::node::S_IFMT == S_IFDIR;
         let is_link = inode.mode & crate::format::node::S_IFMT == S_IFLNK;
         let addrs: Vec<(u64, u32)> = disk.cur_map.iter().map(|(&i, &a)| (i, a)).collect();
@@ -443,7 +460,11 @@ impl Engine {
             flags: inode.flags,
         };
         let m = MNode::new(ino, meta, m_size, stamps, &self.cache);
-        *m.disk.lock() = disk;
+        {
+            let mut d = m.disk.lock();
+            *d = disk;
+            m.note_reserved(&d);
+        }
         if let Some(d) = m.dir() {
             for e in dir_entries {
                 // Entries were validated by the decoder; duplicates would be corruption.
@@ -523,10 +544,19 @@ impl Engine {
 
     /// Blocks users may still fill: the main area less the cleaner's reserve, one active
     /// segment per log of every lane (a log's open segment cannot be cleaned), the valid blocks,
-    /// and what the next checkpoint will need for what is dirty now. Invalid blocks in dirty
-    /// segments count as free: cleaning turns them into free segments.
+    /// what the next checkpoint will need for what is dirty now, and the blocks promised to
+    /// preallocated ranges (`mem::reserve`). Invalid blocks in dirty segments count as free:
+    /// cleaning turns them into free segments. What statfs reports free.
     pub(crate) fn unused_blocks(&self) -> u64 {
-        self.g.user_blocks().saturating_sub(self.table.valid_count()).saturating_sub(self.committed_blocks())
+        self.space_left().max(0) as u64
+    }
+
+    /// [`Engine::unused_blocks`], negative when more is promised and dirty than is left: a
+    /// moment after overwrites (their old blocks stay valid until the checkpoint) or a zero
+    /// range over written blocks, or on an image whose reservations a bug overcounted.
+    pub(crate) fn space_left(&self) -> i64 {
+        let used = self.table.valid_count() + self.committed_blocks() + self.promised_blocks();
+        self.g.user_blocks() as i64 - used as i64
     }
 
     /// Blocks the next checkpoint will need for what is dirty now: a block per dirty page,
@@ -538,25 +568,46 @@ impl Engine {
         pages + xattrs + 2 * self.dirty_inodes.sum()
     }
 
-    /// Admits an operation that will dirty up to `blocks` more blocks, or refuses it with
-    /// ENOSPC when even a checkpoint (which turns prefree segments free) cannot make room. Call
-    /// it outside the pass-through semaphore: it may wait for a checkpoint.
+    /// Blocks promised to preallocated, unwritten ranges, and claimed by fallocates that are
+    /// making their promises now.
+    pub(crate) fn promised_blocks(&self) -> u64 {
+        self.cache.reserved_blocks.load(Ordering::Acquire) + self.claimed.load(Ordering::Acquire)
+    }
+
+    /// Admits an operation that will dirty up to `blocks` more blocks, each of them new space.
     pub(crate) fn admit(&self, blocks: u64) -> Result<()> {
-        // Fast path: room for everything dirty now plus a wide margin.
-        if self.available_blocks() > self.committed_blocks() + blocks + self.g.main_blocks() / 16 {
+        self.admit_with(blocks, || blocks)
+    }
+
+    /// Admits an operation that will dirty up to `short` more blocks, of which `long()` (at most
+    /// `short`) take space for good: the rest overwrite blocks (whose old copies die with the
+    /// next checkpoint) or draw on reservations. Refuses it with ENOSPC when even a checkpoint
+    /// (which turns prefree segments free) and cleaning cannot make room for the `short` blocks
+    /// now, or the space left (`Engine::space_left`) is below `long()`. `long` is asked only
+    /// when space is short. Call it outside the pass-through semaphore: it may wait for a
+    /// checkpoint.
+    pub(crate) fn admit_with(&self, short: u64, long: impl FnOnce() -> u64) -> Result<()> {
+        // Fast path: room for everything dirty and promised now plus a wide margin; a margin
+        // of one open segment per log makes it imply the space left, too (free segments less
+        // the reserve never exceed the user blocks that are not valid by more than those).
+        let margin = self.g.main_blocks() / 16 + self.g.open_blocks();
+        if self.available_blocks() > self.committed_blocks() + short + self.promised_blocks() + margin {
             return Ok(());
         }
+        let long = long().min(short) as i64;
+        let now_ok = || self.committed_blocks() + short < self.available_blocks();
+        let fits = || now_ok() && self.space_left() >= long;
         // Bounded: each round waits for a checkpoint (which frees prefree segments) or cleans
         // (which makes segments prefree); it gives up when neither can make room.
         for _ in 0..crate::gc::FOREGROUND_ROUNDS {
-            if self.committed_blocks() + blocks < self.available_blocks() {
+            if fits() {
                 return Ok(());
             }
             // A checkpoint first: it frees prefree segments, and the blocks that dirty pages
             // overwrite die with it, which cleaning can then give back.
             if self.table.pending_segments() > 0 || self.dirty_inodes.sum() > 0 {
                 self.wait_for_checkpoint()?;
-                if self.committed_blocks() + blocks < self.available_blocks() {
+                if fits() {
                     return Ok(());
                 }
             }
@@ -567,30 +618,47 @@ impl Engine {
             // blocks are valid before the blocks they replace die).
             let full = {
                 let _gate = self.gate.read();
-                self.unused_blocks() < blocks && self.dirty_inodes.sum() == 0
+                self.space_left() < long && self.dirty_inodes.sum() == 0
             };
             if full {
                 break;
             }
-            let want = (self.committed_blocks() + blocks).saturating_sub(self.available_blocks());
+            if now_ok() {
+                // Only the space left is short, and only a checkpoint can change that.
+                continue;
+            }
+            let want = (self.committed_blocks() + short).saturating_sub(self.available_blocks());
             if !self.clean_foreground(want)? {
                 break;
             }
         }
-        if self.committed_blocks() + blocks < self.available_blocks() {
+        if fits() {
             return Ok(());
         }
         tracing::debug!(
-            "lanefs: ENOSPC for {blocks} blocks: free segments {}, pending {}, states {:?}, valid {}, \
-             committed {}, unused {}",
+            "lanefs: ENOSPC for {short} blocks ({long} new): free segments {}, pending {}, states {:?}, \
+             valid {}, committed {}, promised {}, space left {}",
             self.table.free_segments(),
             self.table.pending_segments(),
             self.table.state_counts(),
             self.table.valid_count(),
             self.committed_blocks(),
-            self.unused_blocks()
+            self.promised_blocks(),
+            self.space_left()
         );
         Err(Error::errno(libc::ENOSPC, "file system full"))
+    }
+
+    /// Claims `blocks` of space for reservations a fallocate is about to make (counted as
+    /// promised until the returned claim is dropped, by when the reservations it makes count
+    /// themselves), plus room for `nodes` node blocks the next checkpoint writes for them.
+    /// ENOSPC, with nothing claimed, when they do not fit in the space left.
+    pub(crate) fn claim(&self, blocks: u64, nodes: u64) -> Result<Claim<'_>> {
+        let c = Claim { engine: self, blocks };
+        self.claimed.fetch_add(blocks, Ordering::AcqRel);
+        // Nothing more for good: the claim is in the space left already.
+        self.admit_with(nodes, || 0)?;
+        Ok(c)
     }
 
     /// Admits an operation that frees space (unlink, rmdir, rename over a file) but needs a few

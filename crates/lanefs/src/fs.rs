@@ -43,7 +43,8 @@ pub use crate::mem::iflags::InodeFlags;
 use crate::mem::mnode::MNode;
 use crate::mem::ops::NewInode;
 pub use crate::mem::ops::{
-    FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE,
+    FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    XATTR_CREATE, XATTR_REPLACE,
 };
 pub use crate::mkfs::MkfsOptions;
 pub use crate::perm::{Caller, Privileged};
@@ -553,7 +554,9 @@ impl Fs {
         self.engine.truncate(ino32(ino)?, size)
     }
 
-    /// fallocate(2): mode 0, [`FALLOC_FL_KEEP_SIZE`], or punch hole (with keep size).
+    /// fallocate(2): mode 0 or [`FALLOC_FL_KEEP_SIZE`] (reserve the space: ENOSPC, with
+    /// nothing changed, when it is not there), punch hole (with keep size), or
+    /// [`FALLOC_FL_ZERO_RANGE`] (with or without keep size). Other modes are EOPNOTSUPP.
     pub fn fallocate(&self, ino: Ino, mode: i32, off: u64, len: u64) -> Result<()> {
         self.engine.check_live()?;
         self.engine.fallocate(ino32(ino)?, mode, off, len)
@@ -652,9 +655,10 @@ impl Fs {
     }
 
     /// Space as statfs(2) reports it. The size is the main area less the cleaner's reserve and
-    /// one open segment per log; free space is that less every valid block and what dirty
-    /// data will take, so invalid blocks count as free (cleaning gives them back) and a write
-    /// of up to `bfree` blocks does not fail with ENOSPC.
+    /// one open segment per log; free space is that less every valid block, what dirty data
+    /// will take and the blocks preallocated and not yet written (`mem::reserve`), so invalid
+    /// blocks count as free (cleaning gives them back) and a write of up to `bfree` new blocks
+    /// does not fail with ENOSPC.
     pub fn statfs(&self) -> StatFs {
         let e = &self.engine;
         let g = &e.g;

@@ -14,7 +14,8 @@
 //! 6. the directory tree is reachable from the root, directories have one name and a correct
 //!    parent, entries point at inodes of the type they claim, and link counts are exact;
 //! 7. orphan inodes are unlinked (nlink 0, no entry) and every unreachable inode is an orphan;
-//! 8. the checkpoint's block, node and inode counts are exact.
+//! 8. the checkpoint's block, node, inode and reserved (preallocated, unwritten) block counts
+//!    are exact.
 //!
 //! `--repair` rewrites what is derived data: a bad superblock copy from the good one, and the
 //! SIT, SSA and checkpoint counters from the walk, committed as a new checkpoint. Anything else
@@ -252,6 +253,9 @@ impl<'a> Fsck<'a> {
         let inos: Vec<u32> = nodes.iter().filter(|(_, n)| n.kind == 1).map(|(&k, _)| k).collect();
         let mut dir_blocks: HashMap<u32, Vec<u32>> = HashMap::new();
         let mut xattr_sets = Vec::new();
+        // Preallocated, unwritten blocks (`NEW_ADDR`): what the checkpoint's reserved count
+        // must equal (`mem::reserve`).
+        let mut unwritten = 0u64;
         for &ino in &inos {
             reached.insert(ino);
             let mut data: Vec<(u64, u32)> = Vec::new();
@@ -266,6 +270,7 @@ impl<'a> Fsck<'a> {
                 );
             }
             let is_dir = info.mode & S_IFMT == 0o040000;
+            unwritten += data.iter().filter(|d| d.1 == NEW_ADDR).count() as u64;
             for &(idx, addr) in &data {
                 if addr != NEW_ADDR {
                     self.own(
@@ -401,11 +406,22 @@ impl<'a> Fsck<'a> {
         let valid_blocks = owners.len() as u64;
         let counts = (valid_blocks, nodes.len() as u64, inos.len() as u64);
         let recorded = (cp.valid_blocks, cp.valid_nodes, cp.valid_inodes);
-        let counters_bad = counts != recorded;
+        let mut counters_bad = counts != recorded;
         if counters_bad {
             self.problem(
                 Structure::Checkpoint,
                 format!("counters (blocks, nodes, inodes) are {recorded:?}, the walk found {counts:?}"),
+                true,
+            );
+        }
+        if cp.reserved_blocks != unwritten {
+            counters_bad = true;
+            self.problem(
+                Structure::Checkpoint,
+                format!(
+                    "the checkpoint counts {} reserved blocks, the trees hold {unwritten} unwritten ones",
+                    cp.reserved_blocks
+                ),
                 true,
             );
         }
@@ -423,6 +439,7 @@ impl<'a> Fsck<'a> {
                     sit_blocks.entry(bi).or_insert_with(|| sit_block_from(&sit, bi, &g)).entries[slot] = e;
                 }
                 (cp.valid_blocks, cp.valid_nodes, cp.valid_inodes) = counts;
+                cp.reserved_blocks = unwritten;
                 if journaled != Some(0) {
                     // A new checkpoint would leave the region's journals behind (they follow
                     // the pack in force, and nothing of theirs is in this one).

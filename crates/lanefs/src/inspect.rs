@@ -56,6 +56,8 @@ pub struct ImageInfo {
     pub lanes: Vec<[LogCursor; LOG_TYPES]>,
     pub orphans: usize,
     pub free_bytes: u64,
+    /// Bytes preallocated and not yet written (fallocate), which `free_bytes` leaves out.
+    pub reserved_bytes: u64,
     pub user_bytes_written: u64,
     pub gc_bytes_written: u64,
     pub cp_bytes_written: u64,
@@ -114,8 +116,8 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
         }
     }
     // Free space as statfs reports it: what users can fill, less the valid blocks (invalid ones
-    // count as free: the cleaner gives them back).
-    let free_blocks = g.user_blocks().saturating_sub(usage.valid_blocks);
+    // count as free: the cleaner gives them back) and the preallocated ones.
+    let free_blocks = g.user_blocks().saturating_sub(usage.valid_blocks).saturating_sub(cp.reserved_blocks);
     Ok(ImageInfo {
         uuid: sbr.sb.uuid_str(),
         label: sbr.sb.label_str(),
@@ -134,6 +136,7 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
         lanes: cp.lanes.iter().map(|l| l.logs).collect(),
         orphans: cp.orphans.len(),
         free_bytes: free_blocks * BLOCK_SIZE as u64,
+        reserved_bytes: cp.reserved_blocks * BLOCK_SIZE as u64,
         user_bytes_written: cp.user_bytes_written,
         gc_bytes_written: cp.gc_bytes_written,
         cp_bytes_written: cp.cp_bytes_written,

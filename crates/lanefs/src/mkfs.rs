@@ -185,6 +185,7 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
         gc_bytes_written: 0,
         cp_bytes_written: 0,
         stamp: 0,
+        reserved_blocks: 0,
         nat_map: CopyMap::new(g.nat_blocks),
         sit_map: CopyMap::new(g.sit_blocks),
         lanes: lane_cps,

@@ -190,6 +190,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
             .collect();
     report.records_replayed = records.len();
     let orphans = cp.orphans.clone();
+    let reserved = cp.reserved_blocks;
     let pack = cpr.pack;
     // Resolved once, for this device.
     let inline = opts.nvm_inline_pages.unwrap_or(if dev.flush_is_free() {
@@ -223,7 +224,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         clock: StampClock::new(cp.stamp.max(max_stamp)),
         cp: Mutex::new(Rank::CpState, CpState { cp, pack, started: 0, durable: 0, settled: 0 }),
         cp_done: Condvar::new(),
-        cache: Arc::new(CacheStats::default()),
+        cache: Arc::new(CacheStats { reserved_blocks: reserved.into(), ..Default::default() }),
         opts,
         rename_lock: Mutex::new(Rank::Rename, ()),
         journal_blocks: PerCpuCounter::new(),
@@ -239,6 +240,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         age_at_mount: age,
         mounted_at: std::time::Instant::now(),
         gc: Default::default(),
+        claimed: Default::default(),
     });
     if touched {
         for r in &records {
@@ -503,12 +505,17 @@ impl Engine {
                         disk.remap(idx, addr);
                     }
                 }
+                m.note_reserved(&disk);
                 drop(disk);
                 self.mark_dirty(&m);
             }
             Record::Truncate { ino, from_block, .. } => {
                 let Ok(m) = self.mnode(*ino) else { return Ok(()) };
-                m.disk.lock().truncate(*from_block);
+                {
+                    let mut disk = m.disk.lock();
+                    disk.truncate(*from_block);
+                    m.note_reserved(&disk);
+                }
                 if let Some((p, _)) = m.pages() {
                     p.truncate(*from_block);
                 }
@@ -553,6 +560,8 @@ impl Engine {
                 let Ok(m) = self.mnode(*ino) else { return Ok(()) };
                 let Some((p, _)) = m.pages() else { return Ok(()) };
                 // A dirty page: the checkpoint that ends recovery writes it to the device.
+                // Written over a preallocated block, it draws on the reservation.
+                m.disk.lock().draw(*idx);
                 let whole = p.write(*idx, 0, &data[..], None);
                 debug_assert!(whole, "a logged page is a whole page");
                 self.mark_dirty(&m);

@@ -183,6 +183,8 @@ fn ace_core_ops(m: &Model, tag: u8) -> Vec<(Op, Vec<String>)> {
             (FallocMode::KeepSize, 16384, 4096),
             (FallocMode::Punch, 4096, 4096),
             (FallocMode::Punch, 1000, 5000),
+            (FallocMode::Zero, 3000, 8192),
+            (FallocMode::ZeroKeepSize, 12288, 9000),
         ] {
             out.push((Op::Falloc { path: p.clone(), mode, off, len }, vec![p.clone()]));
         }
@@ -318,7 +320,13 @@ fn random_op(m: &Model, rng: &mut Rng, root: &str, tag: u8) -> Option<Op> {
         }
         36..=40 => Op::Truncate { path: file(rng)?, size: rng.below(30 << 10) },
         41..=44 => {
-            let mode = *rng.pick(&[FallocMode::Alloc, FallocMode::KeepSize, FallocMode::Punch]);
+            let mode = *rng.pick(&[
+                FallocMode::Alloc,
+                FallocMode::KeepSize,
+                FallocMode::Punch,
+                FallocMode::Zero,
+                FallocMode::ZeroKeepSize,
+            ]);
             Op::Falloc { path: file(rng)?, mode, off: rng.below(24 << 10), len: 1 + rng.below(16 << 10) }
         }
         45..=48 => Op::Link(file(rng)?, new_name(rng, &dirs, "l", 4)),

@@ -15,6 +15,10 @@ pub enum FallocMode {
     KeepSize,
     /// FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE.
     Punch,
+    /// FALLOC_FL_ZERO_RANGE: the size may grow.
+    Zero,
+    /// FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE.
+    ZeroKeepSize,
 }
 
 impl FallocMode {
@@ -23,6 +27,8 @@ impl FallocMode {
             FallocMode::Alloc => 0,
             FallocMode::KeepSize => crate::fs::FALLOC_FL_KEEP_SIZE,
             FallocMode::Punch => crate::fs::FALLOC_FL_PUNCH_HOLE | crate::fs::FALLOC_FL_KEEP_SIZE,
+            FallocMode::Zero => crate::fs::FALLOC_FL_ZERO_RANGE,
+            FallocMode::ZeroKeepSize => crate::fs::FALLOC_FL_ZERO_RANGE | crate::fs::FALLOC_FL_KEEP_SIZE,
         }
     }
     fn name(self) -> &'static str {
@@ -30,6 +36,8 @@ impl FallocMode {
             FallocMode::Alloc => "alloc",
             FallocMode::KeepSize => "keep",
             FallocMode::Punch => "punch",
+            FallocMode::Zero => "zero",
+            FallocMode::ZeroKeepSize => "zerokeep",
         }
     }
 }
@@ -237,7 +245,9 @@ pub fn parse_op(line: &str) -> Result<Op, String> {
                 Some("alloc") => FallocMode::Alloc,
                 Some("keep") => FallocMode::KeepSize,
                 Some("punch") => FallocMode::Punch,
-                _ => return Err(format!("`{line}`: falloc mode is alloc, keep or punch")),
+                Some("zero") => FallocMode::Zero,
+                Some("zerokeep") => FallocMode::ZeroKeepSize,
+                _ => return Err(format!("`{line}`: falloc mode is alloc, keep, punch, zero or zerokeep")),
             };
             Op::Falloc { path: p, mode, off: num(w.next(), line)?, len: num(w.next(), line)? }
         }
@@ -298,11 +308,11 @@ mod tests {
     #[test]
     fn round_trip() {
         let s = "mkdir /A; create /A/x; write /A/x 10 5000 7; truncate /A/x 3; falloc /A/x punch 0 4096; \
-                 setxattr /A/x user.a 12 3; removexattr /A/x user.a; chmod /A/x 600; link /A/x /y; \
+                 falloc /A/x zero 5 9000; falloc /A/x zerokeep 100 20; setxattr /A/x user.a 12 3; removexattr /A/x user.a; chmod /A/x 600; link /A/x /y; \
                  rename /y /A/z; unlink /A/z; fsync /A; fdatasync /A/x; sync; rmdir /B; exchange /a /b; \
                  symlink ../t /s; open /x; close /x";
         let ops = parse_script(s).unwrap();
-        assert_eq!(ops.len(), 19);
+        assert_eq!(ops.len(), 21);
         assert_eq!(parse_script(&script(&ops)).unwrap(), ops);
         assert!(parse_script("frobnicate /x").is_err());
         assert!(parse_script("create x").is_err());

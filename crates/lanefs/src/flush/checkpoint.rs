@@ -78,6 +78,8 @@ struct Snapshot {
     /// Directory records this checkpoint took that no journal had: their pending counts are
     /// dropped after the exclusive phase (an fsync cannot start before then: the gate).
     uncount: Vec<Arc<crate::oplog::dirlog::LoggedOp>>,
+    /// Reserved blocks at the snapshot (`mem::reserve`).
+    reserved: u64,
 }
 
 impl Engine {
@@ -150,6 +152,8 @@ impl Engine {
                 meta.xattrs.unjournaled.clear();
                 if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
                     drop(meta);
+                    // Its unwritten blocks go with it, before the count is taken below.
+                    m.disk.lock().reserved.clear();
                     deleted.push(m);
                     continue;
                 }
@@ -165,6 +169,10 @@ impl Engine {
                 let mut disk = m.disk.lock();
                 disk.unjournaled.clear();
                 disk.truncated_from = None;
+                // The count this checkpoint records is the NEW_ADDR entries its trees get:
+                // every reserved block is unwritten, and no page written here draws on one.
+                debug_assert!(disk.reserved.iter().all(|i| disk.cur_map.get(&i) == Some(&NEW_ADDR)));
+                debug_assert!(pages.iter().all(|(i, _)| !disk.reserved.contains(*i)));
                 (disk.cur_map.clone(), std::mem::take(&mut disk.relocate))
             };
             relocate.sort_unstable();
@@ -235,13 +243,14 @@ impl Engine {
             });
         }
         let orphans = self.orphans.lock().iter().copied().collect();
+        let reserved = self.cache.reserved_blocks.load(Ordering::Acquire);
         self.reanchor_journal_heads();
         let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
         self.journal_blocks.take();
         self.logged_ops.take();
         self.deleted_inodes.take();
         self.dirty_inodes.take();
-        Snapshot { seq, stamp, inodes, deleted, orphans, heads, uncount }
+        Snapshot { seq, stamp, inodes, deleted, orphans, heads, uncount, reserved }
     }
 
     /// Each lane's next journal block is reserved ahead of use. If the lane's journal log has
@@ -327,6 +336,7 @@ impl Engine {
         cp.version = cp_ver;
         cp.flags = if clean { CP_FLAG_CLEAN } else { 0 };
         cp.stamp = snap.stamp;
+        cp.reserved_blocks = snap.reserved;
         cp.valid_blocks = self.table.total_valid();
         cp.valid_nodes = self.nat.valid_nodes();
         cp.valid_inodes = self.nat.valid_inodes();
@@ -443,7 +453,11 @@ impl Engine {
         for &(idx, a) in &fresh {
             tree_map.insert(idx, a);
             let still = pages.is_some_and(|p| p.settle(idx));
-            let unchanged = disk.cur_map.get(&idx) == s.map.get(&idx);
+            // A reserved block is not unchanged even if it maps as the snapshot saw it
+            // (NEW_ADDR): the snapshot's page drew on the reservation, so the range was
+            // preallocated again since (punch or zero range, then fallocate), and it must read
+            // as zeros, not as this page.
+            let unchanged = disk.cur_map.get(&idx) == s.map.get(&idx) && !disk.reserved.contains(idx);
             // A page in flight leaves the cache only by a truncate or punch, which drops its
             // mapping in the same critical section under this lock. Its mapping can then look
             // unchanged only if it had none, or had the never-written placeholder and a

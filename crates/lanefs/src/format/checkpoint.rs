@@ -145,6 +145,10 @@ pub struct Checkpoint {
     /// Operation timestamp at which the checkpoint's snapshot was taken: journal records
     /// stamped at or before it are already part of the checkpoint and are not replayed.
     pub stamp: u64,
+    /// Blocks preallocated and not yet written: the `NEW_ADDR` entries of every inode's tree
+    /// (`mem::reserve`). Space no writer but their files may take. (Images from before this
+    /// counter have zero in its place.)
+    pub reserved_blocks: u64,
     pub nat_map: CopyMap,
     pub sit_map: CopyMap,
     pub lanes: Vec<LaneCheckpoint>,
@@ -170,6 +174,7 @@ impl Checkpoint {
         e.u64(self.gc_bytes_written);
         e.u64(self.cp_bytes_written);
         e.u64(self.stamp);
+        e.u64(self.reserved_blocks);
         e.pad_to(FIXED_LEN);
         self.nat_map.encode(&mut e);
         self.sit_map.encode(&mut e);
@@ -287,12 +292,16 @@ impl Checkpoint {
         let gc_bytes_written = d.u64()?;
         let cp_bytes_written = d.u64()?;
         let stamp = d.u64()?;
+        let reserved_blocks = d.u64()?;
         if p[d.pos()..FIXED_LEN.min(p.len())].iter().any(|&b| b != 0) {
             return Err(d.err("reserved checkpoint bytes are not zero"));
         }
         d.skip_to(FIXED_LEN)?;
         if valid_blocks > g.main_blocks() || valid_nodes > valid_blocks || valid_inodes > valid_nodes {
             return Err(d.err("block counts exceed the main area"));
+        }
+        if reserved_blocks > g.main_blocks() {
+            return Err(d.err(format!("{reserved_blocks} reserved blocks exceed the main area")));
         }
         if next_nid > g.max_nid {
             return Err(d.err(format!("next nid {next_nid} beyond max {}", g.max_nid)));
@@ -346,6 +355,7 @@ impl Checkpoint {
             gc_bytes_written,
             cp_bytes_written,
             stamp,
+            reserved_blocks,
             nat_map,
             sit_map,
             lanes,

@@ -253,8 +253,14 @@ impl Geometry {
     /// log of every lane (a log's open segment cannot be cleaned). Invalid blocks inside this
     /// count as free: the cleaner gives them back.
     pub fn user_blocks(&self) -> u64 {
-        let open = self.lanes as u64 * LOG_TYPES as u64;
-        self.main_blocks().saturating_sub((self.cleaning_reserve() + open) * BLOCKS_PER_SEG as u64)
+        self.main_blocks()
+            .saturating_sub(self.cleaning_reserve() * BLOCKS_PER_SEG as u64)
+            .saturating_sub(self.open_blocks())
+    }
+
+    /// One segment per log of every lane: the logs' open segments.
+    pub fn open_blocks(&self) -> u64 {
+        self.lanes as u64 * LOG_TYPES as u64 * BLOCKS_PER_SEG as u64
     }
 }
 

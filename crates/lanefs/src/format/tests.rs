@@ -207,6 +207,7 @@ fn checkpoint() -> impl Strategy<Value = Checkpoint> {
                     gc_bytes_written: gc,
                     cp_bytes_written: cp,
                     stamp: u.rotate_left(7),
+                    reserved_blocks: gc % (g.main_blocks() + 1),
                     nat_map,
                     sit_map,
                     lanes,
@@ -468,6 +469,7 @@ fn checkpoint_torn_pack_is_rejected() {
         gc_bytes_written: 0,
         cp_bytes_written: 0,
         stamp: 0,
+        reserved_blocks: 0,
         nat_map: CopyMap::new(g.nat_blocks),
         sit_map: CopyMap::new(g.sit_blocks),
         lanes: vec![

@@ -9,8 +9,9 @@
 use super::dir::DirMap;
 use super::pages::{CacheStats, PageMap};
 use super::range_lock::RangeLock;
+use super::reserve::Reserved;
 use super::xattr::XattrState;
-use crate::format::node::{Timespec, S_IFMT};
+use crate::format::node::{Timespec, NEW_ADDR, S_IFMT};
 use crate::node::{BlockMap, InodeTree};
 use crate::oplog::dirlog::DirLog;
 use crate::sync::rank::{Mutex, Rank};
@@ -39,7 +40,6 @@ pub struct Meta {
 
 /// Where an mnode's data lives on disk. Only fsync, writeback, truncate and the checkpoint
 /// touch it, each holding the lock for a short, I/O-free critical section.
-#[derive(Default)]
 pub struct DiskState {
     /// The node tree of the last checkpoint (empty if the inode was never checkpointed).
     pub tree: Option<InodeTree>,
@@ -65,22 +65,81 @@ pub struct DiskState {
     /// Data blocks the cleaner asked to move: (logical index, address it saw). The next
     /// checkpoint copies each one still mapped there to a new block.
     pub relocate: Vec<(u64, u32)>,
+    /// Logical blocks preallocated and not yet written: each maps to `NEW_ADDR` and no dirty
+    /// page covers it (see `mem::reserve`). Every change of `cur_map` keeps this a subset of
+    /// its `NEW_ADDR` entries.
+    pub reserved: Reserved,
 }
 
 impl DiskState {
-    /// Points logical block `idx` at `addr` (0: hole). The replaced block is garbage unless the
-    /// checkpoint tree still holds it (then the next checkpoint drops it).
+    /// An empty state whose reservations count toward `stats.reserved_blocks`.
+    pub fn new(stats: Arc<CacheStats>) -> DiskState {
+        DiskState {
+            tree: None,
+            tree_map: BlockMap::new(),
+            cur_map: BlockMap::new(),
+            unjournaled: BTreeMap::new(),
+            truncated_from: None,
+            garbage: Vec::new(),
+            xattr: XattrDisk::default(),
+            dentries: None,
+            map_gen: 0,
+            relocate: Vec::new(),
+            reserved: Reserved::new(stats),
+        }
+    }
+
+    /// Points logical block `idx` at `addr` (0: hole; `NEW_ADDR`: unwritten, reserved). The
+    /// replaced block is garbage unless the checkpoint tree still holds it (then the next
+    /// checkpoint drops it); a reservation it held is given back (a block written there draws
+    /// on it, a hole drops it).
     pub fn remap(&mut self, idx: u64, addr: u32) {
         self.map_gen += 1;
+        self.reserved.remove(idx);
         let old = if addr == 0 { self.cur_map.remove(&idx) } else { self.cur_map.insert(idx, addr) };
+        if addr == NEW_ADDR {
+            self.reserved.insert(idx);
+        }
         if let Some(old) = old {
             self.forget_block(idx, old);
         }
     }
 
+    /// fallocate of a block that has no mapping: unwritten and reserved, journaled by the next
+    /// fsync. The caller checked that no page covers it.
+    pub fn preallocate(&mut self, idx: u64) {
+        debug_assert!(!self.cur_map.contains_key(&idx));
+        self.map_gen += 1;
+        self.cur_map.insert(idx, NEW_ADDR);
+        self.reserved.insert(idx);
+        self.unjournaled.insert(idx, (NEW_ADDR, 0));
+    }
+
+    /// Zero range of a whole block whose page the caller dropped: unwritten and reserved,
+    /// whatever it held, and journaled (so that replay also drops a page an earlier fsync
+    /// logged inline). Nothing changes for a block that is unwritten already.
+    pub fn unwrite(&mut self, idx: u64) {
+        if self.reserved.contains(idx) {
+            debug_assert_eq!(self.cur_map.get(&idx), Some(&NEW_ADDR));
+            return;
+        }
+        self.remap(idx, NEW_ADDR);
+        self.unjournaled.insert(idx, (NEW_ADDR, 0));
+    }
+
+    /// A write reaches block `idx`: if it was reserved, the reservation passes to the dirty
+    /// page the caller creates now (under this lock). Returns whether it was reserved (the
+    /// page's old bytes are zeros then).
+    pub fn draw(&mut self, idx: u64) -> bool {
+        let drawn = self.reserved.remove(idx);
+        debug_assert!(!drawn || self.cur_map.get(&idx) == Some(&NEW_ADDR));
+        drawn
+    }
+
     /// Drops every mapping at or after `from`.
     pub fn truncate(&mut self, from: u64) {
         self.map_gen += 1;
+        self.reserved.remove_from(from);
         let gone = self.cur_map.split_off(&from);
         for (idx, addr) in gone {
             self.forget_block(idx, addr);
@@ -91,7 +150,7 @@ impl DiskState {
 
     fn forget_block(&mut self, idx: u64, addr: u32) {
         let in_tree = self.tree_map.get(&idx) == Some(&addr);
-        if !in_tree && addr != crate::format::node::NEW_ADDR {
+        if !in_tree && addr != NEW_ADDR {
             self.garbage.push(addr);
         }
     }
@@ -167,6 +226,11 @@ pub struct MNode {
     pub atime_dirty: AtomicBool,
     /// On the lazy-atime queue (`Engine::lazy`).
     pub lazy_queued: AtomicBool,
+    /// The file may have reserved blocks (`DiskState::reserved`): a write then looks for them
+    /// under `disk` before it installs a page without it. Set under `disk` by whatever reserves
+    /// a block, cleared under it once none is left. (A write and a reservation of the same page
+    /// overlap in the range lock whenever the write would not take `disk`: a whole page.)
+    pub preallocated: AtomicBool,
     /// Held by an fsync for its whole transaction, and by writeback, so that what one takes
     /// from the inode (dirty pages, placed blocks, attributes) is journaled, in stamp order,
     /// and durable before another fsync of the inode decides what is left: otherwise an fsync
@@ -223,7 +287,7 @@ impl MNode {
             atime: AtomicI64::new(ts_to_ns(st.atime)),
             flags: AtomicU32::new(st.flags),
             content,
-            disk: Mutex::new(Rank::Disk, DiskState::default()),
+            disk: Mutex::new(Rank::Disk, DiskState::new(stats.clone())),
             open: AtomicU32::new(0),
             parent: AtomicU32::new(0),
             pending: Mutex::new(Rank::Pending, BTreeMap::new()),
@@ -232,6 +296,7 @@ impl MNode {
             attr_dirty: AtomicBool::new(false),
             atime_dirty: AtomicBool::new(false),
             lazy_queued: AtomicBool::new(false),
+            preallocated: AtomicBool::new(false),
             fsync_order: Mutex::new(Rank::FsyncOrder, ()),
         }
     }
@@ -311,6 +376,14 @@ impl MNode {
     /// Directories with unjournaled records naming this inode.
     pub fn pending_dirs(&self) -> Vec<u32> {
         self.pending.lock().keys().copied().collect()
+    }
+
+    /// Under `disk`, after a change of its reservations: whether writes must look for them.
+    pub fn note_reserved(&self, disk: &DiskState) {
+        let any = !disk.reserved.is_empty();
+        if self.preallocated.load(Ordering::Relaxed) != any {
+            self.preallocated.store(any, Ordering::Release);
+        }
     }
 
     /// Sets ctime to `now` (an attribute change).

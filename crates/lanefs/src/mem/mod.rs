@@ -7,6 +7,7 @@
 //! - [`dir`]: directories as concurrent hash maps with stable readdir cookies.
 //! - [`pages`]: file pages in per-file sparse, sharded maps with copy-on-write snapshots.
 //! - [`mnode`]: the in-memory inode.
+//! - [`reserve`]: preallocated, unwritten blocks and the space they hold.
 //! - [`ops`]: the operations themselves.
 //! - [`perm`]: privileges a change drops, ACL inheritance and the mode kept in step with ACLs.
 //! - [`xattr`]: an inode's extended attributes.
@@ -21,6 +22,7 @@ pub mod ops;
 pub mod pages;
 pub mod perm;
 pub mod range_lock;
+pub mod reserve;
 pub mod xattr;
 
 pub use cells::Cells;

@@ -7,14 +7,14 @@
 //! it. File data is written under the range lock of the bytes written, never a file lock.
 
 use super::iflags::{refuse, InodeFlags};
-use super::mnode::{ts_to_ns, Content, MNode, Meta, Stamps, S_IFDIR, S_IFLNK, S_IFREG};
+use super::mnode::{ts_to_ns, Content, DiskState, MNode, Meta, Stamps, S_IFDIR, S_IFLNK, S_IFREG};
 use super::pages::{PageMap, PAGE_SIZE};
 use super::xattr::XattrState;
 use crate::device::BLOCK_SIZE;
 use crate::engine::{now, Engine};
 use crate::error::{Error, Result};
 use crate::format::dentry::validate_name;
-use crate::format::node::{Timespec, NEW_ADDR, S_IFMT};
+use crate::format::node::{Timespec, ADDRS_PER_NODE, NEW_ADDR, S_IFMT};
 use crate::format::tree::MAX_FILE_BLOCKS;
 use crate::format::xattr::{blocks_for, stream_entry_len, MAX_XATTR_STREAM};
 use crate::fsck::dtype_of;
@@ -33,6 +33,7 @@ pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
 pub const FALLOC_FL_KEEP_SIZE: i32 = 1;
 pub const FALLOC_FL_PUNCH_HOLE: i32 = 2;
+pub const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
 
 fn enoent(what: impl Into<String>) -> Error {
     Error::errno(libc::ENOENT, what)
@@ -706,7 +707,8 @@ impl Engine {
     /// Writes to an mnode the caller holds (an open handle: no inode-table lookup).
     pub fn write_mnode(&self, m: &Arc<MNode>, off: u64, data: &[u8]) -> Result<usize> {
         self.check_writable()?;
-        self.admit(data.len().div_ceil(PAGE_SIZE) as u64 + 1)?;
+        let short = data.len().div_ceil(PAGE_SIZE) as u64 + 1;
+        self.admit_with(short, || self.new_blocks(m, off, data.len() as u64))?;
         {
             let _g = self.pass.shared();
             self.write_locked(m, off, data)?;
@@ -751,6 +753,21 @@ impl Engine {
         Ok(())
     }
 
+    /// Blocks a write of `len` bytes at `off` takes for good (admission when space is short):
+    /// one per page that has neither a block nor a cached page (overwrites and writes into
+    /// reserved blocks take none), and one for the node that maps them.
+    fn new_blocks(&self, m: &MNode, off: u64, len: u64) -> u64 {
+        let Some((pages, _)) = m.pages() else { return 0 };
+        if len == 0 {
+            return 0;
+        }
+        let first = off / PAGE_SIZE as u64;
+        let last = (off.saturating_add(len) - 1) / PAGE_SIZE as u64;
+        let disk = m.disk.lock();
+        let new = (first..=last).filter(|&i| !disk.cur_map.contains_key(&i) && !pages.is_cached(i)).count();
+        new as u64 + u64::from(new > 0)
+    }
+
     /// Writes `bytes` at `po` within page `idx` of `m`.
     ///
     /// A partial write of a page that is not cached needs the page's current contents. They
@@ -759,15 +776,27 @@ impl Engine {
     /// the page may have been written, written back and evicted since (which replaces its
     /// block). Lock order is `disk`, then the page shard (`sync::rank`); the reverse, a shard
     /// held while the loader takes `disk`, deadlocked against readers and writeback (issue 14).
+    ///
+    /// A page of a preallocated block starts only under `disk`, in the same critical section
+    /// that takes the block's reservation (`DiskState::draw`): the reservation passes to the
+    /// dirty page, and never both or neither hold the space.
     fn write_page(&self, m: &MNode, pages: &PageMap, idx: u64, po: usize, bytes: &[u8]) -> Result<()> {
-        if pages.write(idx, po, bytes, None) {
+        let written = if m.preallocated.load(Ordering::Acquire) {
+            pages.write_cached(idx, po, bytes)
+        } else {
+            pages.write(idx, po, bytes, None)
+        };
+        if written {
             return Ok(());
         }
         // Bounded: each miss means a fsync, writeback, checkpoint or cleaning move replaced
-        // this page's block during our read.
+        // this page's block during our read (or a fallocate reserved it).
         for _ in 0..LOAD_TRIES {
             let (addr, gen) = {
-                let disk = m.disk.lock();
+                let mut disk = m.disk.lock();
+                if self.write_reserved(m, &mut disk, pages, idx, po, bytes) {
+                    return Ok(());
+                }
                 (disk.cur_map.get(&idx).copied(), disk.map_gen)
             };
             let base = self.read_mapped(addr)?;
@@ -780,11 +809,70 @@ impl Engine {
         }
         // The mapping moved under every try: read under the lock, once. A device read waits
         // for no lock, so this holds up the inode's other users for one read, never a cycle.
-        let disk = m.disk.lock();
+        let mut disk = m.disk.lock();
+        if self.write_reserved(m, &mut disk, pages, idx, po, bytes) {
+            return Ok(());
+        }
         let base = self.read_mapped(disk.cur_map.get(&idx).copied())?;
         let done = pages.write(idx, po, bytes, Some(&base));
         debug_assert!(done, "a page with a base is always written");
         Ok(())
+    }
+
+    /// Under `disk`: writes a page whose block is reserved (its bytes are zeros), drawing on the
+    /// reservation. False, writing nothing, if the block is not reserved.
+    fn write_reserved(
+        &self,
+        m: &MNode,
+        disk: &mut DiskState,
+        pages: &PageMap,
+        idx: u64,
+        po: usize,
+        bytes: &[u8],
+    ) -> bool {
+        if disk.reserved.is_empty() {
+            m.note_reserved(disk);
+            return false;
+        }
+        if !disk.draw(idx) {
+            return false;
+        }
+        m.note_reserved(disk);
+        let done = pages.write(idx, po, bytes, Some(&[0u8; PAGE_SIZE]));
+        debug_assert!(done, "a page with a base is always written");
+        true
+    }
+
+    /// Zeroes `n` bytes at `po` in page `idx` (a partial page of a truncate, punch or zero
+    /// range). A page that reads as zeros already (a hole or an unwritten block, not cached) is
+    /// left alone; with `allocate` (zero range) a hole becomes a preallocated block.
+    fn zero_in_page(
+        &self,
+        m: &MNode,
+        pages: &PageMap,
+        idx: u64,
+        po: usize,
+        n: usize,
+        allocate: bool,
+    ) -> Result<()> {
+        {
+            let mut disk = m.disk.lock();
+            if !pages.is_cached(idx) {
+                match disk.cur_map.get(&idx) {
+                    None => {
+                        if allocate {
+                            disk.preallocate(idx);
+                            m.note_reserved(&disk);
+                        }
+                        return Ok(());
+                    }
+                    // Not cached, so not drawn on: reserved, zeros.
+                    Some(&NEW_ADDR) => return Ok(()),
+                    Some(_) => {}
+                }
+            }
+        }
+        self.write_page(m, pages, idx, po, &[0u8; PAGE_SIZE][..n])
     }
 
     /// The block at `addr` (zeros for a hole or a block not yet written).
@@ -816,22 +904,26 @@ impl Engine {
         let _r = range.lock_exclusive(old.min(size), u64::MAX);
         refuse(m.iflags(), InodeFlags::PRIVILEGED, "truncate")?;
         let old = m.size.load(Ordering::Acquire);
-        if size < old {
+        if size <= old {
             let keep_pages = size.div_ceil(PAGE_SIZE as u64);
             let tail = (size % PAGE_SIZE as u64) as usize;
-            if tail != 0 {
+            if tail != 0 && size < old {
                 // The partial page's tail reads as zeros from now on (loaded if not cached).
                 let idx = size / PAGE_SIZE as u64;
-                self.write_page(m, pages, idx, tail, &[0u8; PAGE_SIZE][tail..])?;
+                self.zero_in_page(m, pages, idx, tail, PAGE_SIZE - tail, false)?;
             }
             // Pages and their blocks go together, under the mapping's lock (as a punch does).
             // A checkpoint installing this inode in between found a page gone whose block the
             // mapping still named: it left the block out of its new tree and freed it, and the
             // mapping's drop then made it garbage, freed again by the next fsync ("block N
-            // invalidated twice", found by tests/stress.rs).
+            // invalidated twice", found by tests/stress.rs). A truncate to the size itself
+            // drops blocks preallocated past it (KEEP_SIZE), as ext4 does.
             let mut disk = m.disk.lock();
-            pages.truncate(keep_pages);
-            disk.truncate(keep_pages);
+            if size < old || disk.cur_map.range(keep_pages..).next().is_some() {
+                pages.truncate(keep_pages);
+                disk.truncate(keep_pages);
+                m.note_reserved(&disk);
+            }
         }
         m.size.store(size, Ordering::Release);
         m.touch(now());
@@ -839,9 +931,27 @@ impl Engine {
         Ok(())
     }
 
-    /// fallocate(2): mode 0 (allocate, size may grow), KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE.
+    /// fallocate(2): mode 0 (allocate, the size may grow), KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE,
+    /// and ZERO_RANGE with or without KEEP_SIZE. Other modes (COLLAPSE_RANGE, INSERT_RANGE,
+    /// UNSHARE_RANGE, ...) are EOPNOTSUPP.
+    ///
+    /// Allocation reserves every block of the range that has neither a block nor a page
+    /// (`mem::reserve`): ENOSPC, with nothing changed, when they do not fit in the space left.
+    /// Zero range makes every whole block of the range unwritten and reserved (dropping what it
+    /// held, cached pages included) and zeroes the bytes of the partial ones.
     pub fn fallocate(&self, ino: u32, mode: i32, off: u64, len: u64) -> Result<()> {
         self.check_writable()?;
+        let punch = mode & FALLOC_FL_PUNCH_HOLE != 0;
+        let zero = mode & FALLOC_FL_ZERO_RANGE != 0;
+        let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
+        // As vfs_fallocate: an unknown mode, two modes at once, or a punch that would change
+        // the size.
+        if mode & !(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0
+            || (punch && zero)
+            || (punch && !keep)
+        {
+            return Err(Error::errno(libc::EOPNOTSUPP, format!("fallocate mode {mode:#x}")));
+        }
         if len == 0 {
             return Err(Error::errno(libc::EINVAL, "fallocate of zero bytes"));
         }
@@ -849,64 +959,122 @@ impl Engine {
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::errno(libc::EFBIG, "fallocate past the largest file"))?;
-        let punch = mode & FALLOC_FL_PUNCH_HOLE != 0;
-        if mode & !(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE) != 0
-            || (punch && mode & FALLOC_FL_KEEP_SIZE == 0)
-        {
-            return Err(Error::errno(libc::EOPNOTSUPP, format!("fallocate mode {mode:#x}")));
+        let m = {
+            let _g = self.pass.shared();
+            self.mnode(ino)?
+        };
+        if m.pages().is_none() {
+            return Err(Error::errno(
+                if m.is_dir() { libc::EISDIR } else { libc::ENODEV },
+                "not a regular file",
+            ));
         }
-        let _g = self.pass.shared();
-        let m = self.mnode(ino)?;
-        let (pages, range) = m.pages().ok_or_else(|| {
-            Error::errno(if m.is_dir() { libc::EISDIR } else { libc::ENODEV }, "not a regular file")
-        })?;
-        let _r = range.lock_exclusive(off, end);
-        // ext4: nothing on an immutable file; on an append-only one, only allocation that
-        // keeps every byte (no punch).
-        refuse(m.iflags(), if punch { InodeFlags::PRIVILEGED } else { InodeFlags::IMMUTABLE }, "fallocate")?;
-        let first_full = off.div_ceil(PAGE_SIZE as u64);
-        let end_full = end / PAGE_SIZE as u64;
         if punch {
-            let size = m.size.load(Ordering::Acquire);
-            let end = end.min(size);
-            // Partial pages at the edges: zero the bytes.
-            for (idx, po, n, _) in page_spans(off, end) {
-                if po != 0 || n != PAGE_SIZE {
-                    let zeros = vec![0u8; n];
-                    self.write_page(&m, pages, idx, po, &zeros)?;
-                }
-            }
-            // Whole pages: drop them and their blocks.
-            let mut disk = m.disk.lock();
-            for idx in first_full..end_full {
-                let was_cached = pages.truncate_one(idx);
-                if disk.cur_map.contains_key(&idx) {
-                    disk.remap(idx, 0);
-                    disk.unjournaled.insert(idx, (0, 0));
-                } else if was_cached {
-                    // Never on the device, but perhaps in a journal: an fsync may have logged the
-                    // page inline (`Record::Data`), or be logging it now. The hole must replay
-                    // after it.
-                    disk.unjournaled.insert(idx, (0, 0));
-                }
-            }
+            let _g = self.pass.shared();
+            self.punch_locked(&m, off, end)?;
         } else {
             let first = off / PAGE_SIZE as u64;
             let last = (end - 1) / PAGE_SIZE as u64;
-            let mut disk = m.disk.lock();
-            for idx in first..=last {
-                if !disk.cur_map.contains_key(&idx) && pages.get(idx).is_none() {
-                    disk.cur_map.insert(idx, NEW_ADDR);
-                    disk.unjournaled.insert(idx, (NEW_ADDR, 0));
-                }
+            // Claimed before anything changes, so that ENOSPC leaves the file as it was. An
+            // upper bound: every block of the range without a mapping (a cached page of it
+            // will need no reservation).
+            let want = {
+                let disk = m.disk.lock();
+                (last - first + 1) - disk.cur_map.range(first..=last).count() as u64
+            };
+            let nodes = if want == 0 { 0 } else { want.div_ceil(ADDRS_PER_NODE as u64) + 1 };
+            let _claim = if want > 0 { Some(self.claim(want + nodes, nodes)?) } else { None };
+            let _g = self.pass.shared();
+            if zero {
+                self.zero_range_locked(&m, off, end)?;
+            } else {
+                self.allocate_locked(&m, first, last)?;
             }
-            drop(disk);
-            if mode & FALLOC_FL_KEEP_SIZE == 0 {
+            if !keep {
                 m.size.fetch_max(end, Ordering::AcqRel);
             }
         }
         m.touch(now());
         self.mark_dirty(&m);
+        Ok(())
+    }
+
+    /// Reserves every block of `first..=last` that has neither a mapping nor a page.
+    fn allocate_locked(&self, m: &MNode, first: u64, last: u64) -> Result<()> {
+        let (pages, range) = m.pages().expect("a regular file");
+        let _r = range.lock_exclusive(first * PAGE_SIZE as u64, (last + 1) * PAGE_SIZE as u64);
+        // ext4: nothing on an immutable file (checked under the range lock, which a flag
+        // change takes whole).
+        refuse(m.iflags(), InodeFlags::IMMUTABLE, "fallocate")?;
+        let mut disk = m.disk.lock();
+        for idx in first..=last {
+            if !disk.cur_map.contains_key(&idx) && !pages.is_cached(idx) {
+                disk.preallocate(idx);
+            }
+        }
+        m.note_reserved(&disk);
+        Ok(())
+    }
+
+    /// Punches `[off, end)` (bytes past the size are left alone): whole blocks become holes,
+    /// the bytes of partial ones zeros.
+    fn punch_locked(&self, m: &MNode, off: u64, end: u64) -> Result<()> {
+        let (pages, range) = m.pages().expect("a regular file");
+        let _r = range.lock_exclusive(off, end);
+        // vfs_fallocate: only allocation that keeps every byte on an append-only file.
+        refuse(m.iflags(), InodeFlags::PRIVILEGED, "fallocate")?;
+        let size = m.size.load(Ordering::Acquire);
+        let end = end.min(size);
+        if off >= end {
+            return Ok(());
+        }
+        // Partial pages at the edges: zero the bytes.
+        for (idx, po, n, _) in page_spans(off, end) {
+            if po != 0 || n != PAGE_SIZE {
+                self.zero_in_page(m, pages, idx, po, n, false)?;
+            }
+        }
+        // Whole pages: drop them and their blocks.
+        let first_full = off.div_ceil(PAGE_SIZE as u64);
+        let end_full = end / PAGE_SIZE as u64;
+        let mut disk = m.disk.lock();
+        for idx in first_full..end_full {
+            let was_cached = pages.truncate_one(idx);
+            if disk.cur_map.contains_key(&idx) {
+                disk.remap(idx, 0);
+                disk.unjournaled.insert(idx, (0, 0));
+            } else if was_cached {
+                // Never on the device, but perhaps in a journal: an fsync may have logged the
+                // page inline (`Record::Data`), or be logging it now. The hole must replay
+                // after it.
+                disk.unjournaled.insert(idx, (0, 0));
+            }
+        }
+        m.note_reserved(&disk);
+        Ok(())
+    }
+
+    /// Zeroes `[off, end)`: whole blocks become unwritten and reserved, whatever they held
+    /// (their cached pages go; the kernel drops its own copies after the call), partial ones
+    /// get zero bytes, and a partial one that is a hole is preallocated.
+    fn zero_range_locked(&self, m: &MNode, off: u64, end: u64) -> Result<()> {
+        let (pages, range) = m.pages().expect("a regular file");
+        let _r = range.lock_exclusive(off, end);
+        refuse(m.iflags(), InodeFlags::PRIVILEGED, "fallocate")?;
+        for (idx, po, n, _) in page_spans(off, end) {
+            if po != 0 || n != PAGE_SIZE {
+                self.zero_in_page(m, pages, idx, po, n, true)?;
+            }
+        }
+        let first_full = off.div_ceil(PAGE_SIZE as u64);
+        let end_full = end / PAGE_SIZE as u64;
+        let mut disk = m.disk.lock();
+        for idx in first_full..end_full {
+            // Page and mapping change together, under the mapping's lock (as a punch does).
+            pages.truncate_one(idx);
+            disk.unwrite(idx);
+        }
+        m.note_reserved(&disk);
         Ok(())
     }
 

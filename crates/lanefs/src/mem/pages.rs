@@ -54,6 +54,9 @@ pub struct CacheStats {
     pub cached_pages: AtomicI64,
     /// Pages the device must still get: dirty and logged ones.
     pub dirty_pages: AtomicI64,
+    /// Blocks preallocated and not yet written, over every file (`mem::reserve`): space no
+    /// other writer may take.
+    pub reserved_blocks: AtomicU64,
 }
 
 /// One shard: its pages and the indexes of the dirty and logged ones (see the module
@@ -152,8 +155,26 @@ impl PageMap {
     /// holding the inode's `disk` lock, after checking that the mapping did not change since
     /// the read (the lock hierarchy ranks `disk` above the page shards; see `sync::rank`).
     pub fn write(&self, idx: u64, off: usize, bytes: &[u8], base: Option<&[u8; PAGE_SIZE]>) -> bool {
+        self.write_inner(idx, off, bytes, base, true)
+    }
+
+    /// As [`PageMap::write`] with no base, but never installs a page, even for a write that
+    /// covers it whole: for a file with reserved blocks, whose pages may start only under
+    /// `disk` (`mem::reserve`).
+    pub fn write_cached(&self, idx: u64, off: usize, bytes: &[u8]) -> bool {
+        self.write_inner(idx, off, bytes, None, false)
+    }
+
+    fn write_inner(
+        &self,
+        idx: u64,
+        off: usize,
+        bytes: &[u8],
+        base: Option<&[u8; PAGE_SIZE]>,
+        may_install_whole: bool,
+    ) -> bool {
         debug_assert!(off + bytes.len() <= PAGE_SIZE && !bytes.is_empty());
-        let full = off == 0 && bytes.len() == PAGE_SIZE;
+        let full = may_install_whole && off == 0 && bytes.len() == PAGE_SIZE;
         let mut guard = self.shard(idx).lock();
         let shard = &mut *guard;
         let page = match shard.pages.entry(idx) {
