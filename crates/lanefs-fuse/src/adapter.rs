@@ -3,8 +3,11 @@
 //! decides; the only state is the `Fs` handle, so every worker thread serves any request.
 //!
 //! Inode numbers are lanefs inode numbers (the root is 1, FUSE_ROOT_ID), so the kernel's
-//! lookup counts need no table: `forget` has nothing to drop. File handles are not used (0):
-//! the engine keeps an unlinked file alive from `open_ino` to `release`.
+//! lookup counts need no table: `forget` has nothing to drop. Every entry reply carries the
+//! inode's generation, which changes when a number is reused, so the kernel's file handles
+//! (number, generation) stay valid across mounts and go stale when their inode does. Open file
+//! handles are not used (0): the engine keeps an unlinked file alive from `open_ino` to
+//! `release`.
 //!
 //! Each handler that calls the engine marks its request in flight for its duration (see
 //! [`crate::inflight`]), so that a request that never returns shows in the log.
@@ -48,6 +51,8 @@ pub struct LaneFuse {
     dirs: DirHandles,
     max_write: u32,
     writeback_cache: bool,
+    /// Offer idmapped mounts (`FUSE_ALLOW_IDMAP`); see [`LaneFuse::allow_idmap`].
+    idmap: bool,
     inflight: Arc<Inflight>,
 }
 
@@ -55,7 +60,32 @@ impl LaneFuse {
     /// Serves `fs`; `writeback_cache` asks the kernel to cache writes (see the crate docs);
     /// requests are marked in flight in `inflight`, which needs a slot per worker thread.
     pub fn new(fs: Arc<Fs>, writeback_cache: bool, inflight: Arc<Inflight>) -> LaneFuse {
-        LaneFuse { fs, dirs: DirHandles::new(), max_write: max_write(), writeback_cache, inflight }
+        LaneFuse {
+            fs,
+            dirs: DirHandles::new(),
+            max_write: max_write(),
+            writeback_cache,
+            idmap: false,
+            inflight,
+        }
+    }
+
+    /// Lets the kernel create idmapped mounts of this file system (`mount_setattr` with
+    /// `MOUNT_ATTR_IDMAP`, as containers and overlayfs use), by negotiating `FUSE_ALLOW_IDMAP`.
+    ///
+    /// The kernel then checks permissions itself (it refuses the flag without
+    /// `default_permissions`), sends the caller's ids, mapped to the file system's, with the
+    /// requests that create an inode (mknod, mkdir, symlink, create, and rename with a
+    /// whiteout), and sends `FUSE_INVALID_UIDGID` (u32::MAX) as uid and gid with every other
+    /// request. Nothing here reads the ids of another request when the kernel checks
+    /// permissions (`access` is never sent then). But fuser 0.18 compares the uid of each
+    /// request with the daemon's own unless the session allows everyone
+    /// (`SessionACL::All`, i.e. `allow_other`), and answers EACCES when they differ: with a
+    /// session limited to its owner, every lookup would fail. So the caller asks for this
+    /// only with `default_permissions` and `allow_other` both in force.
+    pub fn allow_idmap(mut self, on: bool) -> LaneFuse {
+        self.idmap = on;
+        self
     }
 }
 
@@ -213,7 +243,16 @@ pub fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-const GEN: Generation = Generation(0);
+/// The generation the kernel knows `a` by. The kernel makes its root inode with generation 0
+/// and marks an inode bad when a reply gives its node id another generation; the root's is 0
+/// on every image (mkfs), and stays so here whatever the image says.
+fn generation(a: &Attr) -> Generation {
+    if a.ino == lanefs::ROOT {
+        Generation(0)
+    } else {
+        Generation(a.generation as u64)
+    }
+}
 
 fn name(n: &OsStr) -> &[u8] {
     n.as_bytes()
@@ -239,7 +278,7 @@ impl LaneFuse {
 
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), GEN),
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), generation(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -301,9 +340,16 @@ impl Filesystem for LaneFuse {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+            // Node ids are inode numbers and every reply carries the inode's generation, both
+            // stable across mounts: the kernel may hand out file handles (name_to_handle_at,
+            // NFS export) and resolve them with LOOKUP "." and "..".
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         if self.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if self.idmap {
+            want |= InitFlags::FUSE_ALLOW_IDMAP;
         }
         // Ask only for what this kernel offers; a missing optional feature is not an error.
         let _ = config.add_capabilities(want & caps);
@@ -316,6 +362,14 @@ impl Filesystem for LaneFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let _busy = self.inflight.enter(Op::Lookup, parent.0, req.pid());
+        // The kernel asks for "." of a node (of any type) to open a file handle whose inode it
+        // does not hold, and for ".." of a directory to connect one (FUSE_EXPORT_SUPPORT); it
+        // then compares the generation. A removed inode answers ENOENT, which it turns into
+        // ESTALE. Each answer counts as a lookup for the kernel, like any other: `forget` has
+        // nothing to drop either way.
+        if name(n) == b"." {
+            return self.entry(self.fs.lookup_ino(parent.0), reply);
+        }
         self.entry(self.fs.lookup(parent.0, name(n)), reply)
     }
 
@@ -432,9 +486,9 @@ impl Filesystem for LaneFuse {
         reply: ReplyEmpty,
     ) {
         let _busy = self.inflight.enter(Op::Rename, parent.0, req.pid());
-        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        let known =
+            RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT;
         if !known.contains(flags) {
-            // RENAME_WHITEOUT is for overlay file systems.
             return reply.error(Errno::EINVAL);
         }
         let mut f = 0;
@@ -444,7 +498,18 @@ impl Filesystem for LaneFuse {
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             f |= lanefs::fs::RENAME_EXCHANGE;
         }
-        self.empty(self.fs.rename(parent.0, name(n), newparent.0, name(newname), f), reply)
+        // The whiteout (overlayfs asks for one) is a new inode in `parent`, owned as any other:
+        // the kernel sends the caller's ids with this request (mapped, on an idmapped mount).
+        let (uid, gid) = if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            f |= lanefs::fs::RENAME_WHITEOUT;
+            match self.new_owner(req, parent, libc::S_IFCHR) {
+                Ok((uid, gid, _)) => (uid, gid),
+                Err(e) => return reply.error(e),
+            }
+        } else {
+            (0, 0)
+        };
+        self.empty(self.fs.rename_as(parent.0, name(n), newparent.0, name(newname), f, uid, gid), reply)
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
@@ -583,7 +648,7 @@ impl Filesystem for LaneFuse {
                 match self.fs.getattr(target) {
                     Ok(a) => {
                         let name = OsStr::from_bytes(&e.name);
-                        if reply.add(INodeNo(target), e.cookie, name, &TTL, &file_attr(&a), GEN) {
+                        if reply.add(INodeNo(target), e.cookie, name, &TTL, &file_attr(&a), generation(&a)) {
                             return reply.ok();
                         }
                     }
@@ -721,7 +786,9 @@ impl Filesystem for LaneFuse {
             Err(e) => return reply.error(errno(e)),
         };
         match self.fs.open_ino(a.ino) {
-            Ok(a) => reply.created(&TTL, &file_attr(&a), GEN, FileHandle(0), Self::open_flags(flags)),
+            Ok(a) => {
+                reply.created(&TTL, &file_attr(&a), generation(&a), FileHandle(0), Self::open_flags(flags))
+            }
             Err(e) => reply.error(errno(e)),
         }
     }

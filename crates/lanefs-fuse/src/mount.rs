@@ -302,7 +302,10 @@ fn serve(
     config.n_threads = Some(threads);
     config.clone_fd = true;
     let inflight = Arc::new(Inflight::new(threads));
-    let fuse = LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone());
+    // Idmapped mounts need the kernel to check permissions, and fuser to let requests
+    // through whose uid is unset (see `LaneFuse::allow_idmap`).
+    let idmap = parsed.fuse.contains(&MountOption::DefaultPermissions) && parsed.acl == SessionACL::All;
+    let fuse = LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone()).allow_idmap(idmap);
     let session = match Session::new(fuse, &mountpoint, &config) {
         Ok(s) => s,
         Err(e) => {

@@ -17,6 +17,7 @@ pub mod fs;
 pub mod fs_seek;
 pub mod fsck;
 pub mod gc;
+pub mod generation;
 pub mod inspect;
 pub mod journal;
 pub mod mem;

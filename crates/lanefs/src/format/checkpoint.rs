@@ -145,6 +145,9 @@ pub struct Checkpoint {
     /// Operation timestamp at which the checkpoint's snapshot was taken: journal records
     /// stamped at or before it are already part of the checkpoint and are not replayed.
     pub stamp: u64,
+    /// Above every inode generation handed out before the checkpoint (`crate::generation`);
+    /// 0 in images made before the counter existed, whose inodes all have generation 0.
+    pub next_generation: u64,
     pub nat_map: CopyMap,
     pub sit_map: CopyMap,
     pub lanes: Vec<LaneCheckpoint>,
@@ -170,6 +173,7 @@ impl Checkpoint {
         e.u64(self.gc_bytes_written);
         e.u64(self.cp_bytes_written);
         e.u64(self.stamp);
+        e.u64(self.next_generation);
         e.pad_to(FIXED_LEN);
         self.nat_map.encode(&mut e);
         self.sit_map.encode(&mut e);
@@ -287,6 +291,7 @@ impl Checkpoint {
         let gc_bytes_written = d.u64()?;
         let cp_bytes_written = d.u64()?;
         let stamp = d.u64()?;
+        let next_generation = d.u64()?;
         if p[d.pos()..FIXED_LEN.min(p.len())].iter().any(|&b| b != 0) {
             return Err(d.err("reserved checkpoint bytes are not zero"));
         }
@@ -346,6 +351,7 @@ impl Checkpoint {
             gc_bytes_written,
             cp_bytes_written,
             stamp,
+            next_generation,
             nat_map,
             sit_map,
             lanes,

@@ -192,6 +192,7 @@ fn checkpoint() -> impl Strategy<Value = Checkpoint> {
                     gc_bytes_written: gc,
                     cp_bytes_written: cp,
                     stamp: u.rotate_left(7),
+                    next_generation: gc.rotate_left(13),
                     nat_map,
                     sit_map,
                     lanes,
@@ -416,6 +417,7 @@ fn checkpoint_torn_pack_is_rejected() {
         gc_bytes_written: 0,
         cp_bytes_written: 0,
         stamp: 0,
+        next_generation: 1,
         nat_map: CopyMap::new(g.nat_blocks),
         sit_map: CopyMap::new(g.sit_blocks),
         lanes: vec![
