@@ -406,7 +406,8 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
             },
             "superblock_copies_ok": info.superblock_copies_ok,
             "checkpoint": {"version": info.checkpoint_version, "pack": info.checkpoint_pack,
-                           "clean_unmount": info.clean_unmount, "other_pack": info.other_pack, "orphans": info.orphans},
+                           "clean_unmount": info.clean_unmount, "other_pack": info.other_pack, "orphans": info.orphans,
+                           "next_generation": info.next_generation},
             "segments": {"free": info.usage.free, "active": info.usage.active, "dirty": info.usage.dirty,
                          "valid_blocks": info.usage.valid_blocks},
             "valid_blocks_by_kind": {"data": info.usage.kinds.data, "node": info.usage.kinds.node,
@@ -488,6 +489,7 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
         write_amplification(&info).map_or("-".to_string(), |w| format!("{w:.2}"))
     );
     say!(out, "orphans       {}", info.orphans);
+    say!(out, "generations   next {}", info.next_generation);
     if info.nat_in_region || region.is_some() {
         say!(
             out,

@@ -3,8 +3,11 @@
 //! decides; the only state is the `Fs` handle, so every worker thread serves any request.
 //!
 //! Inode numbers are lanefs inode numbers (the root is 1, FUSE_ROOT_ID), so the kernel's
-//! lookup counts need no table: `forget` has nothing to drop. File handles are not used (0):
-//! the engine keeps an unlinked file alive from `open_ino` to `release`.
+//! lookup counts need no table: `forget` has nothing to drop. Every entry reply carries the
+//! inode's generation, which changes when a number is reused, so the kernel's file handles
+//! (number, generation) stay valid across mounts and go stale when their inode does. Open file
+//! handles are not used (0): the engine keeps an unlinked file alive from `open_ino` to
+//! `release`.
 //!
 //! Each handler that calls the engine marks its request in flight for its duration (see
 //! [`crate::inflight`]), so that a request that never returns shows in the log.
@@ -67,6 +70,8 @@ pub struct LaneFuse {
     dirs: DirHandles,
     max_write: u32,
     writeback_cache: bool,
+    /// Offer idmapped mounts (`FUSE_ALLOW_IDMAP`); see [`LaneFuse::allow_idmap`].
+    idmap: bool,
     inflight: Arc<Inflight>,
     /// Whether to offer FUSE_POSIX_ACL (which turns on `default_permissions`).
     posix_acl: bool,
@@ -86,12 +91,31 @@ impl LaneFuse {
             dirs: DirHandles::new(),
             max_write: max_write(),
             writeback_cache,
+            idmap: false,
             inflight,
             posix_acl: true,
             killpriv: false,
             dont_mask: false,
             notifier: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Lets the kernel create idmapped mounts of this file system (`mount_setattr` with
+    /// `MOUNT_ATTR_IDMAP`, as containers and overlayfs use), by negotiating `FUSE_ALLOW_IDMAP`.
+    ///
+    /// The kernel then checks permissions itself (it refuses the flag without
+    /// `default_permissions`), sends the caller's ids, mapped to the file system's, with the
+    /// requests that create an inode (mknod, mkdir, symlink, create, and rename with a
+    /// whiteout), and sends `FUSE_INVALID_UIDGID` (u32::MAX) as uid and gid with every other
+    /// request. Nothing here reads the ids of another request when the kernel checks
+    /// permissions (`access` is never sent then). But fuser 0.18 compares the uid of each
+    /// request with the daemon's own unless the session allows everyone
+    /// (`SessionACL::All`, i.e. `allow_other`), and answers EACCES when they differ: with a
+    /// session limited to its owner, every lookup would fail. So the caller asks for this
+    /// only with `default_permissions` and `allow_other` both in force.
+    pub fn allow_idmap(mut self, on: bool) -> LaneFuse {
+        self.idmap = on;
+        self
     }
 
     /// Whether the kernel enforces POSIX ACLs (FUSE_POSIX_ACL); only on a mount with
@@ -143,6 +167,11 @@ impl LaneFuse {
 /// (for a file with set-ID bits). A WRITE says it up front: the kernel sets
 /// FUSE_WRITE_KILL_SUIDGID exactly when the writer lacks CAP_FSETID. A process gone by then
 /// counts as uid 0 having CAP_FSETID and no supplementary groups.
+///
+/// On an idmapped mount the kernel sends `FUSE_INVALID_UIDGID` (u32::MAX) as the uid and gid
+/// of every request that creates nothing. The ids are then taken from /proc (the file-system
+/// ids of the process there, which are the mount's view only when the idmapping is the
+/// identity: a best effort for the set-group-ID rule, the one place they matter).
 struct ReqCaller<'a> {
     uid: u32,
     gid: u32,
@@ -157,8 +186,13 @@ struct ReqCaller<'a> {
 struct ProcStatus {
     /// Effective capabilities.
     cap_eff: u64,
+    /// File-system gid (the fourth field of `Gid:`).
+    fsgid: u32,
     groups: Vec<u32>,
 }
+
+/// What the kernel sends as uid and gid when it has none for the request (idmapped mounts).
+const FUSE_INVALID_UIDGID: u32 = u32::MAX;
 
 const CAP_FSETID: u32 = 4;
 
@@ -166,14 +200,17 @@ const CAP_FSETID: u32 = 4;
 fn parse_status(text: &str) -> Option<ProcStatus> {
     let mut cap_eff = None;
     let mut groups = None;
+    let mut fsgid = None;
     for line in text.lines() {
-        if let Some(v) = line.strip_prefix("CapEff:") {
+        if let Some(v) = line.strip_prefix("Gid:") {
+            fsgid = v.split_whitespace().nth(3).and_then(|f| f.parse::<u32>().ok());
+        } else if let Some(v) = line.strip_prefix("CapEff:") {
             cap_eff = u64::from_str_radix(v.trim(), 16).ok();
         } else if let Some(v) = line.strip_prefix("Groups:") {
             groups = v.split_whitespace().map(|g| g.parse().ok()).collect::<Option<Vec<u32>>>();
         }
     }
-    Some(ProcStatus { cap_eff: cap_eff?, groups: groups? })
+    Some(ProcStatus { cap_eff: cap_eff?, fsgid: fsgid?, groups: groups? })
 }
 
 impl ReqCaller<'_> {
@@ -191,11 +228,14 @@ impl lanefs::Caller for ReqCaller<'_> {
     fn fsetid(&self) -> bool {
         self.fsetid.unwrap_or_else(|| match self.status() {
             Some(s) => s.cap_eff & (1 << CAP_FSETID) != 0,
-            None => self.uid == 0,
+            None => self.uid == 0 || self.uid == FUSE_INVALID_UIDGID,
         })
     }
 
     fn in_group(&self, gid: u32) -> bool {
+        if self.gid == FUSE_INVALID_UIDGID {
+            return self.status().is_some_and(|s| s.fsgid == gid || s.groups.contains(&gid));
+        }
         gid == self.gid || self.status().is_some_and(|s| s.groups.contains(&gid))
     }
 
@@ -364,7 +404,16 @@ pub fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-const GEN: Generation = Generation(0);
+/// The generation the kernel knows `a` by. The kernel makes its root inode with generation 0
+/// and marks an inode bad when a reply gives its node id another generation; the root's is 0
+/// on every image (mkfs), and stays so here whatever the image says.
+fn generation(a: &Attr) -> Generation {
+    if a.ino == lanefs::ROOT {
+        Generation(0)
+    } else {
+        Generation(a.generation as u64)
+    }
+}
 
 fn name(n: &OsStr) -> &[u8] {
     n.as_bytes()
@@ -390,7 +439,7 @@ impl LaneFuse {
 
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), GEN),
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), generation(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -597,9 +646,16 @@ impl Filesystem for LaneFuse {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+            // Node ids are inode numbers and every reply carries the inode's generation, both
+            // stable across mounts: the kernel may hand out file handles (name_to_handle_at,
+            // NFS export) and resolve them with LOOKUP "." and "..".
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         if self.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if self.idmap {
+            want |= InitFlags::FUSE_ALLOW_IDMAP;
         }
         // The engine drops set-ID bits itself (no GETXATTR("security.capability") before each
         // write), inherits default ACLs (so the umask is ours to apply) and keeps the mode in
@@ -622,6 +678,14 @@ impl Filesystem for LaneFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let _busy = self.inflight.enter(Op::Lookup, parent.0, req.pid());
+        // The kernel asks for "." of a node (of any type) to open a file handle whose inode it
+        // does not hold, and for ".." of a directory to connect one (FUSE_EXPORT_SUPPORT); it
+        // then compares the generation. A removed inode answers ENOENT, which it turns into
+        // ESTALE. Each answer counts as a lookup for the kernel, like any other: `forget` has
+        // nothing to drop either way.
+        if name(n) == b"." {
+            return self.entry(self.fs.lookup_ino(parent.0), reply);
+        }
         self.entry(self.fs.lookup(parent.0, name(n)), reply)
     }
 
@@ -754,9 +818,9 @@ impl Filesystem for LaneFuse {
         reply: ReplyEmpty,
     ) {
         let _busy = self.inflight.enter(Op::Rename, parent.0, req.pid());
-        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        let known =
+            RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT;
         if !known.contains(flags) {
-            // RENAME_WHITEOUT is for overlay file systems.
             return reply.error(Errno::EINVAL);
         }
         let mut f = 0;
@@ -766,7 +830,18 @@ impl Filesystem for LaneFuse {
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             f |= lanefs::fs::RENAME_EXCHANGE;
         }
-        self.empty(self.fs.rename(parent.0, name(n), newparent.0, name(newname), f), reply)
+        // The whiteout (overlayfs asks for one) is a new inode in `parent`, owned as any other:
+        // the kernel sends the caller's ids with this request (mapped, on an idmapped mount).
+        let (uid, gid) = if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            f |= lanefs::fs::RENAME_WHITEOUT;
+            match self.new_owner(req, parent, libc::S_IFCHR) {
+                Ok((uid, gid, _)) => (uid, gid),
+                Err(e) => return reply.error(e),
+            }
+        } else {
+            (0, 0)
+        };
+        self.empty(self.fs.rename_as(parent.0, name(n), newparent.0, name(newname), f, uid, gid), reply)
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
@@ -922,7 +997,7 @@ impl Filesystem for LaneFuse {
                 match self.fs.getattr(target) {
                     Ok(a) => {
                         let name = OsStr::from_bytes(&e.name);
-                        if reply.add(INodeNo(target), e.cookie, name, &TTL, &file_attr(&a), GEN) {
+                        if reply.add(INodeNo(target), e.cookie, name, &TTL, &file_attr(&a), generation(&a)) {
                             return reply.ok();
                         }
                     }
@@ -1063,7 +1138,9 @@ impl Filesystem for LaneFuse {
             Err(e) => return reply.error(errno(e)),
         };
         match self.fs.open_ino(a.ino) {
-            Ok(a) => reply.created(&TTL, &file_attr(&a), GEN, FileHandle(0), Self::open_flags(flags)),
+            Ok(a) => {
+                reply.created(&TTL, &file_attr(&a), generation(&a), FileHandle(0), Self::open_flags(flags))
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -1189,15 +1266,16 @@ mod tests {
 
     #[test]
     fn proc_status_gives_capabilities_and_groups() {
-        let text = "Name:\tsh\nUid:\t4242\t4242\t4242\t4242\nGroups:\t0 27 4243 \n\
-                    CapInh:\t0000000000000000\nCapEff:\t0000000000000010\n";
+        let text = "Name:\tsh\nUid:\t4242\t4242\t4242\t4242\nGid:\t10\t11\t12\t13\n\
+                    Groups:\t0 27 4243 \nCapInh:\t0000000000000000\nCapEff:\t0000000000000010\n";
         let s = parse_status(text).unwrap();
-        assert_eq!(s, ProcStatus { cap_eff: 1 << CAP_FSETID, groups: vec![0, 27, 4243] });
+        assert_eq!(s, ProcStatus { cap_eff: 1 << CAP_FSETID, fsgid: 13, groups: vec![0, 27, 4243] });
         // No supplementary groups: an empty list, not a failure.
-        let s = parse_status("Groups:\t\nCapEff:\t0000000000000000\n").unwrap();
-        assert_eq!(s, ProcStatus { cap_eff: 0, groups: vec![] });
-        assert_eq!(parse_status("Groups:\t1\n"), None, "no CapEff line");
-        assert_eq!(parse_status("Groups:\tx\nCapEff:\t0\n"), None, "a bad group");
+        let s = parse_status("Gid:\t5\t5\t5\t5\nGroups:\t\nCapEff:\t0000000000000000\n").unwrap();
+        assert_eq!(s, ProcStatus { cap_eff: 0, fsgid: 5, groups: vec![] });
+        assert_eq!(parse_status("Gid:\t5\t5\t5\t5\nGroups:\t1\n"), None, "no CapEff line");
+        assert_eq!(parse_status("Gid:\t5\t5\t5\t5\nGroups:\tx\nCapEff:\t0\n"), None, "a bad group");
+        assert_eq!(parse_status("Groups:\t1\nCapEff:\t0\n"), None, "no Gid line");
         // This process's own entry parses (the adapter reads the requester's the same way).
         let own = std::fs::read_to_string("/proc/self/status").unwrap();
         assert!(parse_status(&own).is_some());

@@ -352,8 +352,12 @@ fn serve(
     config.clone_fd = true;
     let inflight = Arc::new(Inflight::new(threads));
     let kernel_acls = parsed.fuse.contains(&MountOption::DefaultPermissions);
-    let fuse =
-        LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone()).with_posix_acl(kernel_acls);
+    // Idmapped mounts need the kernel to check permissions, and fuser to let requests
+    // through whose uid is unset (see `LaneFuse::allow_idmap`).
+    let idmap = kernel_acls && parsed.acl == SessionACL::All;
+    let fuse = LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone())
+        .with_posix_acl(kernel_acls)
+        .allow_idmap(idmap);
     let notifier = fuse.notifier_slot();
     let session = match Session::new(fuse, &mountpoint, &config) {
         Ok(s) => {

@@ -232,6 +232,8 @@ pub struct Engine {
     pub(crate) cache: Arc<CacheStats>,
     pub(crate) opts: FsOptions,
     pub(crate) rename_lock: Mutex<()>,
+    /// Generations of new inodes (`crate::generation`).
+    pub(crate) generations: crate::generation::Generations,
     pub(crate) journal_blocks: PerCpuCounter,
     pub(crate) logged_ops: PerCpuCounter,
     /// Inodes whose last name went since the last checkpoint snapshot.

@@ -44,7 +44,7 @@ use crate::mem::mnode::MNode;
 use crate::mem::ops::NewInode;
 pub use crate::mem::ops::{
     FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    XATTR_CREATE, XATTR_REPLACE,
+    RENAME_WHITEOUT, XATTR_CREATE, XATTR_REPLACE,
 };
 pub use crate::mkfs::MkfsOptions;
 pub use crate::perm::{Caller, Privileged};
@@ -103,6 +103,8 @@ pub struct Attr {
     pub crtime: Timespec,
     pub rdev: u64,
     pub blksize: u32,
+    /// Tells this inode from earlier ones that had its number (file handles carry it).
+    pub generation: u32,
 }
 
 /// Attributes to change; `None` leaves one alone.
@@ -296,12 +298,25 @@ impl Fs {
             crtime: meta.crtime,
             rdev: meta.rdev,
             blksize: 4096,
+            generation: meta.generation,
         }
     }
 
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         self.engine.check_live()?;
         let m = self.engine.lookup(ino32(parent)?, name)?;
+        Ok(self.attr(&m))
+    }
+
+    /// The inode numbered `ino`, as a file handle names it: any type, and ENOENT once it has
+    /// no name left (removed, even if still open). The caller compares [`Attr::generation`] with
+    /// the handle's to tell a reused number from the inode the handle was made for.
+    pub fn lookup_ino(&self, ino: Ino) -> Result<Attr> {
+        let _g = self.engine.pass.shared();
+        let m = self.engine.mnode(ino32(ino)?)?;
+        if m.meta.lock().nlink == 0 {
+            return Err(Error::errno(libc::ENOENT, format!("inode {ino} was removed")));
+        }
         Ok(self.attr(&m))
     }
 
@@ -492,10 +507,30 @@ impl Fs {
         self.dirsync(parent)
     }
 
-    /// rename(2); `flags` may hold [`RENAME_NOREPLACE`] or [`RENAME_EXCHANGE`].
+    /// rename(2); `flags` may hold [`RENAME_NOREPLACE`], [`RENAME_EXCHANGE`] or
+    /// [`RENAME_WHITEOUT`] (a whiteout made this way is owned by root; see [`Fs::rename_as`]).
     pub fn rename(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<()> {
+        self.rename_as(parent, name, newparent, newname, flags, 0, 0)
+    }
+
+    /// rename(2) as [`Fs::rename`], where a whiteout ([`RENAME_WHITEOUT`]) is owned by `uid`
+    /// and `gid`, the caller's (a new inode's owner: `gid` already chosen for a set-group-ID
+    /// directory). The rename and its whiteout are one operation: durable together or not at
+    /// all. RENAME_WHITEOUT with RENAME_EXCHANGE is EINVAL; with no inode number left, ENOSPC
+    /// and nothing renamed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename_as(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags)?;
+        self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags, (uid, gid))?;
         self.dirsync(parent)?;
         if newparent != parent {
             self.dirsync(newparent)?;

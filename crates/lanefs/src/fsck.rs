@@ -161,6 +161,7 @@ struct InodeInfo {
     parent: u32,
     nids: [u32; 5],
     xattr_nid: u32,
+    generation: u32,
 }
 
 impl<'a> Fsck<'a> {
@@ -425,6 +426,24 @@ impl<'a> Fsck<'a> {
                 true,
             );
         }
+        // The generation counter is past every inode's generation, or a reused inode number
+        // could get one a file handle still names. (0 before any inode has one; past 2^32 the
+        // low bits have wrapped and nothing can be told.)
+        let max_generation =
+            nodes.values().filter_map(|n| n.inode.as_ref()).map(|i| i.generation as u64).max().unwrap_or(0);
+        let generation_bad = max_generation != 0
+            && cp.next_generation <= u32::MAX as u64
+            && max_generation >= cp.next_generation;
+        if generation_bad {
+            self.problem(
+                Structure::Checkpoint,
+                format!(
+                    "generation counter {} is not past inode generation {max_generation}",
+                    cp.next_generation
+                ),
+                true,
+            );
+        }
 
         if opts.repair && !self.report.problems.is_empty() {
             if let Some(bad) = bad_sb_copy {
@@ -432,7 +451,7 @@ impl<'a> Fsck<'a> {
                 dev.flush()?;
                 self.mark_repaired(Structure::Superblock);
             }
-            if !sit_fix.is_empty() || !ssa_fix.is_empty() || counters_bad {
+            if !sit_fix.is_empty() || !ssa_fix.is_empty() || counters_bad || generation_bad {
                 let mut sit_blocks: BTreeMap<u32, SitBlock> = BTreeMap::new();
                 for (segno, e) in sit_fix {
                     let (bi, slot) = SitBlock::locate(segno);
@@ -440,6 +459,9 @@ impl<'a> Fsck<'a> {
                 }
                 (cp.valid_blocks, cp.valid_nodes, cp.valid_inodes) = counts;
                 cp.reserved_blocks = unwritten;
+                if generation_bad {
+                    cp.next_generation = max_generation + 1;
+                }
                 if journaled != Some(0) {
                     // A new checkpoint would leave the region's journals behind (they follow
                     // the pack in force, and nothing of theirs is in this one).
@@ -571,6 +593,7 @@ impl<'a> Fsck<'a> {
                     parent: i.parent,
                     nids: i.nids,
                     xattr_nid: i.xattr_nid,
+                    generation: i.generation,
                 }),
                 xattr_blocks: None,
             },

@@ -55,6 +55,8 @@ pub struct ImageInfo {
     pub usage: SegmentUsage,
     pub lanes: Vec<[LogCursor; LOG_TYPES]>,
     pub orphans: usize,
+    /// The generation counter: above every inode's generation (`crate::generation`).
+    pub next_generation: u64,
     pub free_bytes: u64,
     /// Bytes preallocated and not yet written (fallocate), which `free_bytes` leaves out.
     pub reserved_bytes: u64,
@@ -135,6 +137,7 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
         usage,
         lanes: cp.lanes.iter().map(|l| l.logs).collect(),
         orphans: cp.orphans.len(),
+        next_generation: cp.next_generation,
         free_bytes: free_blocks * BLOCK_SIZE as u64,
         reserved_bytes: cp.reserved_blocks * BLOCK_SIZE as u64,
         user_bytes_written: cp.user_bytes_written,

@@ -19,6 +19,7 @@ pub mod fs_seek;
 pub mod fsck;
 pub mod fsctl;
 pub mod gc;
+pub mod generation;
 pub mod inspect;
 pub mod journal;
 pub mod mem;

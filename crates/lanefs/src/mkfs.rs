@@ -186,6 +186,8 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
         cp_bytes_written: 0,
         stamp: 0,
         reserved_blocks: 0,
+        // The root has generation 0 (as the kernel's FUSE root inode); new inodes start at 1.
+        next_generation: 1,
         nat_map: CopyMap::new(g.nat_blocks),
         sit_map: CopyMap::new(g.sit_blocks),
         lanes: lane_cps,

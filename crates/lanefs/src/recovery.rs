@@ -18,7 +18,7 @@ use crate::engine::{CpState, Engine, FsOptions, GroupCommit, StampClock, JOURNAL
 use crate::error::{Error, Result};
 use crate::format::checkpoint::CP_FLAG_NVM_NAT;
 use crate::format::layout::LogType;
-use crate::format::node::{Timespec, NEW_ADDR};
+use crate::format::node::NEW_ADDR;
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::format::{Checkpoint, Superblock};
 use crate::journal::{merge_by_stamp, read_chain, ChainRead, ChainWriter, Record, Transaction};
@@ -124,6 +124,18 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         || !cp.orphans.is_empty()
         || cp.lanes.iter().any(|l| l.journal_head == 0);
     let max_stamp = all_txns().flat_map(|t| t.records.iter().map(|x| x.stamp().ticks)).max().unwrap_or(0);
+    // Past every generation the image knows of: its checkpoint's counter, and the inodes the
+    // journals create (files, and the whiteouts of renames).
+    let generation_floor = all_txns()
+        .flat_map(|t| t.records.iter())
+        .filter_map(|r| match r {
+            Record::Create { attr, .. } | Record::SetAttr { attr, .. } => Some(attr.generation),
+            Record::Rename { whiteout: Some(w), .. } => Some(w.attr.generation),
+            _ => None,
+        })
+        .filter(|&g| g != 0)
+        .map(|g| crate::generation::lift(g, cp.next_generation) + 1)
+        .fold(cp.next_generation, u64::max);
     if touched {
         // Protect what the chains use until the post-recovery checkpoint is durable: the
         // segments of journal blocks and of data that replay may install stay out of the free
@@ -227,6 +239,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         cache: Arc::new(CacheStats { reserved_blocks: reserved.into(), ..Default::default() }),
         opts,
         rename_lock: Mutex::new(Rank::Rename, ()),
+        generations: crate::generation::Generations::new(generation_floor),
         journal_blocks: PerCpuCounter::new(),
         logged_ops: PerCpuCounter::new(),
         deleted_inodes: PerCpuCounter::new(),
@@ -360,46 +373,12 @@ impl Engine {
     /// Records that refer to what does not exist are skipped: the only way to get them is an
     /// operation absorbed or superseded before its dependent was journaled.
     fn replay(&self, r: &Record) -> Result<()> {
-        let stamp = r.stamp();
-        let t = |ns: Timespec| ns;
         match r {
             Record::Create { dir, name, ino, attr, symlink, .. } => {
                 let Ok(d) = self.dir_mnode(*dir) else { return Ok(()) };
-                let dm = d.dir().expect("dir");
-                if dm.map.lookup(name).is_some() || self.cells.get(*ino as u64).is_some() {
-                    return Ok(());
+                if self.replay_new_inode(&d, name, *ino, attr, symlink) {
+                    self.replayed(&d, r);
                 }
-                if self.nat.reserve(*ino).is_err() {
-                    return Ok(());
-                }
-                let is_dir = attr.mode & crate::format::node::S_IFMT == S_IFDIR;
-                let meta = Meta {
-                    mode: attr.mode,
-                    uid: attr.uid,
-                    gid: attr.gid,
-                    nlink: if is_dir { 2 } else { 1 },
-                    crtime: attr.crtime,
-                    rdev: attr.rdev,
-                    generation: attr.generation,
-                    xattrs: Default::default(),
-                    symlink: symlink.clone(),
-                };
-                let stamps = crate::mem::mnode::Stamps {
-                    atime: attr.atime,
-                    mtime: t(attr.mtime),
-                    ctime: t(attr.ctime),
-                    flags: attr.flags,
-                };
-                let m = MNode::new(*ino, meta, attr.size, stamps, &self.cache);
-                m.parent.store(*dir, Ordering::Relaxed);
-                if is_dir {
-                    m.disk.lock().dentries = Some(Default::default());
-                    d.add_nlink(1);
-                }
-                let (m, _) = self.cells.insert_if_absent(*ino as u64, || m);
-                let _ = dm.map.insert(name, *ino, crate::fsck::dtype_of(attr.mode));
-                self.replayed(&d, r);
-                self.mark_dirty(&m);
             }
             Record::Link { dir, name, ino, file_type, .. } => {
                 let (Ok(d), Ok(m)) = (self.dir_mnode(*dir), self.mnode(*ino)) else { return Ok(()) };
@@ -421,7 +400,17 @@ impl Engine {
                 }
                 self.replayed(&d, r);
             }
-            Record::Rename { src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange, .. } => {
+            Record::Rename {
+                src_dir,
+                src_name,
+                dst_dir,
+                dst_name,
+                ino,
+                replaced,
+                exchange,
+                whiteout,
+                ..
+            } => {
                 let (Ok(sd), Ok(dd)) = (self.dir_mnode(*src_dir), self.dir_mnode(*dst_dir)) else {
                     return Ok(());
                 };
@@ -449,6 +438,10 @@ impl Engine {
                     }
                     sm.map.remove(src_name);
                     dm.map.update(dst_name, |_| (Some((se.ino, se.file_type)), ()));
+                    if let Some(w) = whiteout {
+                        // The rename made it: the source name is free again just now.
+                        self.replay_new_inode(&sd, src_name, w.ino, &w.attr, &[]);
+                    }
                 }
                 if src.is_dir() && src_dir != dst_dir {
                     src.parent.store(*dst_dir, Ordering::Relaxed);
@@ -567,8 +560,55 @@ impl Engine {
                 self.mark_dirty(&m);
             }
         }
-        let _ = stamp;
         Ok(())
+    }
+
+    /// A new inode `ino` named `name` in directory `d` (a create, or a rename's whiteout), with
+    /// link count 1 (2 for a directory). False, and nothing done, when the name is taken or the
+    /// inode exists already (the record was superseded).
+    fn replay_new_inode(
+        &self,
+        d: &MNode,
+        name: &[u8],
+        ino: u32,
+        attr: &crate::journal::InodeAttr,
+        symlink: &[u8],
+    ) -> bool {
+        let dm = d.dir().expect("dir");
+        if dm.map.lookup(name).is_some() || self.cells.get(ino as u64).is_some() {
+            return false;
+        }
+        if self.nat.reserve(ino).is_err() {
+            return false;
+        }
+        let is_dir = attr.mode & crate::format::node::S_IFMT == S_IFDIR;
+        let meta = Meta {
+            mode: attr.mode,
+            uid: attr.uid,
+            gid: attr.gid,
+            nlink: if is_dir { 2 } else { 1 },
+            crtime: attr.crtime,
+            rdev: attr.rdev,
+            generation: attr.generation,
+            xattrs: Default::default(),
+            symlink: symlink.to_vec(),
+        };
+        let stamps = crate::mem::mnode::Stamps {
+            atime: attr.atime,
+            mtime: attr.mtime,
+            ctime: attr.ctime,
+            flags: attr.flags,
+        };
+        let m = MNode::new(ino, meta, attr.size, stamps, &self.cache);
+        m.parent.store(d.ino, Ordering::Relaxed);
+        if is_dir {
+            m.disk.lock().dentries = Some(Default::default());
+            d.add_nlink(1);
+        }
+        let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
+        let _ = dm.map.insert(name, ino, crate::fsck::dtype_of(attr.mode));
+        self.mark_dirty(&m);
+        true
     }
 
     /// A name of `m` in `d` went away during replay.

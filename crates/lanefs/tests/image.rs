@@ -199,6 +199,38 @@ fn sit_and_counter_damage_is_repaired() {
     assert_clean(&fsck(&dev));
 }
 
+#[test]
+fn a_generation_counter_behind_an_inode_is_repaired() {
+    let dev = std::sync::Arc::new(MemDevice::new(64 << 20));
+    mkfs(&*dev, 1);
+    let fs = lanefs::Fs::open(dev.clone(), lanefs::FsOptions::default()).unwrap();
+    let mut newest = 0u64;
+    for i in 0..10 {
+        let a = fs.create(lanefs::ROOT, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap();
+        newest = newest.max(a.generation as u64);
+    }
+    fs.unmount().unwrap();
+    assert_clean(&fsck(&*dev));
+    let g = checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
+    let cpr = checkpoint::read_checkpoint(&*dev, &g).unwrap();
+    let mut cp = cpr.cp;
+    assert!(cp.next_generation > newest, "{} not past {newest}", cp.next_generation);
+    // A counter that would hand out a generation an inode has (so a reused inode number could
+    // look like the file a handle names).
+    cp.next_generation = newest;
+    cp.version += 1;
+    let set = checkpoint::CommitSet { nat: vec![], sit: vec![], summaries: vec![] };
+    checkpoint::commit(&*dev, &g, &mut cp, cpr.pack, &set).unwrap();
+    let r = fsck(&*dev);
+    assert_eq!(r.exit_code(), 4);
+    assert!(problems(&r).contains(&format!("generation counter {newest} is not past")), "{}", problems(&r));
+    let r = check(&*dev, &FsckOptions { repair: true, ..Default::default() }).unwrap();
+    assert_eq!(r.exit_code(), 1, "{}", problems(&r));
+    assert_clean(&fsck(&*dev));
+    let cp = checkpoint::read_checkpoint(&*dev, &g).unwrap().cp;
+    assert_eq!(cp.next_generation, newest + 1);
+}
+
 /// Flipping a byte in a block of the image.
 fn flip(dev: &MemDevice, addr: u64, off: usize) {
     let mut b = vec![0u8; BLOCK_SIZE];

@@ -173,6 +173,35 @@ impl Exec<'_> {
                 h.note_rename((sd, sname.to_vec()), v[0], (dd, dname.to_vec()), v[1]);
                 Ok(())
             }
+            Op::Whiteout(from, to) => {
+                let (sp, sname) = parent_and_name(from)?;
+                let (dp, dname) = parent_and_name(to)?;
+                let sdir = self.resolve(sp)?;
+                let ddir = self.resolve(dp)?;
+                let src = fs.lookup(sdir.ino, sname).map_err(|e| format!("{from}: {e}"))?;
+                let dst = fs.lookup(ddir.ino, dname).ok();
+                e(fs.rename(sdir.ino, sname, ddir.ino, dname, crate::fs::RENAME_WHITEOUT))?;
+                if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+                    // Two names of one inode: rename does nothing, and leaves no whiteout.
+                    return Ok(());
+                }
+                let w = fs.lookup(sdir.ino, sname).map_err(|e| format!("{from}: whiteout: {e}"))?;
+                if w.kind != FileKind::CharDevice || w.rdev != 0 {
+                    return Err(format!(
+                        "{from}: the whiteout is a {:?} {:#x}, not a character device 0:0",
+                        w.kind, w.rdev
+                    ));
+                }
+                let wid = Id::of(&w);
+                let st = self.state(&w)?;
+                let (sd, dd) = (Id::of(&sdir), Id::of(&ddir));
+                let mut h = self.hist.lock();
+                h.new_inode(wid, w.kind);
+                let v = h.set_entries(ev, &[(sd, sname, Some(wid)), (dd, dname, Some(Id::of(&src)))]);
+                h.set_file(ev, wid, st);
+                h.note_rename((sd, sname.to_vec()), v[0], (dd, dname.to_vec()), v[1]);
+                Ok(())
+            }
             Op::Write { path, off, len, tag } => {
                 let a = self.resolve(path)?;
                 let r = fs.write_at(a.ino, *off, &pattern(*tag, *off, *len)).map(|_| ());

@@ -15,6 +15,8 @@ enum Kind {
     File,
     Dir,
     Symlink,
+    /// A whiteout a rename left.
+    Device,
 }
 
 /// What a generator believes exists.
@@ -123,12 +125,15 @@ impl Model {
             Op::Rmdir(p) if self.is_empty_dir(p) && p != "/" => {
                 self.paths.remove(p);
             }
-            Op::Rename(a, b) if self.kind(a).is_some() && a != b => {
+            Op::Rename(a, b) | Op::Whiteout(a, b) if self.kind(a).is_some() && a != b => {
                 if self.kind(b).is_some() {
                     self.paths.remove(b);
                     self.xattrs.retain(|(q, _)| q != b);
                 }
                 self.move_tree(a, b);
+                if matches!(op, Op::Whiteout(..)) {
+                    self.paths.insert(a.clone(), Kind::Device);
+                }
             }
             Op::SetXattr { path, name, .. } if self.is_file(path) => {
                 self.xattrs.insert((path.clone(), name.clone()));
@@ -197,6 +202,7 @@ fn ace_core_ops(m: &Model, tag: u8) -> Vec<(Op, Vec<String>)> {
             }
             if g != f && m.can_rename(f, g) {
                 out.push((Op::Rename(p.clone(), g.into()), vec![g.into(), p.clone()]));
+                out.push((Op::Whiteout(p.clone(), g.into()), vec![g.into(), p.clone()]));
             }
         }
         out.push((Op::Unlink(p.clone()), vec![p.clone()]));
@@ -357,7 +363,11 @@ fn random_op(m: &Model, rng: &mut Rng, root: &str, tag: u8) -> Option<Op> {
             if !m.can_rename(&src, &dst) {
                 return None;
             }
-            Op::Rename(src, dst)
+            if rng.chance(1, 5) {
+                Op::Whiteout(src, dst)
+            } else {
+                Op::Rename(src, dst)
+            }
         }
         65..=67 => Op::SetXattr {
             path: file(rng)?,
@@ -590,6 +600,11 @@ pub fn mt_rename_workload(id: String, rng: &mut Rng) -> Workload {
                 t0.push(Op::Fsync(from));
             }
             1 => t0.push(Op::Fsync(from)),
+            // The whiteout it leaves is replaced by the file's next move back.
+            2 => {
+                t0.push(Op::Whiteout(from, to));
+                loc[k] = other;
+            }
             _ => {
                 t0.push(Op::Rename(from, to));
                 loc[k] = other;

@@ -54,6 +54,9 @@ pub enum Op {
     Rename(String, String),
     /// rename(2) with RENAME_EXCHANGE.
     Exchange(String, String),
+    /// rename(2) with RENAME_WHITEOUT: the source name then holds a new whiteout (a character
+    /// device 0:0).
+    Whiteout(String, String),
     /// symlink(target, path).
     Symlink(String, String),
     /// Opens a file (keeps its inode alive after its last name goes, until `close`).
@@ -118,7 +121,7 @@ pub fn xattr_value(tag: u8, len: u32) -> Vec<u8> {
 
 impl Op {
     /// The operation's kind, as `--avoid` names it: create, mkdir, link, unlink, rmdir,
-    /// rename, exchange, symlink, open (and close), write, truncate, falloc, xattr, chmod,
+    /// rename, exchange, whiteout, symlink, open (and close), write, truncate, falloc, xattr, chmod,
     /// fsync, fdatasync, sync.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -129,6 +132,7 @@ impl Op {
             Op::Rmdir(_) => "rmdir",
             Op::Rename(..) => "rename",
             Op::Exchange(..) => "exchange",
+            Op::Whiteout(..) => "whiteout",
             Op::Symlink(..) => "symlink",
             Op::Open(_) | Op::Close(_) => "open",
             Op::Write { .. } => "write",
@@ -145,13 +149,14 @@ impl Op {
     }
 
     /// Every kind name.
-    pub const KINDS: [&'static str; 15] = [
+    pub const KINDS: [&'static str; 16] = [
         "create",
         "mkdir",
         "link",
         "unlink",
         "rmdir",
         "rename",
+        "whiteout",
         "write",
         "truncate",
         "falloc",
@@ -179,6 +184,7 @@ impl fmt::Display for Op {
             Op::Rmdir(p) => write!(f, "rmdir {p}"),
             Op::Rename(a, b) => write!(f, "rename {a} {b}"),
             Op::Exchange(a, b) => write!(f, "exchange {a} {b}"),
+            Op::Whiteout(a, b) => write!(f, "whiteout {a} {b}"),
             Op::Symlink(t, p) => write!(f, "symlink {t} {p}"),
             Op::Open(p) => write!(f, "open {p}"),
             Op::Close(p) => write!(f, "close {p}"),
@@ -226,6 +232,7 @@ pub fn parse_op(line: &str) -> Result<Op, String> {
         "rmdir" => Op::Rmdir(path(w.next(), line)?),
         "rename" => Op::Rename(path(w.next(), line)?, path(w.next(), line)?),
         "exchange" => Op::Exchange(path(w.next(), line)?, path(w.next(), line)?),
+        "whiteout" => Op::Whiteout(path(w.next(), line)?, path(w.next(), line)?),
         "symlink" => {
             let t = w.next().ok_or_else(|| format!("`{line}`: missing target"))?.to_string();
             Op::Symlink(t, path(w.next(), line)?)
@@ -310,9 +317,9 @@ mod tests {
         let s = "mkdir /A; create /A/x; write /A/x 10 5000 7; truncate /A/x 3; falloc /A/x punch 0 4096; \
                  falloc /A/x zero 5 9000; falloc /A/x zerokeep 100 20; setxattr /A/x user.a 12 3; removexattr /A/x user.a; chmod /A/x 600; link /A/x /y; \
                  rename /y /A/z; unlink /A/z; fsync /A; fdatasync /A/x; sync; rmdir /B; exchange /a /b; \
-                 symlink ../t /s; open /x; close /x";
+                 symlink ../t /s; open /x; close /x; whiteout /x /w";
         let ops = parse_script(s).unwrap();
-        assert_eq!(ops.len(), 21);
+        assert_eq!(ops.len(), 22);
         assert_eq!(parse_script(&script(&ops)).unwrap(), ops);
         assert!(parse_script("frobnicate /x").is_err());
         assert!(parse_script("create x").is_err());

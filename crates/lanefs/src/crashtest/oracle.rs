@@ -665,6 +665,38 @@ pub fn check(h: &History, rec: &Recovered, durable: usize, upper: usize) -> Vec<
         ));
     }
 
+    // A rename (and the whiteout or exchanged inode it leaves at the source) is all or nothing:
+    // its two entries show it done at both or at neither. Each entry's value may fit several
+    // versions (a name can go back to an earlier inode), so only a state that no choice of
+    // versions explains is reported.
+    for r in &h.renames {
+        let (Some(sents), Some(dents)) = (rec.entries.get(&r.src.0), rec.entries.get(&r.dst.0)) else {
+            continue;
+        };
+        let (Some(svs), Some(dvs)) = (h.entries.get(&r.src), h.entries.get(&r.dst)) else { continue };
+        let (gs, gd) = (sents.get(&r.src.1).copied(), dents.get(&r.dst.1).copied());
+        let fits = |vs: &[Ver<Option<Id>>], key: &EntryKey, got: Option<Id>| -> Vec<usize> {
+            let p = act.entries.get(key).map_or(0, |x| x.0);
+            allowed(vs, p, upper).filter(|&i| vs[i].val == got).collect()
+        };
+        let (is, id) = (fits(svs, &r.src, gs), fits(dvs, &r.dst, gd));
+        if is.is_empty() || id.is_empty() {
+            // Already reported as an entry no version allows.
+            continue;
+        }
+        let done = |i: usize, at: usize| i >= at;
+        let whole = is.iter().any(|&i| id.iter().any(|&j| done(i, r.src_ver) == done(j, r.dst_ver)));
+        if !whole {
+            out.push(format!(
+                "rename {} -> {} is half done: the source shows {}, the destination {}",
+                h.key_path(&r.src),
+                h.key_path(&r.dst),
+                show_id(h, gs),
+                show_id(h, gd)
+            ));
+        }
+    }
+
     // Contents and attributes of every reachable non-directory.
     for (id, got) in &rec.files {
         let Some(vs) = h.files.get(id) else {

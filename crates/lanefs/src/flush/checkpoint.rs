@@ -341,6 +341,8 @@ impl Engine {
         cp.valid_nodes = self.nat.valid_nodes();
         cp.valid_inodes = self.nat.valid_inodes();
         cp.next_nid = self.nat.next_nid_hint();
+        // Read after the snapshot: above the generation of every inode it holds.
+        cp.next_generation = self.generations.persist_value();
         cp.elapsed_secs = mtime;
         let [user, cleaning, other] = self.io.take_unsaved();
         cp.user_bytes_written = cp.user_bytes_written.saturating_add(user);

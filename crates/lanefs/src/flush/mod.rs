@@ -501,8 +501,12 @@ fn mentions(r: &Record, ino: u32) -> bool {
         Record::Create { ino: i, dir, .. }
         | Record::Link { ino: i, dir, .. }
         | Record::Unlink { ino: i, dir, .. } => *i == ino || *dir == ino,
-        Record::Rename { ino: i, replaced, src_dir, dst_dir, .. } => {
-            *i == ino || *replaced == ino || *src_dir == ino || *dst_dir == ino
+        Record::Rename { ino: i, replaced, src_dir, dst_dir, whiteout, .. } => {
+            *i == ino
+                || *replaced == ino
+                || *src_dir == ino
+                || *dst_dir == ino
+                || whiteout.is_some_and(|w| w.ino == ino)
         }
         _ => false,
     }

@@ -149,6 +149,9 @@ pub struct Checkpoint {
     /// (`mem::reserve`). Space no writer but their files may take. (Images from before this
     /// counter have zero in its place.)
     pub reserved_blocks: u64,
+    /// Above every inode generation handed out before the checkpoint (`crate::generation`);
+    /// 0 in images made before the counter existed, whose inodes all have generation 0.
+    pub next_generation: u64,
     pub nat_map: CopyMap,
     pub sit_map: CopyMap,
     pub lanes: Vec<LaneCheckpoint>,
@@ -175,6 +178,7 @@ impl Checkpoint {
         e.u64(self.cp_bytes_written);
         e.u64(self.stamp);
         e.u64(self.reserved_blocks);
+        e.u64(self.next_generation);
         e.pad_to(FIXED_LEN);
         self.nat_map.encode(&mut e);
         self.sit_map.encode(&mut e);
@@ -293,6 +297,7 @@ impl Checkpoint {
         let cp_bytes_written = d.u64()?;
         let stamp = d.u64()?;
         let reserved_blocks = d.u64()?;
+        let next_generation = d.u64()?;
         if p[d.pos()..FIXED_LEN.min(p.len())].iter().any(|&b| b != 0) {
             return Err(d.err("reserved checkpoint bytes are not zero"));
         }
@@ -356,6 +361,7 @@ impl Checkpoint {
             cp_bytes_written,
             stamp,
             reserved_blocks,
+            next_generation,
             nat_map,
             sit_map,
             lanes,

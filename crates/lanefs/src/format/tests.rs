@@ -208,6 +208,7 @@ fn checkpoint() -> impl Strategy<Value = Checkpoint> {
                     cp_bytes_written: cp,
                     stamp: u.rotate_left(7),
                     reserved_blocks: gc % (g.main_blocks() + 1),
+                    next_generation: gc.rotate_left(13),
                     nat_map,
                     sit_map,
                     lanes,
@@ -470,6 +471,7 @@ fn checkpoint_torn_pack_is_rejected() {
         cp_bytes_written: 0,
         stamp: 0,
         reserved_blocks: 0,
+        next_generation: 1,
         nat_map: CopyMap::new(g.nat_blocks),
         sit_map: CopyMap::new(g.sit_blocks),
         lanes: vec![

@@ -14,7 +14,9 @@ pub mod chain;
 pub mod record;
 
 pub use chain::{merge_by_stamp, read_chain, ChainPos, ChainRead, ChainWriter, FRAGMENT_CAPACITY};
-pub use record::{InodeAttr, Record, Stamp, Transaction, MAP_RUN_MAX, MAX_SYMLINK_LEN};
+pub use record::{
+    InodeAttr, Record, Stamp, Transaction, Whiteout, MAP_RUN_MAX, MAX_SYMLINK_LEN, WHITEOUT_TYPE,
+};
 
 #[cfg(test)]
 mod tests;

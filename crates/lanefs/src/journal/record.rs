@@ -19,7 +19,8 @@
 //! 1 Create     dir u32 | name | ino u32 | attr | symlink_len u16 | symlink bytes
 //! 2 Link       dir u32 | name | ino u32 | file_type u8 (a DT_* value)
 //! 3 Unlink     dir u32 | name | ino u32
-//! 4 Rename     src_dir u32 | src_name | dst_dir u32 | dst_name | ino u32 | replaced u32 | exchange u8
+//! 4 Rename     src_dir u32 | src_name | dst_dir u32 | dst_name | ino u32 | replaced u32 | kind u8
+//!              [kind 2: whiteout ino u32 | attr]  (kind: 0 plain, 1 exchange, 2 whiteout)
 //! 5 SetAttr    ino u32 | attr
 //! 6 Map        ino u32 | first u64 | count u16 (1..=MAP_RUN_MAX) | count x (addr u32, crc u32)
 //! 7 Truncate   ino u32 | from_block u64
@@ -111,6 +112,18 @@ pub struct InodeAttr {
     pub generation: u32,
 }
 
+/// The whiteout a rename with RENAME_WHITEOUT leaves at the source name: a new inode (a
+/// character device 0:0, as overlayfs reads it), created by the rename itself so that replay
+/// makes both or neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Whiteout {
+    pub ino: u32,
+    pub attr: InodeAttr,
+}
+
+/// The file type and device number of a whiteout (`S_IFCHR`, 0:0).
+pub const WHITEOUT_TYPE: u32 = 0o020000;
+
 /// One logged change. Inode and directory numbers are node ids (never 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
@@ -123,7 +136,7 @@ pub enum Record {
     Unlink { stamp: Stamp, dir: u32, name: Vec<u8>, ino: u32 },
     /// `src_dir/src_name` (inode `ino`) moved to `dst_dir/dst_name`. `replaced` is the inode the
     /// destination named before (0 if none); with `exchange` the two names swapped and
-    /// `replaced` now sits at the source.
+    /// `replaced` now sits at the source; with `whiteout` a new whiteout inode sits there.
     Rename {
         stamp: Stamp,
         src_dir: u32,
@@ -133,6 +146,7 @@ pub enum Record {
         ino: u32,
         replaced: u32,
         exchange: bool,
+        whiteout: Option<Whiteout>,
     },
     /// The inode's attributes, absolute.
     SetAttr { stamp: Stamp, ino: u32, attr: InodeAttr },
@@ -251,7 +265,17 @@ impl Record {
                 check_ino(*ino, "inode")?;
                 check_name(name)?;
             }
-            Record::Rename { src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange, .. } => {
+            Record::Rename {
+                src_dir,
+                src_name,
+                dst_dir,
+                dst_name,
+                ino,
+                replaced,
+                exchange,
+                whiteout,
+                ..
+            } => {
                 check_ino(*src_dir, "source directory")?;
                 check_ino(*dst_dir, "destination directory")?;
                 check_ino(*ino, "inode")?;
@@ -262,6 +286,19 @@ impl Record {
                 }
                 if *exchange && *replaced == 0 {
                     return Err("exchange without a second inode".into());
+                }
+                if let Some(w) = whiteout {
+                    check_ino(w.ino, "whiteout")?;
+                    check_attr(&w.attr)?;
+                    if *exchange {
+                        return Err("exchange with a whiteout".into());
+                    }
+                    if w.ino == *ino || w.ino == *replaced {
+                        return Err("whiteout inode is one the rename moves or replaces".into());
+                    }
+                    if w.attr.mode & S_IFMT != WHITEOUT_TYPE || w.attr.rdev != 0 {
+                        return Err(format!("whiteout of mode {:o}, device {}", w.attr.mode, w.attr.rdev));
+                    }
                 }
             }
             Record::SetAttr { ino, attr, .. } => {
@@ -330,8 +367,12 @@ impl Record {
             Record::Create { dir, ino, .. }
             | Record::Link { dir, ino, .. }
             | Record::Unlink { dir, ino, .. } => nid_ok(*dir) && nid_ok(*ino),
-            Record::Rename { src_dir, dst_dir, ino, replaced, .. } => {
-                nid_ok(*src_dir) && nid_ok(*dst_dir) && nid_ok(*ino) && nid_ok(*replaced)
+            Record::Rename { src_dir, dst_dir, ino, replaced, whiteout, .. } => {
+                nid_ok(*src_dir)
+                    && nid_ok(*dst_dir)
+                    && nid_ok(*ino)
+                    && nid_ok(*replaced)
+                    && whiteout.is_none_or(|w| nid_ok(w.ino))
             }
             Record::SetAttr { ino, .. }
             | Record::Truncate { ino, .. }
@@ -389,7 +430,9 @@ impl Record {
                 Record::Create { name: n, symlink, .. } => 4 + name(n) + 4 + ATTR_LEN + 2 + symlink.len(),
                 Record::Link { name: n, .. } => 4 + name(n) + 4 + 1,
                 Record::Unlink { name: n, .. } => 4 + name(n) + 4,
-                Record::Rename { src_name, dst_name, .. } => 4 + name(src_name) + 4 + name(dst_name) + 9,
+                Record::Rename { src_name, dst_name, whiteout, .. } => {
+                    4 + name(src_name) + 4 + name(dst_name) + 9 + whiteout.map_or(0, |_| 4 + ATTR_LEN)
+                }
                 Record::SetAttr { .. } => 4 + ATTR_LEN,
                 Record::Map { entries, .. } => 4 + 8 + 2 + 8 * entries.len(),
                 Record::Truncate { .. } => 4 + 8,
@@ -433,14 +476,31 @@ impl Record {
                 put_name(e, name);
                 e.u32(*ino);
             }
-            Record::Rename { src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange, .. } => {
+            Record::Rename {
+                src_dir,
+                src_name,
+                dst_dir,
+                dst_name,
+                ino,
+                replaced,
+                exchange,
+                whiteout,
+                ..
+            } => {
                 e.u32(*src_dir);
                 put_name(e, src_name);
                 e.u32(*dst_dir);
                 put_name(e, dst_name);
                 e.u32(*ino);
                 e.u32(*replaced);
-                e.u8(*exchange as u8);
+                match whiteout {
+                    None => e.u8(*exchange as u8),
+                    Some(w) => {
+                        e.u8(2);
+                        e.u32(w.ino);
+                        put_attr(e, &w.attr);
+                    }
+                }
             }
             Record::SetAttr { ino, attr, .. } => {
                 e.u32(*ino);
@@ -523,12 +583,23 @@ impl Record {
                 let dst_dir = d.u32()?;
                 let dst_name = get_name(d)?;
                 let (ino, replaced) = (d.u32()?, d.u32()?);
-                let exchange = match d.u8()? {
-                    0 => false,
-                    1 => true,
-                    x => return Err(d.err(format!("rename exchange flag {x}"))),
+                let (exchange, whiteout) = match d.u8()? {
+                    0 => (false, None),
+                    1 => (true, None),
+                    2 => (false, Some(Whiteout { ino: d.u32()?, attr: get_attr(d)? })),
+                    x => return Err(d.err(format!("rename kind {x}"))),
                 };
-                Record::Rename { stamp, src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange }
+                Record::Rename {
+                    stamp,
+                    src_dir,
+                    src_name,
+                    dst_dir,
+                    dst_name,
+                    ino,
+                    replaced,
+                    exchange,
+                    whiteout,
+                }
             }
             tag::SET_ATTR => Record::SetAttr { stamp, ino: d.u32()?, attr: get_attr(d)? },
             tag::MAP => {

@@ -108,7 +108,34 @@ fn record() -> impl Strategy<Value = Record> {
                 replaced != ino && (!exchange || *replaced != 0)
             })
             .prop_map(|(stamp, src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange)| {
-                Record::Rename { stamp, src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange }
+                Record::Rename {
+                    stamp,
+                    src_dir,
+                    src_name,
+                    dst_dir,
+                    dst_name,
+                    ino,
+                    replaced,
+                    exchange,
+                    whiteout: None,
+                }
+            }),
+        (stamp(), ino(), name(), ino(), name(), ino(), any::<u32>(), ino(), attr_of_type(WHITEOUT_TYPE))
+            .prop_filter("valid whiteout rename", |(_, _, _, _, _, ino, replaced, w, _)| {
+                replaced != ino && w != ino && w != replaced
+            })
+            .prop_map(|(stamp, src_dir, src_name, dst_dir, dst_name, ino, replaced, w, attr)| {
+                Record::Rename {
+                    stamp,
+                    src_dir,
+                    src_name,
+                    dst_dir,
+                    dst_name,
+                    ino,
+                    replaced,
+                    exchange: false,
+                    whiteout: Some(Whiteout { ino: w, attr: InodeAttr { rdev: 0, ..attr } }),
+                }
             }),
         (stamp(), ino(), attr()).prop_map(|(stamp, ino, attr)| Record::SetAttr { stamp, ino, attr }),
         (
@@ -312,6 +339,41 @@ fn encode_rejects_what_decode_would() {
             ino: 2,
             replaced: 0,
             exchange: true,
+            whiteout: None,
+        },
+        // A whiteout with an exchange, of the wrong type, or naming an inode the rename moves.
+        Record::Rename {
+            stamp: st(1, 0),
+            src_dir: 1,
+            src_name: b"a".to_vec(),
+            dst_dir: 1,
+            dst_name: b"b".to_vec(),
+            ino: 2,
+            replaced: 3,
+            exchange: true,
+            whiteout: Some(Whiteout { ino: 4, attr: InodeAttr { mode: WHITEOUT_TYPE, ..reg_attr() } }),
+        },
+        Record::Rename {
+            stamp: st(1, 0),
+            src_dir: 1,
+            src_name: b"a".to_vec(),
+            dst_dir: 1,
+            dst_name: b"b".to_vec(),
+            ino: 2,
+            replaced: 0,
+            exchange: false,
+            whiteout: Some(Whiteout { ino: 4, attr: reg_attr() }),
+        },
+        Record::Rename {
+            stamp: st(1, 0),
+            src_dir: 1,
+            src_name: b"a".to_vec(),
+            dst_dir: 1,
+            dst_name: b"b".to_vec(),
+            ino: 2,
+            replaced: 0,
+            exchange: false,
+            whiteout: Some(Whiteout { ino: 2, attr: InodeAttr { mode: WHITEOUT_TYPE, ..reg_attr() } }),
         },
         Record::Xattrs {
             stamp: st(1, 0),

@@ -31,6 +31,8 @@ pub const XATTR_CREATE: i32 = 1;
 pub const XATTR_REPLACE: i32 = 2;
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
+/// Leave a whiteout (a character device 0:0) at the source name, as overlayfs asks.
+pub const RENAME_WHITEOUT: u32 = 4;
 pub const FALLOC_FL_KEEP_SIZE: i32 = 1;
 pub const FALLOC_FL_PUNCH_HOLE: i32 = 2;
 pub const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
@@ -126,6 +128,9 @@ impl Engine {
     /// Creates a file, directory, symlink or special file named `name` in `parent`.
     pub fn create_node(&self, parent: u32, name: &[u8], new: NewInode) -> Result<Arc<MNode>> {
         self.check_writable()?;
+        // Room for the new inode's node block and a directory block at the next checkpoint:
+        // an inode created without it fails that checkpoint, and with it the file system.
+        self.admit(2)?;
         check_name(name)?;
         let ftype = new.mode & S_IFMT;
         if !matches!(ftype, 0o010000 | 0o020000 | 0o040000 | 0o060000 | 0o100000 | 0o120000 | 0o140000) {
@@ -156,7 +161,7 @@ impl Engine {
             nlink: if ftype == S_IFDIR { 2 } else { 1 },
             crtime: t,
             rdev: new.rdev,
-            generation: 0,
+            generation: self.generations.take(),
             xattrs: Default::default(),
             symlink: new.symlink.to_vec(),
         };
@@ -366,13 +371,31 @@ impl Engine {
         self.mark_dirty(child);
     }
 
-    /// rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE.
-    pub fn rename(&self, sp: u32, sname: &[u8], dp: u32, dname: &[u8], flags: u32) -> Result<()> {
+    /// rename(2) with RENAME_NOREPLACE, RENAME_EXCHANGE or RENAME_WHITEOUT (which may come with
+    /// RENAME_NOREPLACE). A whiteout is owned by `owner` (uid, gid); the rename and its whiteout
+    /// are one logged operation, so they are durable together or not at all.
+    pub fn rename(
+        &self,
+        sp: u32,
+        sname: &[u8],
+        dp: u32,
+        dname: &[u8],
+        flags: u32,
+        owner: (u32, u32),
+    ) -> Result<()> {
         self.check_writable()?;
-        self.admit_freeing(6)?;
+        let whiteout = flags & RENAME_WHITEOUT != 0;
+        if whiteout {
+            // A new inode, as a create: ENOSPC when the file system has no room for one.
+            self.admit(8)?;
+        } else {
+            self.admit_freeing(6)?;
+        }
         check_name(sname)?;
         check_name(dname)?;
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0
+            || (flags & RENAME_EXCHANGE != 0 && flags & (RENAME_NOREPLACE | RENAME_WHITEOUT) != 0)
+        {
             return Err(Error::errno(libc::EINVAL, "rename flags"));
         }
         let _g = self.pass.shared();
@@ -432,6 +455,20 @@ impl Engine {
         }
         let exchange = flags & RENAME_EXCHANGE != 0;
         let replaced = dst.as_ref().map(|d| d.ino).unwrap_or(0);
+        // The whiteout's inode exists (in the inode table, not yet named) before the names
+        // change, as a create's does, so that a lookup that finds its name finds it.
+        let wh = match whiteout.then(|| self.new_whiteout(sp, owner)).transpose() {
+            Ok(w) => w,
+            Err(e) => {
+                // The directory it would replace is not being removed after all.
+                if let Some(dm) = dst.as_ref().and_then(|d| d.dir()) {
+                    dm.dead.store(false, Ordering::Release);
+                }
+                return Err(e);
+            }
+        };
+        let wh_rec =
+            wh.as_ref().map(|w| crate::journal::Whiteout { ino: w.ino, attr: w.attr_record(&w.meta.lock()) });
         // Lock both names' shards in a global order and change them together.
         let sdir = sd.dir().expect("dir");
         let ddir = dd.dir().expect("dir");
@@ -454,10 +491,13 @@ impl Engine {
                     ino: src.ino,
                     replaced,
                     exchange,
+                    whiteout: wh_rec,
                 };
                 for (x, d) in crate::oplog::dirlog::names(&rec) {
                     if x == src.ino {
                         src.note_pending(d, 1);
+                    } else if let Some(w) = wh.as_ref().filter(|w| w.ino == x) {
+                        w.note_pending(d, 1);
                     } else if let Some(t) = &dst {
                         t.note_pending(d, 1);
                     }
@@ -468,7 +508,11 @@ impl Engine {
                     ddir.log.push(logged);
                 }
                 drop(op);
-                let s_new = if exchange { d_cur.map(|e| (e.ino, e.file_type)) } else { None };
+                let s_new = match &wh {
+                    Some(w) => Some((w.ino, dtype_of(w.file_type))),
+                    None if exchange => d_cur.map(|e| (e.ino, e.file_type)),
+                    None => None,
+                };
                 let d_new = Some((src.ino, s_cur.expect("checked").file_type));
                 Ok((s_new, d_new))
             });
@@ -477,6 +521,10 @@ impl Engine {
                 if let Some(dm) = dst.dir() {
                     dm.dead.store(false, Ordering::Release);
                 }
+            }
+            if let Some(w) = &wh {
+                self.cells.remove(w.ino as u64);
+                let _ = self.nat.free_nid(w.ino);
             }
             return Err(e);
         }
@@ -514,7 +562,34 @@ impl Engine {
         self.mark_dirty(&src);
         self.mark_dirty(&sd);
         self.mark_dirty(&dd);
+        if let Some(w) = &wh {
+            self.mark_dirty(w);
+        }
         Ok(())
+    }
+
+    /// A whiteout inode for a rename out of directory `dir`, in the inode table but not yet
+    /// named: a character device 0:0 with no permission bits (as ext4 makes one).
+    fn new_whiteout(&self, dir: u32, (uid, gid): (u32, u32)) -> Result<Arc<MNode>> {
+        let (_, cpu) = self.lane();
+        let ino = self.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
+        let t = now();
+        let meta = Meta {
+            mode: crate::journal::WHITEOUT_TYPE,
+            uid,
+            gid,
+            nlink: 1,
+            crtime: t,
+            rdev: 0,
+            generation: self.generations.take(),
+            xattrs: Default::default(),
+            symlink: Vec::new(),
+        };
+        let m = MNode::new(ino, meta, 0, Stamps::at(t), &self.cache);
+        m.parent.store(dir, Ordering::Relaxed);
+        let (m, fresh) = self.cells.insert_if_absent(ino as u64, || m);
+        debug_assert!(fresh, "a newly allocated inode number has no mnode");
+        Ok(m)
     }
 
     /// Whether directory `anc` is `dir` or one of its ancestors.

@@ -41,8 +41,11 @@ pub fn names(r: &Record) -> Vec<(u32, u32)> {
         Record::Create { dir, ino, .. } | Record::Link { dir, ino, .. } | Record::Unlink { dir, ino, .. } => {
             vec![(*ino, *dir)]
         }
-        Record::Rename { src_dir, dst_dir, ino, replaced, exchange, .. } => {
+        Record::Rename { src_dir, dst_dir, ino, replaced, exchange, whiteout, .. } => {
             let mut v = vec![(*ino, *src_dir)];
+            if let Some(w) = whiteout {
+                v.push((w.ino, *src_dir));
+            }
             if dst_dir != src_dir {
                 v.push((*ino, *dst_dir));
             }
