@@ -113,6 +113,14 @@ impl StampClock {
     }
 }
 
+/// Data blocks that fit in `space` free blocks with their direct nodes (and one node more,
+/// and a block of slack): `n + n.div_ceil(ADDRS_PER_NODE) + 1 <= space` for the result `n`,
+/// which is what a fallocate of `n` blocks claims.
+pub fn data_room(space: u64) -> u64 {
+    let per = crate::format::node::ADDRS_PER_NODE as u64;
+    space.saturating_sub(space.div_ceil(per + 1)).saturating_sub(2)
+}
+
 /// Space claimed by a fallocate in progress (`Engine::claim`), given back when dropped.
 pub(crate) struct Claim<'a> {
     engine: &'a Engine,
@@ -553,6 +561,14 @@ impl Engine {
         self.space_left().max(0) as u64
     }
 
+    /// What statfs reports free: the data blocks that fit in the unused blocks together with
+    /// the direct nodes that map them (one per `ADDRS_PER_NODE`, ~0.1%), so that a file of
+    /// `bfree` blocks, written or preallocated, fits (fstests' generic/103 fallocates all but
+    /// 512 KiB of it).
+    pub(crate) fn free_data_blocks(&self) -> u64 {
+        data_room(self.unused_blocks())
+    }
+
     /// [`Engine::unused_blocks`], negative when more is promised and dirty than is left: a
     /// moment after overwrites (their old blocks stay valid until the checkpoint) or a zero
     /// range over written blocks, or on an image whose reservations a bug overcounted.
@@ -731,6 +747,24 @@ impl Engine {
         let now = counter.add(n);
         if now >= share && now - n < share {
             self.kick_checkpoint();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::data_room;
+    use crate::format::node::ADDRS_PER_NODE;
+
+    #[test]
+    fn data_room_leaves_room_for_the_nodes_of_what_fits() {
+        let per = ADDRS_PER_NODE as u64;
+        for space in (0..5000u64).chain([per, per + 1, 970_000, 1 << 30, u64::MAX / 4]) {
+            let n = data_room(space);
+            // What a fallocate of n blocks claims (`mem::ops`): n and their nodes, plus one.
+            let claim = n + n.div_ceil(per) + 1;
+            assert!(claim <= space || n == 0, "{space} free: {n} data blocks claim {claim}");
+            assert!(space - n <= space.div_ceil(per + 1) + 2, "{space} free: only {n} data blocks");
         }
     }
 }

@@ -692,13 +692,14 @@ impl Fs {
     /// Space as statfs(2) reports it. The size is the main area less the cleaner's reserve and
     /// one open segment per log; free space is that less every valid block, what dirty data
     /// will take and the blocks preallocated and not yet written (`mem::reserve`), so invalid
-    /// blocks count as free (cleaning gives them back) and a write of up to `bfree` new blocks
-    /// does not fail with ENOSPC.
+    /// blocks count as free (cleaning gives them back); and of that, the share that data can
+    /// fill beside the nodes that map it, so that a write or fallocate of up to `bfree` new
+    /// blocks does not fail with ENOSPC.
     pub fn statfs(&self) -> StatFs {
         let e = &self.engine;
         let g = &e.g;
         let usable = g.user_blocks();
-        let free_blocks = e.unused_blocks().min(usable);
+        let free_blocks = e.free_data_blocks().min(usable);
         let used_nodes = self.engine.nat.valid_nodes();
         StatFs {
             bsize: 4096,

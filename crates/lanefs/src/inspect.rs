@@ -118,8 +118,11 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
         }
     }
     // Free space as statfs reports it: what users can fill, less the valid blocks (invalid ones
-    // count as free: the cleaner gives them back) and the preallocated ones.
-    let free_blocks = g.user_blocks().saturating_sub(usage.valid_blocks).saturating_sub(cp.reserved_blocks);
+    // count as free: the cleaner gives them back) and the preallocated ones, less the nodes
+    // that data would need.
+    let free_blocks = crate::engine::data_room(
+        g.user_blocks().saturating_sub(usage.valid_blocks).saturating_sub(cp.reserved_blocks),
+    );
     Ok(ImageInfo {
         uuid: sbr.sb.uuid_str(),
         label: sbr.sb.label_str(),
