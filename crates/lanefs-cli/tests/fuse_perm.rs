@@ -233,3 +233,28 @@ fn an_acl_set_outside_the_files_group_drops_set_group_id() {
     m.umount();
     fsck_clean(&img);
 }
+
+/// With allow_other and default_permissions the mount allows idmapping, and the kernel then
+/// sends no uid (FUSE_INVALID_UIDGID) with requests that create nothing: the privileged
+/// ioctls go by the caller's capabilities, so root may set the immutable flag and trim, and a
+/// user without capabilities may not (fstests found these refused to root once).
+#[test]
+fn privileged_ioctls_go_by_capabilities_where_the_kernel_sends_no_uid() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, m) = mounted("allow_other");
+    let mp = m.mp.clone();
+    ok(sh(&mp, &format!("touch f g && chmod 666 g && chown {USER} g")), "create");
+    ok(sh(&mp, "chattr +i f && lsattr f | grep -q '^....i'"), "root sets the immutable flag");
+    ok(sh(&mp, "fstrim ."), "root trims");
+    for (what, script) in [("chattr +a on its own file", "chattr +a g"), ("fstrim", "fstrim .")] {
+        let out = sh_as(&mp, USER, USER, &[], script);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("Operation not permitted"), "{what} by a user: {err}");
+    }
+    assert_eq!(fs::write(mp.join("f"), b"x").unwrap_err().raw_os_error(), Some(libc::EPERM));
+    ok(sh(&mp, "chattr -i f && rm f"), "root clears the immutable flag");
+    m.umount();
+    fsck_clean(&img);
+}

@@ -195,6 +195,19 @@ struct ProcStatus {
 const FUSE_INVALID_UIDGID: u32 = u32::MAX;
 
 const CAP_FSETID: u32 = 4;
+const CAP_LINUX_IMMUTABLE: u32 = 9;
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// Whether the process behind `req` has capability `cap` in effect, as /proc/TID/status says.
+/// The kernel sends no capabilities, and on a mount that allows idmapping the uid of most
+/// requests is `FUSE_INVALID_UIDGID`, so the uid cannot stand for them. A process gone by
+/// the time it is asked counts as privileged only if the request came from uid 0.
+fn capable(req: &Request, cap: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/status", req.pid())).ok().and_then(|t| parse_status(&t)) {
+        Some(s) => s.cap_eff & (1 << cap) != 0,
+        None => req.uid() == 0,
+    }
+}
 
 /// The credentials in a /proc/PID/status text (None if a line is missing or malformed).
 fn parse_status(text: &str) -> Option<ProcStatus> {
@@ -468,8 +481,8 @@ impl LaneFuse {
     /// FS_IOC_GETFLAGS / SETFLAGS / FSGETXATTR / FSSETXATTR on `ino`: the reply's data, exactly
     /// `out_size` bytes as the kernel expects. Changing the immutable or append flag needs
     /// CAP_LINUX_IMMUTABLE, which the kernel has checked before it sends the request; FUSE
-    /// passes no capabilities, so root stands for it here (and for library callers in
-    /// `Fs::set_flags`).
+    /// passes no capabilities, so the caller's effective set in /proc stands for it here
+    /// ([`capable`]; library callers say it in `Fs::set_flags`).
     fn inode_ioctl(
         &self,
         req: &Request,
@@ -482,7 +495,7 @@ impl LaneFuse {
             let b = input.get(at..at + 4).ok_or(Errno::EINVAL)?;
             Ok(u32::from_le_bytes(b.try_into().expect("4 bytes")))
         };
-        let privileged = req.uid() == 0;
+        let privileged = capable(req, CAP_LINUX_IMMUTABLE);
         let mut out = vec![0u8; out_size as usize];
         match cmd {
             FS_IOC_GETFLAGS => {
@@ -580,7 +593,7 @@ impl LaneFuse {
     /// what was done is made durable first (a sync: more than XFS's log force, which keeps
     /// metadata only, and what a caller asking for it expects to find).
     fn going_down(&self, req: &Request, cmd: u32) -> Result<(), Errno> {
-        if req.uid() != 0 {
+        if !capable(req, CAP_SYS_ADMIN) {
             return Err(Errno::EPERM);
         }
         if self.fs.is_shut_down() {
@@ -610,7 +623,7 @@ impl LaneFuse {
     /// FITRIM: `struct fstrim_range { u64 start, len, minlen }` in, the bytes trimmed in `len`
     /// out.
     fn fitrim(&self, req: &Request, input: &[u8]) -> Result<Vec<u8>, Errno> {
-        if req.uid() != 0 {
+        if !capable(req, CAP_SYS_ADMIN) {
             return Err(Errno::EPERM);
         }
         let word = |i: usize| -> Result<u64, Errno> {
@@ -628,7 +641,7 @@ impl LaneFuse {
 
     /// FS_IOC_SETFSLABEL: a NUL-terminated label in a 256-byte buffer.
     fn set_label(&self, req: &Request, input: &[u8]) -> Result<(), Errno> {
-        if req.uid() != 0 {
+        if !capable(req, CAP_SYS_ADMIN) {
             return Err(Errno::EPERM);
         }
         // As btrfs: a buffer with no NUL holds no valid label.

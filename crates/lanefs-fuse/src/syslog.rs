@@ -14,9 +14,18 @@ pub fn open() {
 
 /// Logs one line at level warning.
 pub fn warning(msg: &str) {
+    log(libc::LOG_WARNING, msg)
+}
+
+/// Logs one line at level info.
+pub fn info(msg: &str) {
+    log(libc::LOG_INFO, msg)
+}
+
+fn log(level: libc::c_int, msg: &str) {
     // A NUL would end the C string early; none of our messages has one, but a path might.
     let Ok(msg) = CString::new(msg.replace('\0', "\\0")) else { return };
     // SAFETY: "%s" consumes exactly the one argument given, a NUL-terminated string that lives
     // across the call; the message is never used as the format, so a '%' in it is harmless.
-    unsafe { libc::syslog(libc::LOG_WARNING, c"%s".as_ptr(), msg.as_ptr()) }
+    unsafe { libc::syslog(level, c"%s".as_ptr(), msg.as_ptr()) }
 }
