@@ -1,6 +1,6 @@
 //! `--compare`: the reference file systems, set up and torn down by the harness itself.
 //!
-//! DESIGN.md ("Measuring") asks for every claim as a ratio against references measured in the
+//! ARCHITECTURE.md ("Measuring") asks for every claim as a ratio against references measured in the
 //! same run: ext4, xfs and btrfs on loop devices over RAM-backed files in /dev/shm (so software,
 //! not the medium, is the bottleneck, as in the papers' RAM-disk runs), tmpfs as the in-memory
 //! upper bound, and bindfs over tmpfs as the ceiling for any FUSE file system.

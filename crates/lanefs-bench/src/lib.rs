@@ -1,6 +1,6 @@
 //! `lanefs bench`: the measuring harness of lanefs.
 //!
-//! DESIGN.md ("Measuring") makes every performance claim a figure from this harness, measured
+//! ARCHITECTURE.md ("Measuring") makes every performance claim a figure from this harness, measured
 //! side by side with reference file systems in one run and reported as a ratio. The pieces:
 //!
 //! - [`target`]: the [`Target`] trait, a POSIX-shaped file interface (open, read_at, write_at,

@@ -3,7 +3,7 @@
 //! of files, fsync of directories), the `lanefs mount --foreground` daemon is SIGKILLed at a random
 //! moment, the writer stops on ENOTCONN, the dead mount is detached (fusermount3 -u -z on its
 //! path), `lanefs fsck` must find the image clean, and a new mount must hold everything the
-//! durability contract (DESIGN.md) promised. The next round continues on the same image, so the
+//! durability contract (ARCHITECTURE.md) promised. The next round continues on the same image, so the
 //! state accumulates across crashes (and the cleaner gets to run).
 //!
 //! The writer (this test binary re-executed, see `sigkill_writer`) runs two threads, each in a

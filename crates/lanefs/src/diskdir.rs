@@ -92,13 +92,6 @@ impl DiskDir {
             .collect()
     }
 
-    /// Marks every block dirty again (a checkpoint that failed must rewrite them).
-    pub fn mark_all_dirty(&mut self) {
-        for b in &mut self.blocks {
-            b.dirty = true;
-        }
-    }
-
     pub fn len(&self) -> usize {
         self.index.len()
     }

@@ -8,7 +8,7 @@
 //! inode dirty, an xattr block in the relocation list of its inode's xattr set. The next checkpoint then writes every such block to a new place through the
 //! normal write path (data to the data logs, cold; nodes to the node logs), which invalidates
 //! the old copy; the victim, now empty, becomes prefree when the checkpoint takes the SIT and
-//! free once that checkpoint is durable, as DESIGN.md requires.
+//! free once that checkpoint is durable, as ARCHITECTURE.md requires.
 //!
 //! Why the move happens inside the checkpoint and not here: the checkpoint's write phase is the
 //! one place that already rewrites trees and decides block validity while fsync and writeback

@@ -1,4 +1,4 @@
-//! The durability contract (DESIGN.md 1-4) under crashes: a workload runs on a recording device;
+//! The durability contract (ARCHITECTURE.md 1-4) under crashes: a workload runs on a recording device;
 //! then the device is rebuilt at every flush point, and with random subsets of the writes in
 //! flight after it (a volatile write cache persists any subset, in any order), mounted, and
 //! checked: every fsync acknowledged before the crash kept its data, size and name; fsck finds

@@ -1,4 +1,4 @@
-//! Corrupt and truncated images (DESIGN.md, contract 5).
+//! Corrupt and truncated images (ARCHITECTURE.md, contract 5).
 //!
 //! Two reference images are built — one cleanly unmounted, one left by a crash with journal
 //! records to roll forward — and every metadata block is classified by its magic: superblock,

@@ -53,7 +53,8 @@
 //! reports it with the threads' stacks (by gdb, when installed), leaves the stuck thread
 //! behind and goes on with a new one.
 //!
-//! Not covered here: a real-process crash test (SIGKILL of a FUSE daemon) needs the FUSE mount.
+//! A real-process crash (SIGKILL of the FUSE daemon, round after round on one image) is tested
+//! through the mount, in `crates/lanefs-cli/tests/fuse_sigkill.rs`.
 
 pub mod corrupt;
 pub mod exec;

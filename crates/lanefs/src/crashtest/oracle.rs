@@ -13,7 +13,7 @@
 //! promised object are then its promised version and every later version made before `U` (a
 //! checkpoint or another fsync may have made later changes durable too).
 //!
-//! What the promises are (DESIGN.md, durability contract):
+//! What the promises are (ARCHITECTURE.md, durability contract):
 //! - fsync/fdatasync of a file: its state (fdatasync: contents and size only); that it is
 //!   reachable; and, when it has exactly one name, that name (contract 1).
 //! - fsync of a directory: every name the directory ever held, at its current value (present

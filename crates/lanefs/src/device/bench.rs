@@ -1,6 +1,6 @@
 //! Micro-benchmark: one batched submission against one `pwrite` per block.
 //!
-//! The scatter-gather claim of the device layer (DESIGN.md, after Son 2018) is that a commit of
+//! The scatter-gather claim of the device layer (ARCHITECTURE.md, after Son 2018) is that a commit of
 //! many discontiguous blocks costs less as one batch than as one system call per block. This
 //! measures exactly that on a given file or device, with both contenders opened the same way
 //! (O_DIRECT or not), writing the same 4 KiB buffers to the same random addresses.

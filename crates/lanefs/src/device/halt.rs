@@ -195,9 +195,13 @@ mod tests {
         let mem = Arc::new(MemDevice::new(1 << 20));
         let halt = Halt::new();
         let dev = Arc::new(HaltDevice::new(mem.clone(), halt.clone()));
+        // Each writer counts itself in after its first write, and the halt comes only once all
+        // have (a fixed sleep was not enough on a loaded machine).
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let writers: Vec<_> = (0..4u64)
             .map(|w| {
                 let dev = dev.clone();
+                let started = started.clone();
                 std::thread::spawn(move || {
                     let mut n = 0u64;
                     loop {
@@ -207,11 +211,18 @@ mod tests {
                         if dev.write_block(w, &b).is_err() {
                             return n;
                         }
+                        if n == 1 {
+                            started.fetch_add(1, std::sync::atomic::Ordering::Release);
+                        }
                     }
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(20));
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while started.load(std::sync::atomic::Ordering::Acquire) < 4 {
+            assert!(std::time::Instant::now() < deadline, "the writers did not start in 60 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         halt.halt();
         let snap = |m: &MemDevice| {
             (0..4u64)

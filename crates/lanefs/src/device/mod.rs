@@ -2,7 +2,7 @@
 //!
 //! A [`BlockDevice`] reads and writes whole 4 KiB blocks of an image file or a block device.
 //! Writes and reads come in batches of discontiguous blocks at discontiguous addresses so that a
-//! commit or a checkpoint becomes one submission (scatter-gather I/O, DESIGN.md). Nothing is
+//! commit or a checkpoint becomes one submission (scatter-gather I/O, ARCHITECTURE.md). Nothing is
 //! durable until [`BlockDevice::flush`] returns.
 //!
 //! Invariants every back end keeps: every request is a whole number of blocks inside

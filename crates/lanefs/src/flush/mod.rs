@@ -11,7 +11,7 @@
 //! journal in the region instead, after the data is written and flushed, and is durable before
 //! its records are released; see `crate::pmem` and `flush/nvm.rs`.
 //!
-//! Which directories an fsync flushes (durability contract, DESIGN.md): every directory whose
+//! Which directories an fsync flushes (durability contract, ARCHITECTURE.md): every directory whose
 //! log holds an unjournaled record naming the file (its create, links, renames); for every
 //! record flushed, every directory with unjournaled records naming an inode it names (so an
 //! unlink never lands without the link that keeps the inode alive, and both sides of a rename

@@ -57,8 +57,9 @@ pub const TXN_HEADER_LEN: usize = 16;
 pub const MAP_RUN_MAX: usize = 256;
 /// Longest symlink target (PATH_MAX without its NUL).
 pub const MAX_SYMLINK_LEN: usize = 4095;
-/// Block indexes past this would put a byte offset beyond `u64`; no file reaches them.
-pub const MAX_FILE_BLOCKS: u64 = 1 << 52;
+/// Blocks a file can have: the node tree's bound, so that a record decodes only if its index
+/// fits in the tree it replays into (no file reaches past it: `mem::ops::MAX_FILE_SIZE`).
+pub use crate::format::tree::MAX_FILE_BLOCKS;
 
 /// Bytes of the record prefix: tag and stamp.
 const RECORD_PREFIX: usize = 1 + 12;

@@ -204,12 +204,6 @@ impl RegionTrace {
         replay(&self.base, self.before(cut))
     }
 
-    /// [`PmemCrash::pending`] of [`RegionTrace::model_before`] with the sequence number of each
-    /// value, without building the image (for planning).
-    pub fn pending_before(&self, cut: u64) -> Vec<(usize, Vec<(u64, u64)>)> {
-        pending_after(self.before(cut), |_, _| {}).into_iter().collect()
-    }
-
     /// The sequence number of the last persist below `cut`.
     pub fn last_persist_before(&self, cut: u64) -> Option<u64> {
         self.before(cut).iter().rev().find(|(_, e)| matches!(e, RegionEvent::Persist { .. })).map(|x| x.0)

@@ -1,6 +1,6 @@
 //! pmem: a byte-addressable persistent-memory region mapped from a file (`--nvm FILE`).
 //!
-//! DESIGN.md, "Persistent-memory mode": a small region (64-256 MiB) that holds the NAT and the
+//! ARCHITECTURE.md, "Persistent-memory mode": a small region (64-256 MiB) that holds the NAT and the
 //! lane journals, which are also the node log for fsync (below), so that an fsync persists a few
 //! hundred bytes instead of writing 4 KiB blocks. This module is the region itself: creating, checking
 //! and mapping the file, 8-byte atomic stores, byte-range writes, persisting a range, and a

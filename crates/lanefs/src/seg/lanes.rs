@@ -250,12 +250,4 @@ impl LaneSet {
     pub fn take_closed_summaries(&self) -> Vec<SegmentSummary> {
         std::mem::take(&mut *self.closed.lock())
     }
-
-    /// Returns every lane's cached free segments to the global map (unmount).
-    pub fn release_caches(&self) {
-        for l in &self.lanes {
-            let segs = std::mem::take(&mut *l.cache.lock());
-            self.table.return_free(&segs);
-        }
-    }
 }

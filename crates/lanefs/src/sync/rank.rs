@@ -18,7 +18,7 @@
 //! `lanefs` binary the FUSE tests mount with) and compiles to nothing in release builds: the
 //! wrappers are then parking_lot's types plus a byte.
 //!
-//! Rules that go with the hierarchy (see docs/ARCHITECTURE.md once it exists, and DESIGN.md):
+//! Rules that go with the hierarchy (docs/ARCHITECTURE.md, "The lock hierarchy"):
 //! - No device I/O under a lock ranked at or above [`Rank::Disk`], except where a comment says
 //!   why (a device read waits for no lock, so it can delay, never deadlock).
 //! - A lock class whose instances may nest (two directories' shards in a rename) is marked in

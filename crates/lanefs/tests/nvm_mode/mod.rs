@@ -1,6 +1,6 @@
 //! `LANEFS_TEST_NVM=1`: the switch that runs the engine's test files with a persistent-memory
 //! region (`FsOptions::nvm`) on every file system they open, so that both modes pass the same
-//! tests (DESIGN.md, "Persistent-memory mode"). Read only here, by test code; the library never
+//! tests (ARCHITECTURE.md, "Persistent-memory mode"). Read only here, by test code; the library never
 //! looks at it.
 //!
 //! A region is bound to one image (by UUID), so it belongs to the image: [`Region`] is a file
