@@ -1309,11 +1309,20 @@ fn a_write_protected_device_is_mounted_read_only_with_a_word() {
     fs::write(m.mp.join("f"), b"on the device").unwrap();
     m.umount();
     let dev = LoopDevice::attach(&img);
+    // In nvm mode the image's region goes with it (the helpers would look for the device's).
+    let region = region_of(&img).map(|r| r.into_os_string().into_string().unwrap());
+    let on_dev = |opts: &[&'static str]| {
+        let mut args: Vec<&str> = opts.to_vec();
+        if let Some(r) = &region {
+            args.extend(["--nvm", r.as_str()]);
+        }
+        mount_cmd(&dev.0, &mp, &args)
+    };
     dev.set_read_only(true);
     // As a kernel file system: mounted read-only, and mount says why (fstests' filter for
     // generic/050 looks for "write-protected, mount.*read-only"). `rw` is what mount(8) passes
     // on when nothing is asked for.
-    let out = mount_cmd(&dev.0, &mp, &["-o", "rw"]);
+    let out = on_dev(&["-o", "rw"]);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{err}");
     assert!(err.contains("is write-protected, mounting read-only"), "{err}");
@@ -1323,17 +1332,17 @@ fn a_write_protected_device_is_mounted_read_only_with_a_word() {
     assert_eq!(errno_of(File::create(m.mp.join("g"))), libc::EROFS);
     m.umount();
     // norecovery needs a read-only mount: a write-protected device is one.
-    let out = mount_cmd(&dev.0, &mp, &["-o", "norecovery"]);
+    let out = on_dev(&["-o", "norecovery"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let m = Mounted { mp: mp.canonicalize().unwrap(), child: None };
     assert_eq!(fs::read(m.mp.join("f")).unwrap(), b"on the device");
     m.umount();
     dev.set_read_only(false);
-    let out = mount_cmd(&dev.0, &mp, &["-o", "norecovery"]);
+    let out = on_dev(&["-o", "norecovery"]);
     assert!(!out.status.success() && !is_mounted(&mp.canonicalize().unwrap()));
     assert!(String::from_utf8_lossy(&out.stderr).contains("norecovery needs ro"));
     // A writable one is mounted read-write, silently.
-    let out = mount_cmd(&dev.0, &mp, &[]);
+    let out = on_dev(&[]);
     assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
     let m = Mounted { mp: mp.canonicalize().unwrap(), child: None };
     fs::write(m.mp.join("g"), b"written").unwrap();
