@@ -617,6 +617,8 @@ impl Engine {
         let fits = || now_ok() && self.space_left() >= long;
         // Bounded: each round waits for a checkpoint (which frees prefree segments) or cleans
         // (which makes segments prefree); it gives up when neither can make room.
+        // Why it gave up, for the error: the next ENOSPC in a stress run names its cause.
+        let mut why = "still short after every round";
         for _ in 0..crate::gc::FOREGROUND_ROUNDS {
             if fits() {
                 return Ok(());
@@ -639,6 +641,7 @@ impl Engine {
                 self.space_left() < long && self.dirty_inodes.sum() == 0
             };
             if full {
+                why = "the space left is short with nothing dirty";
                 break;
             }
             if now_ok() {
@@ -647,24 +650,27 @@ impl Engine {
             }
             let want = (self.committed_blocks() + short).saturating_sub(self.available_blocks());
             if !self.clean_foreground(want)? {
+                why = "cleaning found no room";
                 break;
             }
         }
         if fits() {
             return Ok(());
         }
-        tracing::debug!(
-            "lanefs: ENOSPC for {short} blocks ({long} new): free segments {}, pending {}, states {:?}, \
-             valid {}, committed {}, promised {}, space left {}",
-            self.table.free_segments(),
-            self.table.pending_segments(),
-            self.table.state_counts(),
-            self.table.valid_count(),
-            self.committed_blocks(),
-            self.promised_blocks(),
-            self.space_left()
-        );
-        Err(Error::errno(libc::ENOSPC, "file system full"))
+        // One line a human can act on, with the counts admission went by (blocks).
+        Err(Error::errno(
+            libc::ENOSPC,
+            format!(
+                "file system full ({why}): {short} blocks wanted, {long} new; {} valid, {} dirty, {} \
+                 promised of {} user blocks, {} free segments, {} pending",
+                self.table.valid_count(),
+                self.committed_blocks(),
+                self.promised_blocks(),
+                self.g.user_blocks(),
+                self.table.free_segments(),
+                self.table.pending_segments(),
+            ),
+        ))
     }
 
     /// Claims `blocks` of space for reservations a fallocate is about to make (counted as
