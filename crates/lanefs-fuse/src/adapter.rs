@@ -203,9 +203,18 @@ const CAP_SYS_ADMIN: u32 = 21;
 /// requests is `FUSE_INVALID_UIDGID`, so the uid cannot stand for them. A process gone by
 /// the time it is asked counts as privileged only if the request came from uid 0.
 fn capable(req: &Request, cap: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{}/status", req.pid())).ok().and_then(|t| parse_status(&t)) {
-        Some(s) => s.cap_eff & (1 << cap) != 0,
-        None => req.uid() == 0,
+    proc_status(req.pid()).map_or(req.uid() == 0, |s| s.has(cap))
+}
+
+/// The credentials of task `pid` (a thread id works too); None once it is gone.
+fn proc_status(pid: u32) -> Option<ProcStatus> {
+    parse_status(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+impl ProcStatus {
+    /// Whether capability `cap` is in the effective set.
+    fn has(&self, cap: u32) -> bool {
+        self.cap_eff & (1 << cap) != 0
     }
 }
 
@@ -228,20 +237,15 @@ fn parse_status(text: &str) -> Option<ProcStatus> {
 
 impl ReqCaller<'_> {
     fn status(&self) -> Option<&ProcStatus> {
-        self.status
-            .get_or_init(|| {
-                let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
-                parse_status(&text)
-            })
-            .as_ref()
+        self.status.get_or_init(|| proc_status(self.pid)).as_ref()
     }
 }
 
 impl lanefs::Caller for ReqCaller<'_> {
     fn fsetid(&self) -> bool {
         self.fsetid.unwrap_or_else(|| match self.status() {
-            Some(s) => s.cap_eff & (1 << CAP_FSETID) != 0,
-            None => self.uid == 0 || self.uid == FUSE_INVALID_UIDGID,
+            Some(s) => s.has(CAP_FSETID),
+            None => self.uid == 0,
         })
     }
 
