@@ -963,7 +963,8 @@ const GC_IDLE_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
 const QUIET_BYTES_PER_TICK: u64 = 4 << 20;
 
 /// Checkpoints on a timer and whenever a bound is passed; cleans in the background while free
-/// segments are short and the file system is quiet.
+/// segments are short and the file system is quiet, or whatever the load once they near the
+/// cleaning reserve.
 fn background_checkpoints(e: Arc<Engine>, interval: Option<std::time::Duration>) {
     let mut last_cp = std::time::Instant::now();
     let mut last_user = e.io.user.sum();
@@ -992,7 +993,7 @@ fn background_checkpoints(e: Arc<Engine>, interval: Option<std::time::Duration>)
         let r = if due {
             last_cp = std::time::Instant::now();
             e.checkpoint(false)
-        } else if gc_wanted && quiet {
+        } else if gc_wanted && (quiet || e.gc_urgent()) {
             match e.clean_background() {
                 Ok(plan) if plan.victims > 0 => {
                     last_cp = std::time::Instant::now();

@@ -23,14 +23,15 @@
 //! fewest valid blocks first; background cleaning (free segments below a threshold and the file
 //! system quiet) uses cost-benefit on the SIT's utilisation and age.
 //!
-//! Invariants: a round never plans to move more blocks than the free segments can take
-//! (victims' valid blocks plus the nodes they dirty, within the free space less what dirty
-//! data already claims); each round is bounded in victims and in blocks read; only one round
-//! runs at a time.
+//! Invariants: a round never plans more moves than the free segments can take: the segments
+//! its checkpoint opens for the victims' valid blocks, the nodes they dirty and what dirty data
+//! already claims, counted per log with the room left in each open segment, are at most the
+//! free ones; each round is bounded in victims and in blocks read; only one round runs at a
+//! time.
 
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::format::layout::{BLOCKS_PER_SEG, LOG_TYPES};
+use crate::format::layout::BLOCKS_PER_SEG;
 use crate::format::ssa::{SegmentSummary, SummaryKind};
 use crate::format::tree::XATTR_NODE_OFS;
 use crate::seg::{Victim, VictimPolicy};
@@ -59,6 +60,10 @@ pub struct Cleaner {
     pub blocks_planned: AtomicU64,
     /// Victims planned but not yet seen emptied by a checkpoint.
     pending_victims: Mutex<Vec<u32>>,
+    /// Blocks planned rounds asked the next checkpoint to write, by where they go
+    /// ([`MoveCost`]): the checkpoint picks its lane by them.
+    moves_data: AtomicU64,
+    moves_other: AtomicU64,
 }
 
 impl Default for Cleaner {
@@ -69,6 +74,8 @@ impl Default for Cleaner {
             segments_cleaned: AtomicU64::new(0),
             blocks_planned: AtomicU64::new(0),
             pending_victims: Mutex::new(Rank::GcVictims, Vec::new()),
+            moves_data: AtomicU64::new(0),
+            moves_other: AtomicU64::new(0),
         }
     }
 }
@@ -87,6 +94,14 @@ impl Engine {
     /// Free segments below which background cleaning starts.
     pub(crate) fn gc_threshold(&self) -> u64 {
         (self.g.main_segments as u64 / 8).max(self.g.cleaning_reserve() + 2)
+    }
+
+    /// Free segments are so few that the background cleaner runs even under load: a busy
+    /// writer's foreground rounds come only once admission refuses, and by then ordinary
+    /// checkpoints (each may open a fresh segment in every log it writes) may have taken the
+    /// reserve's segments the cleaner's own checkpoint needs.
+    pub(crate) fn gc_urgent(&self) -> bool {
+        self.table.free_segments() < self.g.cleaning_reserve() + crate::format::layout::LOG_TYPES as u64
     }
 
     /// Foreground cleaning: makes room for `want` more blocks if dirty segments hold enough
@@ -155,12 +170,18 @@ impl Engine {
         // moves are recorded in stay the ones the next checkpoint rewrites.
         let _gate = self.gate.read();
         let _op = self.pass.shared();
-        // Room for the moves: free segments (the reserve included: this is what it is for)
-        // less one per log (the checkpoint may open a fresh segment in each) and less what
-        // dirty data already claims.
-        let spare = self.table.free_segments().saturating_sub(LOG_TYPES as u64);
-        let mut budget = (spare * BLOCKS_PER_SEG as u64).saturating_sub(self.committed_blocks());
-        budget = budget.saturating_sub(SLACK_BLOCKS);
+        // Room for the moves: the checkpoint that performs them must find every segment it
+        // opens among the free ones (the reserve included: this is what it is for). It writes
+        // the moved data to its cold data log and, to its other logs, the nodes the moves dirty
+        // and whatever else is dirty by then; counted in segments, with the room left in each
+        // log's open segment (`LaneSet::checkpoint_segments`), so that a round can still run
+        // when an ordinary checkpoint's fresh segments have taken free ones below the reserve.
+        let free = self.table.free_segments();
+        let committed = self.committed_blocks() + SLACK_BLOCKS;
+        let fits = |data: u64, other: u64| {
+            self.lanes.checkpoint_segments(data, committed + other, crate::engine::JOURNAL_LOG) <= free
+        };
+        let (mut data, mut other) = (0u64, 0u64);
         let mut plan = RoundPlan::default();
         let mut cleaned_segs = Vec::new();
         for v in self.table.victims(policy, MAX_VICTIMS, &[]) {
@@ -169,22 +190,25 @@ impl Engine {
             }
             let summary = self.summary_of(v.segno)?;
             let cost = move_cost(&v, &summary);
-            if cost > budget {
+            if !fits(data + cost.data, other + cost.other) {
                 // Greedy order: later victims hold more valid blocks, so they cost more too.
                 break;
             }
             let moved = self.plan_victim(&v, &summary)?;
-            budget -= cost;
+            data += cost.data;
+            other += cost.other;
             plan.victims += 1;
             plan.blocks += moved;
             plan.gain += BLOCKS_PER_SEG as u64 - v.valid_blocks as u64;
             cleaned_segs.push(v.segno);
         }
-        tracing::debug!("lanefs gc: {policy:?} round {plan:?}, {budget} blocks of budget left");
+        tracing::debug!("lanefs gc: {policy:?} round {plan:?}: {data} data and {other} other blocks to move, {free} free segments");
         if plan.victims > 0 {
             self.gc.rounds.fetch_add(1, Ordering::Relaxed);
             self.gc.blocks_planned.fetch_add(plan.blocks, Ordering::Relaxed);
             self.gc.pending_victims.lock().extend(cleaned_segs);
+            self.gc.moves_data.fetch_add(data, Ordering::Relaxed);
+            self.gc.moves_other.fetch_add(other, Ordering::Relaxed);
         }
         Ok(plan)
     }
@@ -276,8 +300,18 @@ impl Engine {
         Ok(true)
     }
 
+    /// The lane a checkpoint writes in: the one where the moves planned for it (and a slack's
+    /// worth of dirty metadata) open the fewest fresh segments, as `plan_round` counted.
+    pub(crate) fn checkpoint_lane(&self) -> u32 {
+        let data = self.gc.moves_data.load(Ordering::Relaxed);
+        let other = self.gc.moves_other.load(Ordering::Relaxed) + SLACK_BLOCKS;
+        self.lanes.checkpoint_lane(data, other)
+    }
+
     /// After a checkpoint: counts the planned victims that it emptied.
     pub(crate) fn gc_checkpoint_done(&self) {
+        self.gc.moves_data.store(0, Ordering::Relaxed);
+        self.gc.moves_other.store(0, Ordering::Relaxed);
         let mut pending = self.gc.pending_victims.lock();
         if pending.is_empty() {
             return;
@@ -302,14 +336,130 @@ impl Engine {
     }
 }
 
-/// Blocks a victim's moves will take: each valid block, plus for every inode owning data in it
-/// an inode node and the direct nodes that map the moved blocks (assume one each), plus for
-/// every node block its inode's node.
-fn move_cost(v: &Victim, summary: &SegmentSummary) -> u64 {
+/// Blocks a victim's moves will write, by where they go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MoveCost {
+    /// Valid data blocks: the checkpoint's cold data log.
+    data: u64,
+    /// Node and xattr blocks, and for every inode owning a block an inode node and the direct
+    /// node that maps its moved blocks (assume one each): the other logs.
+    other: u64,
+}
+
+fn move_cost(v: &Victim, summary: &SegmentSummary) -> MoveCost {
     let mut inodes = BTreeSet::new();
+    let mut data = 0;
     for &off in &v.valid {
         let e = summary.entries[off as usize];
         inodes.insert(e.nid);
+        data += u64::from(e.kind == SummaryKind::Data);
     }
-    v.valid_blocks as u64 + 2 * inodes.len() as u64
+    MoveCost {
+        data,
+        other: v.valid_blocks as u64 - data.min(v.valid_blocks as u64) + 2 * inodes.len() as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The cleaner when ordinary checkpoints have taken free segments below the reserve: each
+    //! may open a fresh segment in every log it writes, so a file system with two-thirds of its
+    //! space invalid can be left with fewer free segments than log types, and nothing dirty.
+    //! A round must still run there (it once planned nothing, and every write got ENOSPC).
+
+    use crate::device::{create_image, BlockDevice, DeviceOptions, FileDevice};
+    use crate::format::layout::{LogType, BLOCKS_PER_SEG, LOG_TYPES};
+    use crate::format::ssa::{SummaryEntry, SummaryKind};
+    use crate::fsck::{check, FsckOptions};
+    use crate::{Fs, FsOptions, MkfsOptions, ROOT};
+    use std::sync::Arc;
+
+    const PAGE: usize = 4096;
+
+    fn page(seed: u64) -> Vec<u8> {
+        (0..PAGE / 8)
+            .flat_map(|i| (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn a_round_runs_when_checkpoints_took_free_segments_below_the_reserve() {
+        let base = if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" };
+        let dir = tempfile::Builder::new().prefix("lanefs-gc-unit-").tempdir_in(base).unwrap();
+        let path = dir.path().join("gc.img");
+        create_image(&path, 160 << 20).unwrap();
+        let open =
+            || Arc::new(FileDevice::open(&path, DeviceOptions::default()).unwrap()) as Arc<dyn BlockDevice>;
+        Fs::format(&*open(), &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
+        let opts = FsOptions { cache_bytes: 4 << 20, checkpoint_interval: None, ..Default::default() };
+        let fs = Fs::open(open(), opts.clone()).unwrap();
+        let e = fs.engine.clone();
+
+        // A file over half the user space, then every other page of it overwritten: its first
+        // segments are half invalid, and nothing is dirty.
+        let pages = e.g.user_blocks() as usize * 55 / 100;
+        let ino = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap().ino;
+        let small: Vec<u32> = (0..128)
+            .map(|i| fs.create(ROOT, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino as u32)
+            .collect();
+        let mut want: Vec<u64> = (0..pages as u64).collect();
+        for chunk in (0..pages).collect::<Vec<_>>().chunks(64) {
+            let buf: Vec<u8> = chunk.iter().flat_map(|&p| page(p as u64)).collect();
+            fs.write_at(ino, (chunk[0] * PAGE) as u64, &buf).unwrap();
+        }
+        fs.sync().unwrap();
+        for p in (0..pages).step_by(2) {
+            want[p] = (pages + p) as u64;
+            fs.write_at(ino, (p * PAGE) as u64, &page(want[p])).unwrap();
+        }
+        fs.sync().unwrap();
+
+        // Ordinary checkpoints that each open a fresh node segment (a small file's inode node
+        // goes to the warm node log, which every lane has full, and stays valid there), until
+        // fewer segments are free than there are log types. The round lock keeps the
+        // background cleaner out meanwhile.
+        let round = e.gc.round.lock();
+        let junk = |lane: u32| SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
+        for &f in &small {
+            if e.table.free_segments() < LOG_TYPES as u64 {
+                break;
+            }
+            for lane in 0..e.lanes.lane_count() {
+                let at = e.lanes.cursors()[lane as usize][LogType::WarmNode as usize].next_off as u32;
+                for _ in at..BLOCKS_PER_SEG {
+                    e.lanes.reserve(lane, LogType::WarmNode, junk(lane), 1).unwrap();
+                }
+            }
+            e.mark_dirty(&e.mnode(f).unwrap());
+            e.checkpoint(false).unwrap();
+        }
+        drop(round);
+        let free = e.table.free_segments();
+        assert!(free < LOG_TYPES as u64 && free > 0, "{free} free segments");
+        assert_eq!(e.committed_blocks(), 0);
+        assert!(e.table.valid_count() < e.g.user_blocks() * 2 / 3, "most of the space is garbage");
+
+        // Overwrites (each needs a round when they reach the reserve) keep succeeding.
+        for (k, p) in (1..pages).step_by(2).take(4 * BLOCKS_PER_SEG as usize).enumerate() {
+            want[p] = (2 * pages + p) as u64;
+            fs.write_at(ino, (p * PAGE) as u64, &page(want[p]))
+                .unwrap_or_else(|err| panic!("overwrite {k} with {free} free segments at the start: {err}"));
+            if k % 256 == 255 {
+                fs.sync().unwrap();
+            }
+        }
+        assert!(e.gc.rounds.load(std::sync::atomic::Ordering::Relaxed) > 0, "the cleaner ran");
+        drop(e);
+        fs.unmount().unwrap();
+
+        let r = check(&*open(), &FsckOptions::default()).unwrap();
+        assert!(r.is_clean(), "fsck: {:#?}", r.problems);
+        let fs = Fs::open(open(), opts).unwrap();
+        let mut buf = vec![0u8; PAGE];
+        for (p, &seed) in want.iter().enumerate() {
+            fs.read_at(ino, (p * PAGE) as u64, &mut buf).unwrap();
+            assert!(buf == page(seed), "page {p} after the remount");
+        }
+        fs.unmount().unwrap();
+    }
 }

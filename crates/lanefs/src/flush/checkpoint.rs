@@ -282,7 +282,8 @@ impl Engine {
     /// Writes the snapshot and commits it; returns the inodes it deleted, for the caller to
     /// drop once the gate is released.
     fn write_snapshot(&self, snap: Snapshot, clean: bool) -> Result<Vec<Arc<MNode>>> {
-        let (lane, cpu) = self.lane();
+        let (_, cpu) = self.lane();
+        let lane = self.checkpoint_lane();
         let cp_ver = self.cp.lock().cp.version + 1;
         let mtime = self.elapsed_secs();
         let w = NodeWriter { g: &self.g, nat: &self.nat, lanes: &self.lanes, lane, cpu, cp_ver, mtime };

@@ -241,6 +241,52 @@ impl LaneSet {
             .collect()
     }
 
+    /// An upper bound on the free segments a checkpoint takes when it writes `cold_data` blocks
+    /// to its lane's cold data log (the cleaner's moves) and `other` blocks spread over its
+    /// lane's logs in any way, and moves every lane's journal head one block on in
+    /// `journal_log`; the checkpoint writes in the lane [`LaneSet::checkpoint_lane`] names.
+    ///
+    /// Why a bound on segments and not blocks: a log fills its open segment before it takes a
+    /// fresh one, so a log given `b` blocks with `r` left opens `ceil((b - r) / 512)` when
+    /// `b > r`, which is at most `floor(b / 512) + 1`. Summed over the logs that overflow:
+    /// `floor(all / 512)` plus one per log whose room is below what it may be given. Counting
+    /// blocks alone misses the `+ 1`s: a checkpoint that opens a fresh segment in several logs
+    /// at once takes several segments for a few blocks.
+    pub fn checkpoint_segments(&self, cold_data: u64, other: u64, journal_log: LogType) -> u64 {
+        let journal_full = self
+            .lanes
+            .iter()
+            .filter(|l| l.logs[journal_log as usize].lock().next_off == BLOCKS_PER_SEG)
+            .count() as u64;
+        let (_, need) = self.least_need(cold_data, other);
+        need + journal_full
+    }
+
+    /// The lane a checkpoint writes in: the one where `cold_data` and `other` blocks (as in
+    /// [`LaneSet::checkpoint_segments`]) open the fewest fresh segments. A checkpoint is one
+    /// writer at a time, so it can go where there is room rather than where its thread runs:
+    /// fewer segments closed early, and a bound the cleaner can count on.
+    pub fn checkpoint_lane(&self, cold_data: u64, other: u64) -> u32 {
+        self.least_need(cold_data, other).0
+    }
+
+    /// The lane with the least need (the first of equals) and that need.
+    fn least_need(&self, cold_data: u64, other: u64) -> (u32, u64) {
+        let seg = BLOCKS_PER_SEG as u64;
+        let need = |l: &Lane| {
+            let overflowing = LogType::ALL
+                .iter()
+                .filter(|&&t| {
+                    let given = if t == LogType::ColdData { cold_data + other } else { other };
+                    given > seg - l.logs[t as usize].lock().next_off as u64
+                })
+                .count() as u64;
+            (cold_data + other) / seg + overflowing
+        };
+        // Bounded by the lane count; the lanes are never empty (a set has at least one).
+        self.lanes.iter().map(|l| (l.id, need(l))).min_by_key(|&(_, n)| n).unwrap_or((0, u64::MAX))
+    }
+
     /// Summaries of every active segment as they are now (for the checkpoint).
     pub fn active_summaries(&self) -> Vec<SegmentSummary> {
         self.lanes.iter().flat_map(|l| l.logs.iter().map(|a| a.lock().summary.clone())).collect()
