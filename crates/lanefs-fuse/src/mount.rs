@@ -490,6 +490,17 @@ fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result
         opts.checkpoint_interval = interval;
     }
     let fs = Fs::open(Arc::new(dev), opts).map_err(|e| format!("{}: {e}", img.display()))?;
+    if fs.recovery().replayed() {
+        // The system log always has it (as the kernel's log has a journal replay); the terminal
+        // only in the foreground: scripts that mount after a crash (fstests among them) compare
+        // what the mount prints.
+        let said = format!("{}: {}", img.display(), fs.recovery());
+        crate::syslog::open();
+        crate::syslog::info(&said);
+        if args.foreground {
+            note(&said);
+        }
+    }
     // The daemon must not keep its start directory busy.
     let _ = std::env::set_current_dir("/");
     Ok(Opened::Fs { fs, lock, image, mountpoint, read_only })

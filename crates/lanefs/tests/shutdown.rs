@@ -121,7 +121,14 @@ fn shutdown_keeps_what_was_fsynced_and_writes_nothing_more() {
     assert_fsck_clean(&path, "after the shutdown, before recovery");
 
     let fs = mount(&path);
-    assert!(fs.recovery().transactions > 0, "the fsyncs are in the journal: {:?}", fs.recovery());
+    let r = fs.recovery();
+    assert!(r.transactions > 0, "the fsyncs are in the journal: {r:?}");
+    // What the mount logs: the lanes, the bytes and the journal blocks read.
+    assert!(r.replayed() && r.lanes >= 1 && r.lanes <= 2, "{r:?}");
+    assert!(r.bytes as usize >= r.records_replayed, "{r:?}");
+    assert!(r.journal_blocks >= r.transactions as u64, "{r:?}");
+    let line = r.to_string();
+    assert!(line.starts_with(&format!("recovered {} transactions", r.transactions)), "{line}");
     assert_eq!(read_all(&fs, "/a"), synced, "a: the fsynced data, without the later change");
     assert_eq!(read_all(&fs, "/kept/c"), b"fsynced in a new directory");
     assert_eq!(fs.getattr(fs.resolve("/kept/c").unwrap().ino).unwrap().mode & 0o7777, 0o600);
