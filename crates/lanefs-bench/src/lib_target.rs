@@ -197,6 +197,7 @@ impl Target for LibTarget {
             cleaning_bytes: s.cleaning_bytes,
             segments_cleaned: s.segments_cleaned,
             checkpoints: s.checkpoints_durable,
+            cp_exclusive_us_max: self.fs.take_cp_exclusive_peak_us(),
         })
     }
 

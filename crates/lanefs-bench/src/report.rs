@@ -106,6 +106,7 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
         "cleaning_bytes": r.io.map_or(Value::Null, |c| json!(c.cleaning_bytes)),
         "segments_cleaned": r.io.map_or(Value::Null, |c| json!(c.segments_cleaned)),
         "checkpoints": r.io.map_or(Value::Null, |c| json!(c.checkpoints)),
+        "cp_exclusive_us_max": r.io.map_or(Value::Null, |c| json!(c.cp_exclusive_us_max)),
         "write_amplification": wa(r).map_or(Value::Null, |x| json!(round(x, 3))),
     });
     if let Some(n) = round_no {
@@ -270,6 +271,7 @@ mod tests {
             "cleaning_bytes",
             "segments_cleaned",
             "checkpoints",
+            "cp_exclusive_us_max",
             "write_amplification",
         ] {
             assert!(v.get(k).is_some_and(|x| x.is_null()), "{k}: {v}");
@@ -282,6 +284,7 @@ mod tests {
             cleaning_bytes: 300,
             segments_cleaned: 2,
             checkpoints: 7,
+            cp_exclusive_us_max: 640,
         });
         let v = json_line(&r, &machine(), None);
         assert_eq!(v["fill"], 0.9512);
@@ -290,6 +293,7 @@ mod tests {
         assert_eq!(v["cleaning_bytes"], 300);
         assert_eq!(v["segments_cleaned"], 2);
         assert_eq!(v["checkpoints"], 7);
+        assert_eq!(v["cp_exclusive_us_max"], 640);
         assert_eq!(v["write_amplification"], 1.5);
         let t = markdown_table(&[r.clone(), result(Workload::Dwol, false)]);
         assert!(t.starts_with("| target | fs | workload | threads | ops/s | used | WA | p50"), "{t}");

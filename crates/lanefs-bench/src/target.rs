@@ -145,6 +145,9 @@ pub struct IoCounters {
     pub segments_cleaned: u64,
     /// Checkpoints made durable.
     pub checkpoints: u64,
+    /// The longest a checkpoint's exclusive phase held operations out since the previous read
+    /// of the counters (µs; a peak, not a running count: `since` keeps the later one).
+    pub cp_exclusive_us_max: u64,
 }
 
 impl IoCounters {
@@ -156,6 +159,7 @@ impl IoCounters {
             cleaning_bytes: self.cleaning_bytes.saturating_sub(earlier.cleaning_bytes),
             segments_cleaned: self.segments_cleaned.saturating_sub(earlier.segments_cleaned),
             checkpoints: self.checkpoints.saturating_sub(earlier.checkpoints),
+            cp_exclusive_us_max: self.cp_exclusive_us_max,
         }
     }
 

@@ -270,6 +270,8 @@ pub struct Engine {
     /// Blocks claimed by fallocates making their reservations now (`Engine::claim`): counted
     /// as promised, never recorded by a checkpoint.
     pub(crate) claimed: AtomicU64,
+    /// How long checkpoints held operations out (`flush::checkpoint::CpPauses`).
+    pub(crate) cp_pauses: crate::flush::checkpoint::CpPauses,
 }
 
 /// What a device write is for (write amplification is everything over user bytes).

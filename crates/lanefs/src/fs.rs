@@ -197,6 +197,10 @@ pub struct IoStats {
     /// is in progress.
     pub checkpoints_begun: u64,
     pub checkpoints_durable: u64,
+    /// The longest time, since mount, that a checkpoint's exclusive phase (its snapshot) held
+    /// every operation out, and that its write phase held fsync and writeback out (µs).
+    pub cp_exclusive_us_max: u64,
+    pub cp_write_phase_us_max: u64,
 }
 
 impl IoStats {
@@ -775,7 +779,16 @@ impl Fs {
             segments_cleaned: e.gc.segments_cleaned.load(Relaxed),
             checkpoints_begun: begun,
             checkpoints_durable: durable,
+            cp_exclusive_us_max: e.cp_pauses.exclusive_max_us(),
+            cp_write_phase_us_max: e.cp_pauses.write_max_us(),
         }
+    }
+
+    /// The longest time a checkpoint's exclusive phase held operations out since the previous
+    /// call (or mount), in µs; the next call starts afresh. A benchmark calls it before and
+    /// after a run to get the run's own figure.
+    pub fn take_cp_exclusive_peak_us(&self) -> u64 {
+        self.engine.cp_pauses.take_exclusive_peak()
     }
 
     /// Cleans every segment that has invalid blocks, now (the background cleaner does this

@@ -312,6 +312,7 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
         mounted_at: std::time::Instant::now(),
         gc: Default::default(),
         claimed: Default::default(),
+        cp_pauses: Default::default(),
     });
     if touched {
         for r in &records {

@@ -791,3 +791,23 @@ fn many_deletions_ask_for_a_checkpoint() {
     fs.unmount().unwrap();
     fsck_clean(&img);
 }
+
+/// The pauses checkpoints impose are measured: the write phase (fsync and writeback held out)
+/// spans the exclusive phase (every operation held out), and the peak a benchmark takes starts
+/// afresh after each read while the since-mount figure stays.
+#[test]
+fn checkpoint_pauses_are_measured() {
+    let img = fresh(64 << 20, 2);
+    let fs = mount(&img, FsOptions { checkpoint_interval: None, ..Default::default() });
+    let a = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap();
+    fs.write_at(a.ino, 0, &vec![7u8; 1 << 20]).unwrap();
+    fs.sync().unwrap();
+    let s = fs.io_stats();
+    assert!(s.cp_write_phase_us_max > 0, "a checkpoint that wrote 1 MiB took time: {s:?}");
+    assert!(s.cp_exclusive_us_max <= s.cp_write_phase_us_max, "{s:?}");
+    let peak = fs.take_cp_exclusive_peak_us();
+    assert_eq!(peak, s.cp_exclusive_us_max, "the first peak covers the mount");
+    assert_eq!(fs.take_cp_exclusive_peak_us(), 0, "no checkpoint since the last read");
+    assert_eq!(fs.io_stats().cp_exclusive_us_max, s.cp_exclusive_us_max, "the since-mount figure stays");
+    fs.unmount().unwrap();
+}

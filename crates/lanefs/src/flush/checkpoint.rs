@@ -32,7 +32,7 @@ use crate::journal::{ChainPos, Record};
 use crate::mem::mnode::{DiskState, MNode, Meta, XattrDisk, S_IFLNK};
 use crate::mem::pages::{PageBuf, PAGE_SIZE};
 use crate::node::{BlockMap, InodeTree, NodeWriter};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A name of a directory and its entry at the snapshot (None: absent).
@@ -82,6 +82,46 @@ struct Snapshot {
     reserved: u64,
 }
 
+/// How long checkpoints held the foreground out, in microseconds: the exclusive phase (the
+/// snapshot, under the pass-through semaphore held exclusively: every operation waits) and the
+/// write phase (under the gate held exclusively: fsync and writeback wait). Each is timed from
+/// the request for the exclusive hold, so the wait for operations in flight to drain counts.
+#[derive(Debug, Default)]
+pub struct CpPauses {
+    exclusive_max: AtomicU64,
+    /// The longest exclusive phase since [`CpPauses::take_exclusive_peak`] was last called.
+    exclusive_peak: AtomicU64,
+    write_max: AtomicU64,
+}
+
+impl CpPauses {
+    fn exclusive(&self, d: std::time::Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        self.exclusive_max.fetch_max(us, Ordering::Relaxed);
+        self.exclusive_peak.fetch_max(us, Ordering::Relaxed);
+    }
+
+    fn write_phase(&self, d: std::time::Duration) {
+        self.write_max.fetch_max(d.as_micros().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    /// The longest exclusive phase since mount.
+    pub fn exclusive_max_us(&self) -> u64 {
+        self.exclusive_max.load(Ordering::Relaxed)
+    }
+
+    /// The longest write phase (fsync and writeback held out) since mount.
+    pub fn write_max_us(&self) -> u64 {
+        self.write_max.load(Ordering::Relaxed)
+    }
+
+    /// The longest exclusive phase since the previous call (or mount), and a fresh start: what a
+    /// benchmark run reports for its own span.
+    pub fn take_exclusive_peak(&self) -> u64 {
+        self.exclusive_peak.swap(0, Ordering::Relaxed)
+    }
+}
+
 impl Engine {
     /// Takes a checkpoint now. `clean` marks an unmount.
     pub fn checkpoint(&self, clean: bool) -> Result<()> {
@@ -91,10 +131,15 @@ impl Engine {
         let _one = self.cp_serial.lock();
         self.check_writable()?;
         self.write_back_early();
+        let gate_asked = std::time::Instant::now();
         let gate = self.gate.write();
         let mut snap = {
+            let asked = std::time::Instant::now();
             let _x = self.pass.exclusive();
-            self.snapshot(clean)
+            let snap = self.snapshot(clean);
+            drop(_x);
+            self.cp_pauses.exclusive(asked.elapsed());
+            snap
         };
         for op in std::mem::take(&mut snap.uncount) {
             self.count_pending(&op.record, -1);
@@ -102,6 +147,7 @@ impl Engine {
         let seq = snap.seq;
         let r = self.write_snapshot(snap, clean);
         drop(gate);
+        self.cp_pauses.write_phase(gate_asked.elapsed());
         let deleted = match r {
             Ok(deleted) => deleted,
             Err(e) => {
