@@ -25,7 +25,7 @@ use crate::checkpoint::{self, commit, read_blocks, CommitSet};
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, RegionFault, Result, Structure};
 use crate::format::checkpoint::CP_FLAG_NVM_NAT;
-use crate::format::dentry::DentryBlock;
+use crate::format::dentry::{dtype_of, DentryBlock};
 use crate::format::layout::{Geometry, NAT_ENTRIES_PER_BLOCK, ROOT_INO};
 use crate::format::node::{NEW_ADDR, S_IFMT};
 use crate::format::sit::SitEntry;
@@ -892,18 +892,4 @@ fn sit_block_from(sit: &[SitEntry], index: u32, g: &Geometry) -> SitBlock {
         }
     }
     b
-}
-
-/// The `DT_*` directory-entry type of a mode.
-pub fn dtype_of(mode: u32) -> u8 {
-    match mode & S_IFMT {
-        0o010000 => 1,
-        0o020000 => 2,
-        0o040000 => 4,
-        0o060000 => 6,
-        0o100000 => 8,
-        0o120000 => 10,
-        0o140000 => 12,
-        _ => 0,
-    }
 }

@@ -666,7 +666,7 @@ impl Engine {
             d.add_nlink(1);
         }
         let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
-        let _ = dm.map.insert(name, ino, crate::fsck::dtype_of(attr.mode));
+        let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
         self.mark_dirty(&m);
         true
     }

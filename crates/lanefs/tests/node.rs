@@ -6,11 +6,12 @@ mod mounted;
 
 use lanefs::device::{BlockDevice, MemDevice, BLOCK_SIZE};
 use lanefs::error::Structure;
+use lanefs::format::dentry::dtype_of;
 use lanefs::format::layout::{Geometry, LogType, ROOT_INO};
 use lanefs::format::node::{Inode, Timespec, ADDRS_PER_NODE, INODE_ADDRS, NEW_ADDR};
 use lanefs::format::tree::{NodePos, MAX_FILE_BLOCKS};
 use lanefs::format::{Dentry, DentryBlock, SummaryEntry, SummaryKind};
-use lanefs::fsck::{check, dtype_of, FsckOptions};
+use lanefs::fsck::{check, FsckOptions};
 use lanefs::node::{drop_inode, read_inode, write_inode, BlockMap, InodeTree};
 use lanefs::Error;
 use mounted::{mkfs, write_all, Mounted, MIB};

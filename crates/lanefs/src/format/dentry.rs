@@ -17,6 +17,20 @@ pub const DENTRY_SPACE: usize = BLOCK_SIZE - HEADER_LEN;
 /// File type of an entry, as `DT_*` in dirent.h.
 pub const DT_VALID: [u8; 7] = [1, 2, 4, 6, 8, 10, 12];
 
+/// The `DT_*` directory-entry type of a mode.
+pub fn dtype_of(mode: u32) -> u8 {
+    match mode & super::node::S_IFMT {
+        0o010000 => 1,
+        0o020000 => 2,
+        0o040000 => 4,
+        0o060000 => 6,
+        0o100000 => 8,
+        0o120000 => 10,
+        0o140000 => 12,
+        _ => 0,
+    }
+}
+
 /// One directory entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dentry {

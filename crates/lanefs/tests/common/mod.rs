@@ -7,10 +7,10 @@
 
 use lanefs::checkpoint::{self, commit, CommitSet};
 use lanefs::device::{BlockDevice, BLOCK_SIZE};
+use lanefs::format::dentry::dtype_of;
 use lanefs::format::layout::{Geometry, LogType, ROOT_INO};
 use lanefs::format::node::{Inode, NodeBody, NodeFooter, Timespec, INODE_ADDRS};
 use lanefs::format::{Checkpoint, Dentry, DentryBlock, NatBlock, NatEntry, Node, SummaryEntry, SummaryKind};
-use lanefs::fsck::dtype_of;
 use lanefs::seg::{LaneSet, SegmentTable};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
