@@ -709,6 +709,9 @@ impl Filesystem for LaneFuse {
     fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
         // Nothing to drop: inode numbers are lanefs's own and no per-lookup state is kept. (Not
         // marked in flight, nor are FLUSH and RELEASEDIR: they cannot wait on anything.)
+        // fuser passes a BATCH_FORGET on as one call per inode (its `ForgetOne` cannot be
+        // named outside the crate to override that): this counts inodes forgotten.
+        self.inflight.count(Op::Forget);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -937,6 +940,7 @@ impl Filesystem for LaneFuse {
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
         // Writes reach the engine when they are made; close has nothing to push.
+        self.inflight.count(Op::Flush);
         reply.ok()
     }
 
@@ -1038,6 +1042,7 @@ impl Filesystem for LaneFuse {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.inflight.count(Op::Releasedir);
         self.dirs.close(fh.0);
         reply.ok()
     }
@@ -1064,14 +1069,23 @@ impl Filesystem for LaneFuse {
         reply: ReplyEmpty,
     ) {
         let _busy = self.inflight.enter(Op::Setxattr, ino.0, req.pid());
+        if name(n).starts_with(crate::stats::RESERVED_PREFIX) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         // The kernel would say whether an ACL keeps set-group-ID only with FUSE_SETXATTR_EXT,
         // which fuser cannot parse: the engine asks the caller itself.
         self.empty(self.fs.setxattr_as(ino.0, name(n), value, flags, &self.caller(req, None)), reply)
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
-        let _busy = self.inflight.enter(Op::Getxattr, ino.0, req.pid());
-        match self.fs.getxattr(ino.0, name(n)) {
+        // The mount's request counters (`crate::stats`); reading them is not counted.
+        let r = if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::REQUESTS_XATTR.as_bytes() {
+            Ok(crate::stats::format(&self.inflight.requests()).into_bytes())
+        } else {
+            let _busy = self.inflight.enter(Op::Getxattr, ino.0, req.pid());
+            self.fs.getxattr(ino.0, name(n))
+        };
+        match r {
             Ok(v) if size == 0 => reply.size(v.len() as u32),
             Ok(v) if v.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
             Ok(v) => reply.data(&v),
@@ -1102,6 +1116,9 @@ impl Filesystem for LaneFuse {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let _busy = self.inflight.enter(Op::Removexattr, ino.0, req.pid());
+        if name(n).starts_with(crate::stats::RESERVED_PREFIX) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         self.empty(self.fs.removexattr(ino.0, name(n)), reply)
     }
 

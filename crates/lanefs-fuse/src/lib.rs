@@ -38,7 +38,9 @@
 //! sent by the kernel's `fileattr_get/set`), the engine enforcing immutable and append-only.
 //!
 //! [`inflight`] keeps the request each worker is serving, so that one stuck for longer than
-//! `stuck_request_secs` is logged (stderr in the foreground, syslog for the daemon).
+//! `stuck_request_secs` is logged (stderr in the foreground, syslog for the daemon), and counts
+//! every request by opcode; [`stats`] publishes the counts as the `lanefs.requests` xattr of
+//! the mount's root (`lanefs inspect MNT` prints them).
 
 // `unsafe` lives in `syslog` only, where each call says why it is sound.
 #![deny(unsafe_code)]
@@ -47,6 +49,7 @@ pub mod adapter;
 mod caller;
 pub mod inflight;
 pub mod mount;
+pub mod stats;
 mod syslog;
 
 pub use adapter::LaneFuse;

@@ -570,7 +570,7 @@ fn wait_for_lock(file: &File, limit: Duration) -> Result<(), String> {
 }
 
 /// Where `image` is mounted, if it is: the first lanefs mount with it as its source.
-fn mounted_at(image: &Path) -> Option<PathBuf> {
+pub fn mounted_at(image: &Path) -> Option<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     lanefs_mounts(&info).into_iter().find(|m| Path::new(&m.source) == image).map(|m| m.mountpoint)
 }

@@ -1,0 +1,153 @@
+//! The FUSE requests a mount serves: counted by opcode in the daemon, published as the
+//! `lanefs.requests` xattr of the mount's root and by `lanefs inspect MNT`, and how many each
+//! common operation costs (the kernel decides what it sends; the adapter's replies decide how
+//! much of it the kernel may cache). Needs root, /dev/fuse and fusermount3, as every FUSE test.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::Duration;
+
+fn counts(mp: &Path) -> BTreeMap<String, u64> {
+    lanefs_fuse::stats::read(mp).unwrap().into_iter().collect()
+}
+
+/// The requests `f` made the mount serve, by opcode (zeros left out).
+fn served(mp: &Path, f: impl FnOnce()) -> BTreeMap<String, u64> {
+    let before = counts(mp);
+    f();
+    let after = counts(mp);
+    after.into_iter().map(|(k, n)| (k.clone(), n - before[&k])).filter(|(_, n)| *n > 0).collect()
+}
+
+fn total(c: &BTreeMap<String, u64>) -> u64 {
+    c.values().sum()
+}
+
+#[test]
+fn requests_are_counted_by_opcode_and_published_on_the_root() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let first = counts(&m.mp);
+    // Every opcode the adapter serves is listed, zeros included; reading them is not counted.
+    for op in ["LOOKUP", "GETATTR", "CREATE", "WRITE", "UNLINK", "RENAME", "FORGET", "FLUSH", "RELEASEDIR"] {
+        assert!(first.contains_key(op), "{op} missing from {first:?}");
+    }
+    assert_eq!(counts(&m.mp), first, "reading the counters changed them");
+    fs::create_dir(m.mp.join("d")).unwrap();
+    let made = served(&m.mp, || {
+        for i in 0..50 {
+            File::create(m.mp.join(format!("d/f{i}"))).unwrap();
+        }
+    });
+    assert_eq!(made.get("CREATE"), Some(&50), "{made:?}");
+    assert_eq!(made.get("RELEASE"), Some(&50), "{made:?}");
+    let gone = served(&m.mp, || {
+        for i in 0..50 {
+            fs::remove_file(m.mp.join(format!("d/f{i}"))).unwrap();
+        }
+    });
+    assert_eq!(gone.get("UNLINK"), Some(&50), "{gone:?}");
+
+    // The name is the adapter's: not listed, not settable, answered on the root only.
+    let names = rustix::fs::listxattr(&m.mp, &mut [0u8; 4096][..]).unwrap();
+    assert_eq!(names, 0, "the root lists no xattr");
+    for p in [m.mp.clone(), m.mp.join("d")] {
+        assert_eq!(
+            rustix::fs::setxattr(&p, "lanefs.requests", b"0", rustix::fs::XattrFlags::empty()),
+            Err(rustix::io::Errno::OPNOTSUPP)
+        );
+        assert_eq!(rustix::fs::removexattr(&p, "lanefs.other"), Err(rustix::io::Errno::OPNOTSUPP));
+    }
+    assert_eq!(
+        rustix::fs::getxattr(m.mp.join("d"), "lanefs.requests", &mut [0u8; 64][..]),
+        Err(rustix::io::Errno::NODATA)
+    );
+
+    // `lanefs inspect MNT`, in text and JSON; and the image's inspect names its mount.
+    let out = run(&[os("inspect"), m.mp.as_os_str()], Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["CREATE", "50"]), "{text}");
+    let out = run(&[os("inspect"), os("--json"), m.mp.as_os_str()], Duration::from_secs(30));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests"]["by_opcode"]["UNLINK"], 50, "{v}");
+    assert!(v["requests"]["total"].as_u64().unwrap() >= 150, "{v}");
+    let out = run(&[os("inspect"), img.as_os_str()], Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("mounted at") && text.contains("UNLINK"), "{text}");
+    m.umount();
+    // Unmounted: a plain directory is neither image nor mount.
+    let out = run(&[os("inspect"), mp.as_os_str()], Duration::from_secs(30));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("neither a lanefs image nor a lanefs mount point"));
+    fsck_clean(&img);
+}
+
+/// What a create, a stat, a write, a rename and an unlink cost in requests, each done many
+/// times (the kernel's caches are warm after the first). The bounds are this kernel's floor
+/// with FUSE and `default_permissions`: see `lanefs_fuse::adapter` for why each request comes.
+#[test]
+fn common_operations_cost_the_fewest_requests_the_kernel_allows() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let d = m.mp.join("d");
+    fs::create_dir(&d).unwrap();
+    const N: u64 = 200;
+    let per_op = |c: &BTreeMap<String, u64>| total(c) as f64 / N as f64;
+
+    let create = served(&m.mp, || {
+        for i in 0..N {
+            OpenOptions::new().write(true).create_new(true).open(d.join(format!("f{i}"))).unwrap();
+        }
+    });
+    // LOOKUP of the new name, GETATTR of the directory (its attributes went stale with the
+    // previous create), CREATE, RELEASE at close.
+    assert!(per_op(&create) <= 4.05, "create: {create:?}");
+    assert_eq!(create.get("CREATE"), Some(&N));
+
+    let stat = served(&m.mp, || {
+        for i in 0..N {
+            fs::metadata(d.join(format!("f{i}"))).unwrap();
+        }
+    });
+    assert!(per_op(&stat) <= 0.05, "stat of cached names and attributes: {stat:?}");
+
+    let f = OpenOptions::new().write(true).open(d.join("f0")).unwrap();
+    let write = served(&m.mp, || {
+        for i in 0..N {
+            f.write_all_at(&[7u8; 4096], i * 4096).unwrap();
+        }
+    });
+    // One WRITE each (no writeback cache), no GETXATTR("security.capability") each.
+    assert!(per_op(&write) <= 1.05, "write: {write:?}");
+    drop(f);
+
+    let rename = served(&m.mp, || {
+        for i in 0..N {
+            fs::rename(d.join(format!("f{i}")), d.join(format!("g{i}"))).unwrap();
+        }
+    });
+    assert_eq!(rename.get("RENAME"), Some(&N));
+    assert!(per_op(&rename) <= 3.05, "rename: {rename:?}");
+
+    let unlink = served(&m.mp, || {
+        for i in 0..N {
+            fs::remove_file(d.join(format!("g{i}"))).unwrap();
+        }
+    });
+    assert_eq!(unlink.get("UNLINK"), Some(&N));
+    assert!(per_op(&unlink) <= 3.05, "unlink: {unlink:?}");
+    m.umount();
+    fsck_clean(&img);
+}
