@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::time::Duration;
 
@@ -148,6 +148,73 @@ fn common_operations_cost_the_fewest_requests_the_kernel_allows() {
     });
     assert_eq!(unlink.get("UNLINK"), Some(&N));
     assert!(per_op(&unlink) <= 3.05, "unlink: {unlink:?}");
+    m.umount();
+    fsck_clean(&img);
+}
+
+/// A name that does not exist is cached as such (a negative entry): a second stat of it costs
+/// nothing and a create of it needs no LOOKUP; every change through the mount still shows at
+/// once. `negative_timeout=0` and `cache_timeout=1` give the old behaviour back.
+#[test]
+fn names_that_do_not_exist_are_cached_and_changes_still_show() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    const N: u64 = 100;
+    let missing = |d: &Path| {
+        for i in 0..N {
+            let e = fs::metadata(d.join(format!("n{i}"))).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        }
+    };
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let d = m.mp.join("d");
+    fs::create_dir(&d).unwrap();
+    let first = served(&m.mp, || missing(&d));
+    assert_eq!(first.get("LOOKUP"), Some(&N), "{first:?}");
+    let again = served(&m.mp, || missing(&d));
+    assert!(again.is_empty(), "cached negative entries: {again:?}");
+    // O_CREAT without O_EXCL: the kernel trusts the negative entry. (With O_EXCL it looks the
+    // name up again whatever the TTL: fuse_dentry_revalidate, fs/fuse/dir.c.)
+    let create = served(&m.mp, || {
+        for i in 0..N {
+            File::create(d.join(format!("n{i}"))).unwrap();
+        }
+    });
+    assert_eq!(create.get("LOOKUP"), None, "{create:?}");
+    assert_eq!(create.get("CREATE"), Some(&N), "{create:?}");
+    let excl = served(&m.mp, || {
+        for i in 0..N {
+            let e = OpenOptions::new().write(true).create_new(true).open(d.join(format!("n{i}"))).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        }
+    });
+    // O_EXCL makes the kernel look a cached name up again too: one LOOKUP each, nothing more.
+    assert_eq!(excl.get("LOOKUP"), Some(&N), "{excl:?}");
+    assert!(total(&excl) <= N + 1, "{excl:?}");
+    // What the mount itself changes shows at once, cached or not.
+    fs::rename(d.join("n0"), d.join("moved")).unwrap();
+    assert_eq!(fs::metadata(d.join("n0")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    assert!(fs::metadata(d.join("moved")).unwrap().is_file());
+    fs::remove_file(d.join("n1")).unwrap();
+    assert_eq!(fs::metadata(d.join("n1")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    fs::hard_link(d.join("n2"), d.join("n1")).unwrap();
+    assert_eq!(fs::metadata(d.join("n2")).unwrap().nlink(), 2);
+    fs::create_dir(d.join("n0")).unwrap();
+    assert!(fs::metadata(d.join("n0")).unwrap().is_dir());
+    m.umount();
+
+    let m = Mounted::daemon(&img, &mp, &["-o", "cache_timeout=1,negative_timeout=0"]);
+    let d = m.mp.join("d");
+    let missing = |d: &Path| {
+        for i in 0..N {
+            assert!(fs::metadata(d.join(format!("x{i}"))).is_err());
+        }
+    };
+    missing(&d);
+    let again = served(&m.mp, || missing(&d));
+    assert_eq!(again.get("LOOKUP"), Some(&N), "negative entries not cached: {again:?}");
     m.umount();
     fsck_clean(&img);
 }

@@ -37,10 +37,35 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How long the kernel may cache attributes and names. lanefs is the only writer of its image
-/// and every change goes through this mount, so the kernel's caches stay right; a nonzero TTL
-/// saves a GETATTR before each write and a LOOKUP per path component.
-pub const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache what the adapter tells it (`-o cache_timeout=S`,
+/// `-o negative_timeout=S`).
+///
+/// lanefs is the only writer of its image and every change goes through this mount, so the
+/// kernel's caches stay right however long it keeps them: the kernel itself drops what its own
+/// requests change (a directory's attributes after a create, an inode's after a write, link,
+/// rename or setxattr; a name after unlink or rename; atime after a READ or READDIR), and the
+/// adapter tells it of the rest, the changes the engine makes on its own: set-ID bits dropped by
+/// a write (`ReqCaller::dropped`) and inode flags set by ioctl (`attributes_changed`). A long
+/// TTL saves a GETATTR per stat and a LOOKUP per path component once a second; a negative entry
+/// (a LOOKUP answered with node id 0 and a TTL, not ENOENT) saves the LOOKUP of a name that does
+/// not exist on every later stat, and lets the CREATE of such a name come without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ttl {
+    /// Names and attributes of existing inodes (one value: fuser's CREATE and READDIRPLUS
+    /// replies carry one TTL for both).
+    pub cache: Duration,
+    /// Names that do not exist (0: ENOENT, not cached).
+    pub negative: Duration,
+}
+
+/// Default of both TTLs: an hour.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+
+impl Default for Ttl {
+    fn default() -> Ttl {
+        Ttl { cache: DEFAULT_TTL, negative: DEFAULT_TTL }
+    }
+}
 
 /// Largest write (and read) negotiated with the kernel, before the kernel's own cap.
 pub const MAX_WRITE: u32 = 1 << 20;
@@ -80,6 +105,7 @@ pub struct LaneFuse {
     dont_mask: bool,
     /// Tells the kernel of changes it did not ask for (set once the session exists).
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    ttl: Ttl,
 }
 
 impl LaneFuse {
@@ -97,7 +123,14 @@ impl LaneFuse {
             killpriv: false,
             dont_mask: false,
             notifier: Arc::new(OnceLock::new()),
+            ttl: Ttl::default(),
         }
+    }
+
+    /// How long the kernel may cache names, attributes and names that do not exist.
+    pub fn with_ttl(mut self, ttl: Ttl) -> LaneFuse {
+        self.ttl = ttl;
+        self
     }
 
     /// Lets the kernel create idmapped mounts of this file system (`mount_setattr` with
@@ -400,6 +433,25 @@ fn time_or_now(t: TimeOrNow) -> Timespec {
     }
 }
 
+/// The attributes of a negative entry (node id 0), which the kernel does not read.
+const NO_ENTRY: FileAttr = FileAttr {
+    ino: INodeNo(0),
+    size: 0,
+    blocks: 0,
+    atime: UNIX_EPOCH,
+    mtime: UNIX_EPOCH,
+    ctime: UNIX_EPOCH,
+    crtime: UNIX_EPOCH,
+    kind: FileType::RegularFile,
+    perm: 0,
+    nlink: 0,
+    uid: 0,
+    gid: 0,
+    rdev: 0,
+    blksize: 0,
+    flags: 0,
+};
+
 /// stat(2) attributes as FUSE sends them.
 pub fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
@@ -456,7 +508,7 @@ impl LaneFuse {
 
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), generation(&a)),
+            Ok(a) => reply.entry(&self.ttl.cache, &file_attr(&a), generation(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -703,7 +755,14 @@ impl Filesystem for LaneFuse {
         if name(n) == b"." {
             return self.entry(self.fs.lookup_ino(parent.0), reply);
         }
-        self.entry(self.fs.lookup(parent.0, name(n)), reply)
+        match self.fs.lookup(parent.0, name(n)) {
+            // A name that does not exist, cached by the kernel as such: node id 0 (its
+            // attributes are not looked at).
+            Err(e) if e.to_errno() == libc::ENOENT && !self.ttl.negative.is_zero() && name(n) != b".." => {
+                reply.entry(&self.ttl.negative, &NO_ENTRY, Generation(0))
+            }
+            r => self.entry(r, reply),
+        }
     }
 
     fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
@@ -717,7 +776,7 @@ impl Filesystem for LaneFuse {
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _busy = self.inflight.enter(Op::Getattr, ino.0, req.pid());
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttl.cache, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -761,7 +820,7 @@ impl Filesystem for LaneFuse {
             self.fs.setattr(ino.0, &a)
         };
         match r {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttl.cache, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -1018,7 +1077,14 @@ impl Filesystem for LaneFuse {
                 match self.fs.getattr(target) {
                     Ok(a) => {
                         let name = OsStr::from_bytes(&e.name);
-                        if reply.add(INodeNo(target), e.cookie, name, &TTL, &file_attr(&a), generation(&a)) {
+                        if reply.add(
+                            INodeNo(target),
+                            e.cookie,
+                            name,
+                            &self.ttl.cache,
+                            &file_attr(&a),
+                            generation(&a),
+                        ) {
                             return reply.ok();
                         }
                     }
@@ -1172,9 +1238,13 @@ impl Filesystem for LaneFuse {
             Err(e) => return reply.error(errno(e)),
         };
         match self.fs.open_ino(a.ino) {
-            Ok(a) => {
-                reply.created(&TTL, &file_attr(&a), generation(&a), FileHandle(0), Self::open_flags(flags))
-            }
+            Ok(a) => reply.created(
+                &self.ttl.cache,
+                &file_attr(&a),
+                generation(&a),
+                FileHandle(0),
+                Self::open_flags(flags),
+            ),
             Err(e) => reply.error(errno(e)),
         }
     }

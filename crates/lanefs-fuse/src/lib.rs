@@ -7,7 +7,9 @@
 //! What the kernel is offered at INIT: FUSE_PARALLEL_DIROPS (lookups and readdirs of one
 //! directory run in parallel; the engine's directories are concurrent hash maps), 1 MiB writes
 //! (capped by /proc/sys/fs/fuse/max_pages_limit), readdirplus, cached symlinks, attribute and
-//! entry TTLs of one second (lanefs is the only writer of its image). Opens with O_DIRECT are
+//! entry TTLs of an hour and negative entries as long (lanefs is the only writer of its image;
+//! see `adapter::Ttl` for what keeps the kernel's caches right; `-o cache_timeout=S` and
+//! `-o negative_timeout=S` change them). Opens with O_DIRECT are
 //! answered with FOPEN_DIRECT_IO and FOPEN_PARALLEL_DIRECT_WRITES, so that writers of disjoint
 //! ranges of one file meet only in the engine's range lock.
 //!
