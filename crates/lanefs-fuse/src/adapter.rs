@@ -998,9 +998,13 @@ impl Filesystem for LaneFuse {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
-        // Writes reach the engine when they are made; close has nothing to push.
+        // WRITEs reach the engine as they come, so a close has nothing to push here. With
+        // FOPEN_NOFLUSH the kernel sends no FLUSH, but with its writeback cache it does on
+        // every close (after writing the dirty pages back itself): ENOSYS makes it stop for
+        // good (fc->no_flush; fs/fuse/file.c, fuse_flush), which costs nothing: lanefs takes no
+        // POSIX locks (no FUSE_POSIX_LOCKS), the other thing FLUSH is for.
         self.inflight.count(Op::Flush);
-        reply.ok()
+        reply.error(Errno::ENOSYS)
     }
 
     fn release(

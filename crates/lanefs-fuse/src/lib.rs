@@ -23,11 +23,19 @@
 //! inherits default ACLs (FUSE_DONT_MASK: the umask comes with the request) and keeps the mode
 //! in step with them.
 //!
-//! The kernel's writeback cache is off unless `-o writeback_cache` asks for it. fsync is correct
-//! with it (the kernel writes dirty pages back before it sends FSYNC; checked by killing the
-//! daemon after fsync), but the kernel then keeps its own mtime and ctime for regular files and
-//! ignores the engine's: pjdfstest loses 5 cases (ctime after unlink, rename and link of a
-//! regular file, UTIME_NOW, open with O_TRUNC), so it stays an opt-in.
+//! The kernel's writeback cache is off unless `-o writeback_cache` (or `writeback_cache=on`)
+//! asks for it; `writeback_cache=off` says so. With it a buffered write is a copy into the
+//! kernel's page cache and no request; dirty pages come as WRITEs of up to `max_write` bytes at
+//! writeback, fsync and close (the kernel then sends FLUSH on every close, which the adapter
+//! answers ENOSYS once so that it stops). fsync is correct with it (the kernel writes dirty
+//! pages back before it sends FSYNC). On 6.18 every pjdfstest case that passes on ext4 passes
+//! with it (an older kernel lost 5). It stays off by default for three reasons the FUSE tests
+//! show: the kernel keeps its own mtime and ctime of regular files and ignores the server's
+//! (fuse_get_cache_mask), so a ctime the engine changes on its own (chattr) never shows; the
+//! engine stamps mtime when a WRITE arrives at writeback, later than the time the kernel showed
+//! and sent in SETATTR, so times change across a remount; and ENOSPC comes at fsync or close
+//! instead of from write(2). Each costs a request too: a rename or unlink of a regular file sends
+//! SETATTR (the ctime the kernel gave it), the first stat after a close a GETATTR (st_blocks).
 //!
 //! ioctls (see `adapter::ioctl`): the shutdown (XFS_IOC_GOINGDOWN, which is also ext4's
 //! EXT4_IOC_SHUTDOWN; its flags are read from the caller, see `caller`), FITRIM, and

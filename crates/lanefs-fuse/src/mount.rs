@@ -45,6 +45,10 @@ const DAEMON_ENV: &str = "LANEFS_MOUNT_DAEMON";
 /// A checkpoint writes what is dirty; a minute covers gigabytes on the slowest device here.
 pub const RELEASE_WAIT: Duration = Duration::from_secs(60);
 
+/// Whether the kernel caches writes when no `writeback_cache` option says (see the crate docs
+/// for why it is off).
+pub const WRITEBACK_CACHE_DEFAULT: bool = false;
+
 /// Default of `stuck_request_secs`.
 pub const STUCK_REQUEST: Duration = Duration::from_secs(30);
 
@@ -92,7 +96,8 @@ pub struct Parsed {
 }
 
 /// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
-/// access list; `threads=N`, `nvm=FILE`, `writeback_cache`, `checkpoint_secs=N`,
+/// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (off by default;
+/// `nowriteback_cache` is off too), `checkpoint_secs=N`,
 /// `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S` and `norecovery` (read-only
 /// mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
@@ -102,7 +107,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut threads = None;
     let mut nvm = None;
     let mut default_permissions = true;
-    let mut writeback_cache = false;
+    let mut writeback_cache = WRITEBACK_CACHE_DEFAULT;
     let mut checkpoint_interval = None;
     let mut stuck_request = Some(STUCK_REQUEST);
     let mut no_recovery = false;
@@ -152,8 +157,12 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
                 acl = SessionACL::RootAndOwner;
                 continue;
             }
-            "writeback_cache" => {
+            "writeback_cache" | "writeback_cache=on" => {
                 writeback_cache = true;
+                continue;
+            }
+            "writeback_cache=off" | "nowriteback_cache" => {
+                writeback_cache = false;
                 continue;
             }
             "norecovery" => {
@@ -930,6 +939,22 @@ mod tests {
         // None of them reaches the kernel as a FUSE option it would refuse.
         let p = parse_options(&["relatime,strictatime,nodiratime,norelatime,nostrictatime".into()]).unwrap();
         assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.contains("atime"))));
+    }
+
+    #[test]
+    fn writeback_cache_on_and_off() {
+        assert_eq!(parse_options(&[]).unwrap().writeback_cache, WRITEBACK_CACHE_DEFAULT);
+        for (o, on) in [
+            ("writeback_cache", true),
+            ("writeback_cache=on", true),
+            ("writeback_cache=off", false),
+            ("nowriteback_cache", false),
+            ("writeback_cache=off,writeback_cache", true),
+        ] {
+            let p = parse_options(&[o.into()]).unwrap();
+            assert_eq!(p.writeback_cache, on, "{o}");
+            assert!(!p.fuse.iter().any(|m| matches!(m, MountOption::CUSTOM(c) if c.contains("writeback"))));
+        }
     }
 
     #[test]
