@@ -7,7 +7,9 @@ use crate::plot::{plot, Point};
 use crate::progress::{say, Progress};
 use crate::report::{json_line, markdown_table, Machine};
 use crate::runner::{install_signal_handlers, interrupted, RunConfig};
-use crate::session::{aggregate, compare_table, ratio_table, run_matrix, Entry, Matrix, Role};
+use crate::session::{
+    aggregate, compare_table, ratio_table, requests_table, run_matrix, Entry, Matrix, Role,
+};
 use crate::target::{open_target_with, Target, TargetOptions, TargetSpec};
 use crate::workload::WorkloadList;
 use std::io::Write;
@@ -310,6 +312,10 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
                 emit("\n(no lanefs target in this run: no ratio table)\n");
             } else {
                 emit(&format!("\nThroughput ratios (subject / reference):\n\n{ratios}"));
+            }
+            let requests = requests_table(&cells, &m.workloads, &m.threads);
+            if !requests.is_empty() {
+                emit(&format!("\nFUSE requests per operation, timed phase:\n\n{requests}"));
             }
             let mut all = notes.clone();
             for c in &cells {

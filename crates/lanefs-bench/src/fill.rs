@@ -210,6 +210,9 @@ impl Target for Filled {
     fn io_counters(&self) -> Option<IoCounters> {
         self.inner.io_counters()
     }
+    fn fuse_requests(&self) -> Option<Vec<(String, u64)>> {
+        self.inner.fuse_requests()
+    }
     /// Removes the filler, then closes the wrapped target (a mount unmounts).
     fn close(&self) -> Result<(), String> {
         let removed = self.remove();

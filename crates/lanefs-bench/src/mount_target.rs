@@ -377,6 +377,9 @@ impl Target for MountTarget {
     fn sync(&self) -> io::Result<()> {
         self.dir.sync()
     }
+    fn fuse_requests(&self) -> Option<Vec<(String, u64)>> {
+        lanefs_fuse::stats::read(&self.mount_point()?).ok()
+    }
 
     /// Unmounts (waiting for the final checkpoint) and removes the mount point; idempotent.
     fn close(&self) -> Result<(), String> {

@@ -108,6 +108,10 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
         "checkpoints": r.io.map_or(Value::Null, |c| json!(c.checkpoints)),
         "cp_exclusive_us_max": r.io.map_or(Value::Null, |c| json!(c.cp_exclusive_us_max)),
         "write_amplification": wa(r).map_or(Value::Null, |x| json!(round(x, 3))),
+        "fuse_requests": r.requests.as_ref().map_or(Value::Null, |c| {
+            Value::Object(c.iter().filter(|(_, n)| *n > 0).map(|(k, n)| (k.clone(), json!(n))).collect())
+        }),
+        "requests_per_op": r.requests.as_ref().and_then(|c| requests_per_op(c, r.ops)).map_or(Value::Null, |(x, _)| json!(round(x, 3))),
     });
     if let Some(n) = round_no {
         v["round"] = json!(n);
@@ -118,6 +122,29 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
 /// The run's write amplification, when the target counts its writes and users wrote something.
 fn wa(r: &RunResult) -> Option<f64> {
     r.io.and_then(|c| c.write_amplification())
+}
+
+/// FUSE requests per op over a run or a cell, and the opcodes that make it up (those at 0.01
+/// per op or more, largest first: `LOOKUP 1.00, CREATE 1.00, ...`). None without ops.
+pub fn requests_per_op(requests: &[(String, u64)], ops: u64) -> Option<(f64, String)> {
+    if ops == 0 {
+        return None;
+    }
+    let per = |n: u64| n as f64 / ops as f64;
+    let mut parts: Vec<(&str, f64)> =
+        requests.iter().map(|(k, n)| (k.as_str(), per(*n))).filter(|(_, x)| *x >= 0.005).collect();
+    parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total = per(requests.iter().map(|(_, n)| n).sum());
+    Some((total, parts.iter().map(|(k, x)| format!("{k} {x:.2}")).collect::<Vec<_>>().join(", ")))
+}
+
+/// A requests-per-op cell: the total, and what it is made of.
+pub fn fmt_requests(requests: Option<&Vec<(String, u64)>>, ops: u64) -> String {
+    match requests.and_then(|c| requests_per_op(c, ops)) {
+        Some((x, parts)) if parts.is_empty() => format!("{x:.2}"),
+        Some((x, parts)) => format!("{x:.2} ({parts})"),
+        None => "-".into(),
+    }
 }
 
 /// A latency in µs for a table: more digits for small values, "-" when absent.
@@ -144,6 +171,7 @@ pub fn fmt_rate(x: f64) -> String {
 pub fn markdown_table(results: &[RunResult]) -> String {
     let with_wa = results.iter().any(|r| wa(r).is_some());
     let with_fill = results.iter().any(|r| r.fill.is_some());
+    let with_requests = results.iter().any(|r| r.requests.is_some());
     let mut head = String::from("| target | fs | workload | threads | ops/s |");
     let mut rule = String::from("|---|---|---|---:|---:|");
     if with_fill {
@@ -154,8 +182,14 @@ pub fn markdown_table(results: &[RunResult]) -> String {
         head += " WA |";
         rule += "---:|";
     }
-    head += " p50 µs | p99 µs | fsync p50 µs | fsync p99 µs | notes |\n";
-    rule += "---:|---:|---:|---:|---|\n";
+    head += " p50 µs | p99 µs | fsync p50 µs | fsync p99 µs |";
+    rule += "---:|---:|---:|---:|";
+    if with_requests {
+        head += " FUSE requests/op |";
+        rule += "---|";
+    }
+    head += " notes |\n";
+    rule += "---|\n";
     let mut s = head + &rule;
     for r in results {
         s += &format!(
@@ -173,13 +207,16 @@ pub fn markdown_table(results: &[RunResult]) -> String {
             s += &format!(" {} |", wa(r).map_or("-".into(), |x| format!("{x:.2}")));
         }
         s += &format!(
-            " {} | {} | {} | {} | {} |\n",
+            " {} | {} | {} | {} |",
             fmt_us(r.latency.quantile_us(0.5)),
             fmt_us(r.latency.quantile_us(0.99)),
             fmt_us(r.fsync.as_ref().and_then(|h| h.quantile_us(0.5))),
             fmt_us(r.fsync.as_ref().and_then(|h| h.quantile_us(0.99))),
-            r.notes.join("; ")
         );
+        if with_requests {
+            s += &format!(" {} |", fmt_requests(r.requests.as_ref(), r.ops));
+        }
+        s += &format!(" {} |\n", r.notes.join("; "));
     }
     s
 }
@@ -208,6 +245,7 @@ mod tests {
             notes: vec![],
             fill: None,
             io: None,
+            requests: None,
         }
     }
 
@@ -249,6 +287,26 @@ mod tests {
         assert!(v.get("round").is_none());
         // One line: serialises without newlines.
         assert!(!v.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn requests_per_op_show_the_total_and_its_parts() {
+        let mut r = result(Workload::Mwcl, false);
+        assert_eq!(fmt_requests(None, r.ops), "-");
+        assert!(json_line(&r, &machine(), None)["requests_per_op"].is_null());
+        let c = vec![
+            ("LOOKUP".to_string(), 1000),
+            ("CREATE".to_string(), 1000),
+            ("GETATTR".to_string(), 2000),
+            ("WRITE".to_string(), 1),
+        ];
+        r.requests = Some(c.clone());
+        assert_eq!(fmt_requests(Some(&c), 1000), "4.00 (GETATTR 2.00, LOOKUP 1.00, CREATE 1.00)");
+        assert_eq!(fmt_requests(Some(&c), 0), "-");
+        let v = json_line(&r, &machine(), None);
+        assert_eq!(v["requests_per_op"], 4.001);
+        assert_eq!(v["fuse_requests"]["WRITE"], 1);
+        assert!(markdown_table(&[r]).contains("| 4.00 (GETATTR 2.00, LOOKUP 1.00, CREATE 1.00) |"));
     }
 
     #[test]

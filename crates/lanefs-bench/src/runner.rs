@@ -6,7 +6,9 @@
 //! reach a steady state; nothing recorded), then the timed phase; the main thread flips the phase
 //! for all of them at once and measures the phase's length itself. The target's write counters
 //! ([`Target::io_counters`], lanefs through the library) are read when the threads are released
-//! and after the last op, so their difference covers warm-up and timed phase. An op is counted
+//! and after the last op, so their difference covers warm-up and timed phase. The FUSE request
+//! counters of a lanefs mount ([`Target::fuse_requests`]) are read when the timed phase starts
+//! and after the last op, so that requests per op compare like with like. An op is counted
 //! when it started inside the timed phase. Finally the run directory is removed through the
 //! target, also when the run failed or was interrupted.
 
@@ -96,6 +98,8 @@ pub struct RunResult {
     /// The target's write counters over the warm-up and the timed phase (lanefs through the
     /// library only): from the release of the threads to the end of the last op.
     pub io: Option<IoCounters>,
+    /// The FUSE requests served in the timed phase, by opcode (a lanefs mount only).
+    pub requests: Option<Vec<(String, u64)>>,
 }
 
 const WARM: u8 = 0;
@@ -254,6 +258,7 @@ pub fn run_one(
         };
         wait(cfg.warmup);
         // Warm-up over (unless a thread failed): start the clock for everyone at once.
+        let req0 = t.fuse_requests();
         let t0 = Instant::now();
         let _ = phase.compare_exchange(WARM, TIMED, Ordering::SeqCst, Ordering::SeqCst);
         wait(cfg.seconds);
@@ -267,9 +272,13 @@ pub fn run_one(
             (Some(a), Some(b)) => Some(b.since(&a)),
             _ => None,
         };
-        (outs, (t0, elapsed, io))
+        let requests = match (req0, t.fuse_requests()) {
+            (Some(a), Some(b)) => Some(lanefs_fuse::stats::since(&b, &a)),
+            _ => None,
+        };
+        (outs, (t0, elapsed, io, requests))
     });
-    let (t0, elapsed, io) = elapsed;
+    let (t0, elapsed, io, requests) = elapsed;
 
     let mut latency = Histogram::new();
     let mut fsync = Histogram::new();
@@ -301,6 +310,7 @@ pub fn run_one(
         notes,
         fill,
         io,
+        requests,
     })
 }
 

@@ -111,6 +111,10 @@ pub struct Cell {
     pub fsync: Option<Histogram>,
     /// Distinct notes of its runs (e.g. O_DIRECT fallback).
     pub notes: Vec<String>,
+    /// Ops counted over all rounds.
+    pub ops: u64,
+    /// FUSE requests over all rounds, by opcode (a lanefs mount only).
+    pub requests: Option<Vec<(String, u64)>>,
 }
 
 pub fn aggregate(results: &[(u32, RunResult)]) -> Vec<Cell> {
@@ -134,6 +138,17 @@ pub fn aggregate(results: &[(u32, RunResult)]) -> Vec<Cell> {
                         c.notes.push(n.clone());
                     }
                 }
+                c.ops += r.ops;
+                c.requests = match (c.requests.take(), &r.requests) {
+                    (Some(a), Some(b)) => Some(
+                        b.iter()
+                            .map(|(k, n)| {
+                                (k.clone(), n + a.iter().find(|(j, _)| j == k).map_or(0, |(_, m)| *m))
+                            })
+                            .collect(),
+                    ),
+                    (a, b) => a.or_else(|| b.clone()),
+                };
             }
             None => cells.push(Cell {
                 target: r.target.clone(),
@@ -146,6 +161,8 @@ pub fn aggregate(results: &[(u32, RunResult)]) -> Vec<Cell> {
                 latency: r.latency.clone(),
                 fsync: r.fsync.clone(),
                 notes: r.notes.clone(),
+                ops: r.ops,
+                requests: r.requests.clone(),
             }),
         }
     }
@@ -237,6 +254,30 @@ pub fn compare_table(cells: &[Cell], targets: &[&str], workloads: &[Workload], t
     s
 }
 
+/// FUSE requests per op of every cell that counted them (lanefs mounts), one row per
+/// (workload, target, threads), with the opcodes that make them up. Empty when none did.
+pub fn requests_table(cells: &[Cell], workloads: &[Workload], threads: &[usize]) -> String {
+    let mut s = String::new();
+    for &w in workloads {
+        for c in cells.iter().filter(|c| c.workload == w && c.requests.is_some()) {
+            if !threads.contains(&c.threads) {
+                continue;
+            }
+            s += &format!(
+                "| {} | {} | {} | {} |\n",
+                w.name(),
+                c.target,
+                c.threads,
+                crate::report::fmt_requests(c.requests.as_ref(), c.ops)
+            );
+        }
+    }
+    if s.is_empty() {
+        return s;
+    }
+    format!("| workload | target | threads | FUSE requests per op (by opcode) |\n|---|---|---:|---|\n{s}")
+}
+
 /// Subject over reference throughput, one column per (subject, reference) pair, one row per
 /// (workload, threads). Empty when there is no subject or no reference.
 pub fn ratio_table(
@@ -299,6 +340,7 @@ mod tests {
             notes: vec![],
             fill: None,
             io: None,
+            requests: None,
         }
     }
 

@@ -123,6 +123,12 @@ pub trait Target: Send + Sync {
         None
     }
 
+    /// The FUSE requests its daemon served so far, by opcode (a lanefs mount only:
+    /// `lanefs_fuse::stats`). Counters only grow; `lanefs_fuse::stats::since` gives a run's.
+    fn fuse_requests(&self) -> Option<Vec<(String, u64)>> {
+        None
+    }
+
     /// Undoes what opening the target set up (a `mount:` target unmounts and removes its mount
     /// point), so that a failure is reported; idempotent. Drop does the same on every other way
     /// out. Nothing for targets that set nothing up.

@@ -64,8 +64,11 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "auto")]
         io: IoArg,
     },
-    /// Describe an image: geometry, checkpoint, segment usage, lanes, I/O mode.
+    /// Describe an image: geometry, checkpoint, segment usage, lanes, I/O mode; and, while it
+    /// is mounted, the FUSE requests its mount served. Given a lanefs mount point: those
+    /// requests only (also `getfattr -n lanefs.requests --only-values MNT`).
     Inspect {
+        /// An image, or a lanefs mount point.
         image: PathBuf,
         #[arg(long)]
         json: bool,
@@ -181,6 +184,9 @@ fn main() -> ExitCode {
             exit(mkfs(&image, size, lanes, &label, force), "mkfs")
         }
         Cmd::Fsck { image, repair, nvm, io } => fsck(&image, repair, nvm, io.into()),
+        Cmd::Inspect { image, json, nvm: None, .. } if image.is_dir() => {
+            exit(inspect_mount(&image, json), "inspect")
+        }
         Cmd::Inspect { image, json, nvm, io } => {
             exit(inspect(&image, json, nvm.as_deref(), io.into()), "inspect")
         }
@@ -377,6 +383,11 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
     let g = &info.geometry;
     let mut out = String::new();
     let names = lanefs::inspect::ImageInfo::log_names();
+    // A mounted image: its mount's request counters too.
+    let mounted = image.canonicalize().ok().and_then(|img| lanefs_fuse::mount::mounted_at(&img)).map(|mp| {
+        let counts = lanefs_fuse::stats::read(&mp);
+        (mp, counts)
+    });
     if json {
         let lanes: Vec<serde_json::Value> = info
             .lanes
@@ -421,6 +432,9 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
             "region": region.as_ref().map(|r| serde_json::json!({
                 "path": r.path, "region": r.region, "nat": r.nat, "journals": r.journals,
                 "journal_transactions": r.journal_transactions,
+            })),
+            "mount": mounted.as_ref().map(|(mp, counts)| serde_json::json!({
+                "mountpoint": mp, "requests": counts.as_ref().map(|c| requests_json(c)).map_err(|e| e.clone()).ok(),
             })),
         });
         say!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
@@ -514,6 +528,55 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
         let s: Vec<String> =
             logs.iter().zip(names).map(|(c, n)| format!("{n} {}+{}", c.segno, c.next_off)).collect();
         say!(out, "lane {i:<8} {}", s.join(", "));
+    }
+    if let Some((mp, counts)) = &mounted {
+        say!(out, "mounted at    {} (what follows is the mount's; the lines above are the image's last checkpoint and journals)", mp.display());
+        match counts {
+            Ok(c) => say_requests(&mut out, c),
+            Err(e) => say!(out, "requests      unknown: {e}"),
+        }
+    }
+    emit(&out)
+}
+
+/// The lanefs mount at `mp` (canonical) and its image, if it is one.
+fn lanefs_mount_at(mp: &Path) -> Option<lanefs_fuse::mount::MountEntry> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    lanefs_fuse::mount::lanefs_mounts(&info).into_iter().rev().find(|m| m.mountpoint == mp)
+}
+
+/// The request counters of a mount: the nonzero ones, one a line, after a total.
+fn say_requests(out: &mut String, counts: &[(String, u64)]) {
+    let total: u64 = counts.iter().map(|(_, n)| n).sum();
+    say!(out, "requests      {total} FUSE requests since the mount (reading these is not counted)");
+    for (name, n) in counts.iter().filter(|(_, n)| *n > 0) {
+        say!(out, "  {name:<16} {n:>12}");
+    }
+}
+
+fn requests_json(counts: &[(String, u64)]) -> serde_json::Value {
+    let by_op: serde_json::Map<String, serde_json::Value> =
+        counts.iter().map(|(k, n)| (k.clone(), serde_json::json!(n))).collect();
+    serde_json::json!({"total": counts.iter().map(|(_, n)| n).sum::<u64>(), "by_opcode": by_op})
+}
+
+/// `lanefs inspect MNT`: what the daemon of a lanefs mount served.
+fn inspect_mount(mp: &Path, json: bool) -> Result<(), String> {
+    let canon = mp.canonicalize().map_err(|e| format!("{}: {e}", mp.display()))?;
+    let entry = lanefs_mount_at(&canon).ok_or_else(|| {
+        format!("{} is a directory, neither a lanefs image nor a lanefs mount point", mp.display())
+    })?;
+    let counts = lanefs_fuse::stats::read(&canon)?;
+    let mut out = String::new();
+    if json {
+        let v = serde_json::json!({
+            "mountpoint": canon, "image": entry.source, "requests": requests_json(&counts),
+        });
+        say!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+    } else {
+        say!(out, "mount         {}", canon.display());
+        say!(out, "image         {}", entry.source);
+        say_requests(&mut out, &counts);
     }
     emit(&out)
 }

@@ -37,10 +37,35 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How long the kernel may cache attributes and names. lanefs is the only writer of its image
-/// and every change goes through this mount, so the kernel's caches stay right; a nonzero TTL
-/// saves a GETATTR before each write and a LOOKUP per path component.
-pub const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache what the adapter tells it (`-o cache_timeout=S`,
+/// `-o negative_timeout=S`).
+///
+/// lanefs is the only writer of its image and every change goes through this mount, so the
+/// kernel's caches stay right however long it keeps them: the kernel itself drops what its own
+/// requests change (a directory's attributes after a create, an inode's after a write, link,
+/// rename or setxattr; a name after unlink or rename; atime after a READ or READDIR), and the
+/// adapter tells it of the rest, the changes the engine makes on its own: set-ID bits dropped by
+/// a write (`ReqCaller::dropped`) and inode flags set by ioctl (`attributes_changed`). A long
+/// TTL saves a GETATTR per stat and a LOOKUP per path component once a second; a negative entry
+/// (a LOOKUP answered with node id 0 and a TTL, not ENOENT) saves the LOOKUP of a name that does
+/// not exist on every later stat, and lets the CREATE of such a name come without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ttl {
+    /// Names and attributes of existing inodes (one value: fuser's CREATE and READDIRPLUS
+    /// replies carry one TTL for both).
+    pub cache: Duration,
+    /// Names that do not exist (0: ENOENT, not cached).
+    pub negative: Duration,
+}
+
+/// Default of both TTLs: an hour.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+
+impl Default for Ttl {
+    fn default() -> Ttl {
+        Ttl { cache: DEFAULT_TTL, negative: DEFAULT_TTL }
+    }
+}
 
 /// Largest write (and read) negotiated with the kernel, before the kernel's own cap.
 pub const MAX_WRITE: u32 = 1 << 20;
@@ -80,6 +105,7 @@ pub struct LaneFuse {
     dont_mask: bool,
     /// Tells the kernel of changes it did not ask for (set once the session exists).
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    ttl: Ttl,
 }
 
 impl LaneFuse {
@@ -97,7 +123,14 @@ impl LaneFuse {
             killpriv: false,
             dont_mask: false,
             notifier: Arc::new(OnceLock::new()),
+            ttl: Ttl::default(),
         }
+    }
+
+    /// How long the kernel may cache names, attributes and names that do not exist.
+    pub fn with_ttl(mut self, ttl: Ttl) -> LaneFuse {
+        self.ttl = ttl;
+        self
     }
 
     /// Lets the kernel create idmapped mounts of this file system (`mount_setattr` with
@@ -400,6 +433,25 @@ fn time_or_now(t: TimeOrNow) -> Timespec {
     }
 }
 
+/// The attributes of a negative entry (node id 0), which the kernel does not read.
+const NO_ENTRY: FileAttr = FileAttr {
+    ino: INodeNo(0),
+    size: 0,
+    blocks: 0,
+    atime: UNIX_EPOCH,
+    mtime: UNIX_EPOCH,
+    ctime: UNIX_EPOCH,
+    crtime: UNIX_EPOCH,
+    kind: FileType::RegularFile,
+    perm: 0,
+    nlink: 0,
+    uid: 0,
+    gid: 0,
+    rdev: 0,
+    blksize: 0,
+    flags: 0,
+};
+
 /// stat(2) attributes as FUSE sends them.
 pub fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
@@ -456,7 +508,7 @@ impl LaneFuse {
 
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), generation(&a)),
+            Ok(a) => reply.entry(&self.ttl.cache, &file_attr(&a), generation(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -703,18 +755,28 @@ impl Filesystem for LaneFuse {
         if name(n) == b"." {
             return self.entry(self.fs.lookup_ino(parent.0), reply);
         }
-        self.entry(self.fs.lookup(parent.0, name(n)), reply)
+        match self.fs.lookup(parent.0, name(n)) {
+            // A name that does not exist, cached by the kernel as such: node id 0 (its
+            // attributes are not looked at).
+            Err(e) if e.to_errno() == libc::ENOENT && !self.ttl.negative.is_zero() && name(n) != b".." => {
+                reply.entry(&self.ttl.negative, &NO_ENTRY, Generation(0))
+            }
+            r => self.entry(r, reply),
+        }
     }
 
     fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
         // Nothing to drop: inode numbers are lanefs's own and no per-lookup state is kept. (Not
         // marked in flight, nor are FLUSH and RELEASEDIR: they cannot wait on anything.)
+        // fuser passes a BATCH_FORGET on as one call per inode (its `ForgetOne` cannot be
+        // named outside the crate to override that): this counts inodes forgotten.
+        self.inflight.count(Op::Forget);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _busy = self.inflight.enter(Op::Getattr, ino.0, req.pid());
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttl.cache, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -758,7 +820,7 @@ impl Filesystem for LaneFuse {
             self.fs.setattr(ino.0, &a)
         };
         match r {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttl.cache, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -936,8 +998,13 @@ impl Filesystem for LaneFuse {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
-        // Writes reach the engine when they are made; close has nothing to push.
-        reply.ok()
+        // WRITEs reach the engine as they come, so a close has nothing to push here. With
+        // FOPEN_NOFLUSH the kernel sends no FLUSH, but with its writeback cache it does on
+        // every close (after writing the dirty pages back itself): ENOSYS makes it stop for
+        // good (fc->no_flush; fs/fuse/file.c, fuse_flush), which costs nothing: lanefs takes no
+        // POSIX locks (no FUSE_POSIX_LOCKS), the other thing FLUSH is for.
+        self.inflight.count(Op::Flush);
+        reply.error(Errno::ENOSYS)
     }
 
     fn release(
@@ -1014,7 +1081,14 @@ impl Filesystem for LaneFuse {
                 match self.fs.getattr(target) {
                     Ok(a) => {
                         let name = OsStr::from_bytes(&e.name);
-                        if reply.add(INodeNo(target), e.cookie, name, &TTL, &file_attr(&a), generation(&a)) {
+                        if reply.add(
+                            INodeNo(target),
+                            e.cookie,
+                            name,
+                            &self.ttl.cache,
+                            &file_attr(&a),
+                            generation(&a),
+                        ) {
                             return reply.ok();
                         }
                     }
@@ -1038,6 +1112,7 @@ impl Filesystem for LaneFuse {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.inflight.count(Op::Releasedir);
         self.dirs.close(fh.0);
         reply.ok()
     }
@@ -1064,14 +1139,23 @@ impl Filesystem for LaneFuse {
         reply: ReplyEmpty,
     ) {
         let _busy = self.inflight.enter(Op::Setxattr, ino.0, req.pid());
+        if name(n).starts_with(crate::stats::RESERVED_PREFIX) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         // The kernel would say whether an ACL keeps set-group-ID only with FUSE_SETXATTR_EXT,
         // which fuser cannot parse: the engine asks the caller itself.
         self.empty(self.fs.setxattr_as(ino.0, name(n), value, flags, &self.caller(req, None)), reply)
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
-        let _busy = self.inflight.enter(Op::Getxattr, ino.0, req.pid());
-        match self.fs.getxattr(ino.0, name(n)) {
+        // The mount's request counters (`crate::stats`); reading them is not counted.
+        let r = if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::REQUESTS_XATTR.as_bytes() {
+            Ok(crate::stats::format(&self.inflight.requests()).into_bytes())
+        } else {
+            let _busy = self.inflight.enter(Op::Getxattr, ino.0, req.pid());
+            self.fs.getxattr(ino.0, name(n))
+        };
+        match r {
             Ok(v) if size == 0 => reply.size(v.len() as u32),
             Ok(v) if v.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
             Ok(v) => reply.data(&v),
@@ -1102,6 +1186,9 @@ impl Filesystem for LaneFuse {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let _busy = self.inflight.enter(Op::Removexattr, ino.0, req.pid());
+        if name(n).starts_with(crate::stats::RESERVED_PREFIX) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         self.empty(self.fs.removexattr(ino.0, name(n)), reply)
     }
 
@@ -1155,9 +1242,13 @@ impl Filesystem for LaneFuse {
             Err(e) => return reply.error(errno(e)),
         };
         match self.fs.open_ino(a.ino) {
-            Ok(a) => {
-                reply.created(&TTL, &file_attr(&a), generation(&a), FileHandle(0), Self::open_flags(flags))
-            }
+            Ok(a) => reply.created(
+                &self.ttl.cache,
+                &file_attr(&a),
+                generation(&a),
+                FileHandle(0),
+                Self::open_flags(flags),
+            ),
             Err(e) => reply.error(errno(e)),
         }
     }

@@ -1,4 +1,4 @@
-//! Requests in flight, and a log of those that stay too long.
+//! Requests in flight, a log of those that stay too long, and a count of every request served.
 //!
 //! An operator whose mount hangs should find the stuck request in the log, with its opcode and
 //! inode, without attaching gdb. Every FUSE handler marks its worker's slot on entry
@@ -19,6 +19,11 @@
 //! while a request is in flight, and a read during which it changed is dropped (the request it
 //! saw has ended). A request counts once: the watcher remembers, per slot, the sequence number
 //! of the last request it reported.
+//!
+//! The same slot counts the requests its thread served, by opcode ([`Inflight::requests`];
+//! published by [`crate::stats`]): one more plain load and store in a line the thread already
+//! owns. Requests the adapter serves without marking them (FORGET, FLUSH, RELEASEDIR) are
+//! counted with [`Inflight::count`].
 
 use std::cell::Cell;
 use std::fmt;
@@ -30,11 +35,13 @@ use std::time::{Duration, Instant};
 macro_rules! ops {
     ($($op:ident = $name:literal),* $(,)?) => {
         /// The FUSE requests the adapter serves, named as the kernel's protocol names them.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Op { $($op),* }
 
         impl Op {
-            const ALL: &'static [Op] = &[$(Op::$op),*];
+            pub const ALL: &'static [Op] = &[$(Op::$op),*];
+            /// How many there are: the length of a counter array indexed by `op as usize`.
+            pub const COUNT: usize = Op::ALL.len();
 
             pub fn name(self) -> &'static str {
                 match self { $(Op::$op => $name),* }
@@ -51,6 +58,8 @@ ops! {
     Readdir = "READDIR", Readdirplus = "READDIRPLUS", Fsyncdir = "FSYNCDIR", Statfs = "STATFS", Setxattr = "SETXATTR", Getxattr = "GETXATTR",
     Listxattr = "LISTXATTR", Removexattr = "REMOVEXATTR", Access = "ACCESS", Create = "CREATE",
     Fallocate = "FALLOCATE", Lseek = "LSEEK", CopyFileRange = "COPY_FILE_RANGE", Ioctl = "IOCTL",
+    // Counted only (see `Inflight::count`): they cannot wait on anything.
+    Forget = "FORGET", Flush = "FLUSH", Releasedir = "RELEASEDIR",
 }
 
 impl fmt::Display for Op {
@@ -59,10 +68,10 @@ impl fmt::Display for Op {
     }
 }
 
-/// One worker's request. Two cache lines, not one: the adjacent-line prefetcher of x86 pulls
-/// lines in pairs, so a neighbour on the other half would still be shared.
+/// One worker's request, and the requests it has served. Whole pairs of cache lines: the
+/// adjacent-line prefetcher of x86 pulls lines in pairs, so a neighbour on the other half would
+/// still be shared.
 #[repr(align(128))]
-#[derive(Default)]
 struct Slot {
     /// Odd while a request is in flight; the fields below belong to it.
     seq: AtomicU64,
@@ -71,6 +80,23 @@ struct Slot {
     ino: AtomicU64,
     /// Nanoseconds since the tracker's epoch.
     start: AtomicU64,
+    /// Requests served, by `Op`. The slot's thread is their only writer (a load and a store,
+    /// no read-modify-write); readers sum them while they change, which is a count that was
+    /// true at some moment for each opcode.
+    counts: [AtomicU64; Op::COUNT],
+}
+
+impl Default for Slot {
+    fn default() -> Slot {
+        Slot {
+            seq: AtomicU64::new(0),
+            op: AtomicU32::new(0),
+            pid: AtomicU32::new(0),
+            ino: AtomicU64::new(0),
+            start: AtomicU64::new(0),
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
 }
 
 /// Gives each tracker an identity that a thread's cached slot index is checked against.
@@ -89,6 +115,8 @@ pub struct Inflight {
     epoch: Instant,
     slots: Box<[Slot]>,
     claimed: AtomicUsize,
+    /// The counts of threads past the slots (shared by them, so added atomically).
+    spill: [AtomicU64; Op::COUNT],
 }
 
 /// Marks a request in flight until dropped.
@@ -134,6 +162,7 @@ impl Inflight {
             epoch: Instant::now(),
             slots: (0..workers.max(1)).map(|_| Slot::default()).collect(),
             claimed: AtomicUsize::new(0),
+            spill: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
@@ -156,9 +185,40 @@ impl Inflight {
         self.slots.get(index)
     }
 
-    /// Marks a request of this thread in flight until the guard drops.
+    /// Counts a request of `op` served by this thread (`enter` counts its own).
+    pub fn count(&self, op: Op) {
+        match self.my_slot() {
+            Some(slot) => Self::bump(slot, op),
+            None => {
+                self.spill[op as usize].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn bump(slot: &Slot, op: Op) {
+        let c = &slot.counts[op as usize];
+        c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Requests served so far, by opcode, every opcode listed (in `Op::ALL` order).
+    pub fn requests(&self) -> Vec<(Op, u64)> {
+        Op::ALL
+            .iter()
+            .map(|&op| {
+                let i = op as usize;
+                let n = self.slots.iter().map(|s| s.counts[i].load(Ordering::Relaxed)).sum::<u64>();
+                (op, n + self.spill[i].load(Ordering::Relaxed))
+            })
+            .collect()
+    }
+
+    /// Counts a request of this thread and marks it in flight until the guard drops.
     pub fn enter(&self, op: Op, ino: u64, pid: u32) -> Busy<'_> {
-        let Some(slot) = self.my_slot() else { return Busy(None) };
+        let Some(slot) = self.my_slot() else {
+            self.spill[op as usize].fetch_add(1, Ordering::Relaxed);
+            return Busy(None);
+        };
+        Self::bump(slot, op);
         let seq = slot.seq.load(Ordering::Relaxed);
         if seq & 1 == 1 {
             // A handler inside a handler: the outer request is the one that can get stuck.
@@ -277,6 +337,7 @@ impl Drop for Watcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
     use std::sync::Mutex;
 
     #[test]
@@ -408,6 +469,31 @@ mod tests {
             assert_eq!((now.op, now.ino, now.pid), (Op::Read, 2, 2));
             go.send(()).unwrap();
         });
+    }
+
+    #[test]
+    fn every_request_is_counted_by_opcode_also_past_the_slots() {
+        let t = Inflight::new(2);
+        std::thread::scope(|s| {
+            for w in 0..4u64 {
+                let t = &t;
+                s.spawn(move || {
+                    for i in 0..1000u64 {
+                        let _b = t.enter(if i % 4 == 0 { Op::Create } else { Op::Lookup }, w, 1);
+                        // A handler inside a handler is not in flight on its own, but counts.
+                        let _inner = t.enter(Op::Getattr, w, 1);
+                        t.count(Op::Flush);
+                    }
+                });
+            }
+        });
+        let n: HashMap<Op, u64> = t.requests().into_iter().collect();
+        assert_eq!(n.len(), Op::COUNT, "every opcode is listed");
+        assert_eq!(
+            (n[&Op::Create], n[&Op::Lookup], n[&Op::Getattr], n[&Op::Flush]),
+            (1000, 3000, 4000, 4000)
+        );
+        assert_eq!(n.values().sum::<u64>(), 12_000, "{n:?}");
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //! A worker's request that stays in flight past `stuck_request_secs` is logged (see
 //! [`crate::inflight`]): on stderr under `--foreground`, in syslog for the detached daemon.
 
-use crate::adapter::LaneFuse;
+use crate::adapter::{LaneFuse, Ttl};
 use crate::inflight::{Inflight, Watcher};
 use fuser::{Config, MountOption, Session, SessionACL};
 use lanefs::device::{DeviceOptions, FileDevice, IoChoice};
@@ -44,6 +44,10 @@ const DAEMON_ENV: &str = "LANEFS_MOUNT_DAEMON";
 /// How long a mount waits for the daemon of an unmounted image to finish its final checkpoint.
 /// A checkpoint writes what is dirty; a minute covers gigabytes on the slowest device here.
 pub const RELEASE_WAIT: Duration = Duration::from_secs(60);
+
+/// Whether the kernel caches writes when no `writeback_cache` option says (see the crate docs
+/// for why it is off).
+pub const WRITEBACK_CACHE_DEFAULT: bool = false;
 
 /// Default of `stuck_request_secs`.
 pub const STUCK_REQUEST: Duration = Duration::from_secs(30);
@@ -86,11 +90,16 @@ pub struct Parsed {
     /// `lazytime` and their opposites, the last word winning), which the daemon applies: the
     /// kernel keeps no atime for FUSE.
     pub atime: AtimePolicy,
+    /// How long the kernel caches names and attributes (`cache_timeout=S`) and names that do
+    /// not exist (`negative_timeout=S`); see [`Ttl`].
+    pub ttl: Ttl,
 }
 
 /// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
-/// access list; `threads=N`, `nvm=FILE`, `writeback_cache`, `checkpoint_secs=N`,
-/// `stuck_request_secs=N` and `norecovery` (read-only mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
+/// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (off by default;
+/// `nowriteback_cache` is off too), `checkpoint_secs=N`,
+/// `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S` and `norecovery` (read-only
+/// mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut fuse = Vec::new();
@@ -98,11 +107,12 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut threads = None;
     let mut nvm = None;
     let mut default_permissions = true;
-    let mut writeback_cache = false;
+    let mut writeback_cache = WRITEBACK_CACHE_DEFAULT;
     let mut checkpoint_interval = None;
     let mut stuck_request = Some(STUCK_REQUEST);
     let mut no_recovery = false;
     let mut atime = AtimePolicy::default();
+    let mut ttl = Ttl::default();
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let opt = match o {
             "ro" => MountOption::RO,
@@ -147,8 +157,12 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
                 acl = SessionACL::RootAndOwner;
                 continue;
             }
-            "writeback_cache" => {
+            "writeback_cache" | "writeback_cache=on" => {
                 writeback_cache = true;
+                continue;
+            }
+            "writeback_cache=off" | "nowriteback_cache" => {
+                writeback_cache = false;
                 continue;
             }
             "norecovery" => {
@@ -183,6 +197,21 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
                     .filter(|&n| n <= 86_400)
                     .ok_or_else(|| format!("option {o}: give seconds from 0 (no log) to 86400"))?;
                 stuck_request = (n > 0).then(|| Duration::from_secs(n));
+                continue;
+            }
+            o if o.starts_with("cache_timeout=") || o.starts_with("negative_timeout=") => {
+                let (key, v) = o.split_once('=').unwrap_or((o, ""));
+                let secs = v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n <= 86_400)
+                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no caching) to 86400"))?;
+                let d = Duration::from_secs(secs);
+                if key == "cache_timeout" {
+                    ttl.cache = d;
+                } else {
+                    ttl.negative = d;
+                }
                 continue;
             }
             o if o.starts_with("nvm=") => {
@@ -223,6 +252,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
         stuck_request,
         no_recovery,
         atime,
+        ttl,
     })
 }
 
@@ -360,7 +390,8 @@ fn serve(
     let idmap = kernel_acls && parsed.acl == SessionACL::All;
     let fuse = LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone())
         .with_posix_acl(kernel_acls)
-        .allow_idmap(idmap);
+        .allow_idmap(idmap)
+        .with_ttl(parsed.ttl);
     let notifier = fuse.notifier_slot();
     let session = match Session::new(fuse, &mountpoint, &config) {
         Ok(s) => {
@@ -581,7 +612,7 @@ fn wait_for_lock(file: &File, limit: Duration) -> Result<(), String> {
 }
 
 /// Where `image` is mounted, if it is: the first lanefs mount with it as its source.
-fn mounted_at(image: &Path) -> Option<PathBuf> {
+pub fn mounted_at(image: &Path) -> Option<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     lanefs_mounts(&info).into_iter().find(|m| Path::new(&m.source) == image).map(|m| m.mountpoint)
 }
@@ -919,6 +950,34 @@ mod tests {
         // None of them reaches the kernel as a FUSE option it would refuse.
         let p = parse_options(&["relatime,strictatime,nodiratime,norelatime,nostrictatime".into()]).unwrap();
         assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.contains("atime"))));
+    }
+
+    #[test]
+    fn writeback_cache_on_and_off() {
+        assert_eq!(parse_options(&[]).unwrap().writeback_cache, WRITEBACK_CACHE_DEFAULT);
+        for (o, on) in [
+            ("writeback_cache", true),
+            ("writeback_cache=on", true),
+            ("writeback_cache=off", false),
+            ("nowriteback_cache", false),
+            ("writeback_cache=off,writeback_cache", true),
+        ] {
+            let p = parse_options(&[o.into()]).unwrap();
+            assert_eq!(p.writeback_cache, on, "{o}");
+            assert!(!p.fuse.iter().any(|m| matches!(m, MountOption::CUSTOM(c) if c.contains("writeback"))));
+        }
+    }
+
+    #[test]
+    fn cache_timeouts_set_the_ttls_and_stay_out_of_the_kernel_options() {
+        assert_eq!(parse_options(&[]).unwrap().ttl, Ttl::default());
+        let p = parse_options(&["cache_timeout=1,negative_timeout=0".into()]).unwrap();
+        assert_eq!(p.ttl, Ttl { cache: Duration::from_secs(1), negative: Duration::ZERO });
+        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.contains("timeout"))));
+        for bad in ["cache_timeout=", "cache_timeout=-1", "negative_timeout=1.5", "cache_timeout=86401"] {
+            let e = parse_options(&[bad.into()]).unwrap_err();
+            assert!(e.starts_with(&format!("option {bad}: ")), "{e}");
+        }
     }
 
     #[test]

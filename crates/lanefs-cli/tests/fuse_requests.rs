@@ -1,0 +1,275 @@
+//! The FUSE requests a mount serves: counted by opcode in the daemon, published as the
+//! `lanefs.requests` xattr of the mount's root and by `lanefs inspect MNT`, and how many each
+//! common operation costs (the kernel decides what it sends; the adapter's replies decide how
+//! much of it the kernel may cache). Needs root, /dev/fuse and fusermount3, as every FUSE test.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::time::Duration;
+
+fn counts(mp: &Path) -> BTreeMap<String, u64> {
+    lanefs_fuse::stats::read(mp).unwrap().into_iter().collect()
+}
+
+/// The requests `f` made the mount serve, by opcode (zeros left out).
+fn served(mp: &Path, f: impl FnOnce()) -> BTreeMap<String, u64> {
+    let before = counts(mp);
+    f();
+    let after = counts(mp);
+    after.into_iter().map(|(k, n)| (k.clone(), n - before[&k])).filter(|(_, n)| *n > 0).collect()
+}
+
+fn total(c: &BTreeMap<String, u64>) -> u64 {
+    c.values().sum()
+}
+
+#[test]
+fn requests_are_counted_by_opcode_and_published_on_the_root() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let first = counts(&m.mp);
+    // Every opcode the adapter serves is listed, zeros included; reading them is not counted.
+    for op in ["LOOKUP", "GETATTR", "CREATE", "WRITE", "UNLINK", "RENAME", "FORGET", "FLUSH", "RELEASEDIR"] {
+        assert!(first.contains_key(op), "{op} missing from {first:?}");
+    }
+    assert_eq!(counts(&m.mp), first, "reading the counters changed them");
+    fs::create_dir(m.mp.join("d")).unwrap();
+    let made = served(&m.mp, || {
+        for i in 0..50 {
+            File::create(m.mp.join(format!("d/f{i}"))).unwrap();
+        }
+    });
+    assert_eq!(made.get("CREATE"), Some(&50), "{made:?}");
+    assert_eq!(made.get("RELEASE"), Some(&50), "{made:?}");
+    let gone = served(&m.mp, || {
+        for i in 0..50 {
+            fs::remove_file(m.mp.join(format!("d/f{i}"))).unwrap();
+        }
+    });
+    assert_eq!(gone.get("UNLINK"), Some(&50), "{gone:?}");
+
+    // The name is the adapter's: not listed, not settable, answered on the root only.
+    let names = rustix::fs::listxattr(&m.mp, &mut [0u8; 4096][..]).unwrap();
+    assert_eq!(names, 0, "the root lists no xattr");
+    for p in [m.mp.clone(), m.mp.join("d")] {
+        assert_eq!(
+            rustix::fs::setxattr(&p, "lanefs.requests", b"0", rustix::fs::XattrFlags::empty()),
+            Err(rustix::io::Errno::OPNOTSUPP)
+        );
+        assert_eq!(rustix::fs::removexattr(&p, "lanefs.other"), Err(rustix::io::Errno::OPNOTSUPP));
+    }
+    assert_eq!(
+        rustix::fs::getxattr(m.mp.join("d"), "lanefs.requests", &mut [0u8; 64][..]),
+        Err(rustix::io::Errno::NODATA)
+    );
+
+    // `lanefs inspect MNT`, in text and JSON; and the image's inspect names its mount.
+    let out = run(&[os("inspect"), m.mp.as_os_str()], Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["CREATE", "50"]), "{text}");
+    let out = run(&[os("inspect"), os("--json"), m.mp.as_os_str()], Duration::from_secs(30));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests"]["by_opcode"]["UNLINK"], 50, "{v}");
+    assert!(v["requests"]["total"].as_u64().unwrap() >= 150, "{v}");
+    let out = run(&[os("inspect"), img.as_os_str()], Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("mounted at") && text.contains("UNLINK"), "{text}");
+    m.umount();
+    // Unmounted: a plain directory is neither image nor mount.
+    let out = run(&[os("inspect"), mp.as_os_str()], Duration::from_secs(30));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("neither a lanefs image nor a lanefs mount point"));
+    fsck_clean(&img);
+}
+
+/// What a create, a stat, a write, a rename and an unlink cost in requests, each done many
+/// times (the kernel's caches are warm after the first). The bounds are this kernel's floor
+/// with FUSE and `default_permissions`: see `lanefs_fuse::adapter` for why each request comes.
+#[test]
+fn common_operations_cost_the_fewest_requests_the_kernel_allows() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let d = m.mp.join("d");
+    fs::create_dir(&d).unwrap();
+    const N: u64 = 200;
+    let per_op = |c: &BTreeMap<String, u64>| total(c) as f64 / N as f64;
+
+    let create = served(&m.mp, || {
+        for i in 0..N {
+            OpenOptions::new().write(true).create_new(true).open(d.join(format!("f{i}"))).unwrap();
+        }
+    });
+    // LOOKUP of the new name, GETATTR of the directory (its attributes went stale with the
+    // previous create), CREATE, RELEASE at close; FLUSH at the first close only (answered
+    // ENOSYS, which the kernel remembers).
+    assert!(per_op(&create) <= 4.05, "create: {create:?}");
+    assert_eq!(create.get("CREATE"), Some(&N));
+
+    let stat_all = || {
+        for i in 0..N {
+            fs::metadata(d.join(format!("f{i}"))).unwrap();
+        }
+    };
+    // (With the writeback cache the kernel takes st_blocks as stale after a close, and the first
+    // stat after it is a GETATTR.) Later ones are answered from its cache.
+    let first = served(&m.mp, stat_all);
+    assert!(per_op(&first) <= 1.05, "first stat after close: {first:?}");
+    let stat = served(&m.mp, stat_all);
+    assert!(per_op(&stat) <= 0.05, "stat of cached names and attributes: {stat:?}");
+
+    let f = OpenOptions::new().write(true).open(d.join("f0")).unwrap();
+    let write = served(&m.mp, || {
+        for i in 0..N {
+            f.write_all_at(&[7u8; 4096], i * 4096).unwrap();
+        }
+    });
+    // One WRITE each (no writeback cache by default), no GETXATTR("security.capability").
+    assert!(per_op(&write) <= 1.05, "write: {write:?}");
+    drop(f);
+
+    let rename = served(&m.mp, || {
+        for i in 0..N {
+            fs::rename(d.join(format!("f{i}")), d.join(format!("g{i}"))).unwrap();
+        }
+    });
+    assert_eq!(rename.get("RENAME"), Some(&N));
+    // LOOKUP of the new name, GETATTR of the directory, RENAME.
+    assert!(per_op(&rename) <= 3.05, "rename: {rename:?}");
+
+    let unlink = served(&m.mp, || {
+        for i in 0..N {
+            fs::remove_file(d.join(format!("g{i}"))).unwrap();
+        }
+    });
+    assert_eq!(unlink.get("UNLINK"), Some(&N));
+    // GETATTR of the directory, UNLINK, FORGET of the inode.
+    assert!(per_op(&unlink) <= 3.05, "unlink: {unlink:?}");
+    m.umount();
+    fsck_clean(&img);
+}
+
+/// A name that does not exist is cached as such (a negative entry): a second stat of it costs
+/// nothing and a create of it needs no LOOKUP; every change through the mount still shows at
+/// once. `negative_timeout=0` and `cache_timeout=1` give the old behaviour back, and
+/// `writeback_cache=off` the WRITE per write.
+#[test]
+fn names_that_do_not_exist_are_cached_and_changes_still_show() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    const N: u64 = 100;
+    let missing = |d: &Path| {
+        for i in 0..N {
+            let e = fs::metadata(d.join(format!("n{i}"))).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        }
+    };
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let d = m.mp.join("d");
+    fs::create_dir(&d).unwrap();
+    let first = served(&m.mp, || missing(&d));
+    assert_eq!(first.get("LOOKUP"), Some(&N), "{first:?}");
+    let again = served(&m.mp, || missing(&d));
+    assert!(again.is_empty(), "cached negative entries: {again:?}");
+    // O_CREAT without O_EXCL: the kernel trusts the negative entry. (With O_EXCL it looks the
+    // name up again whatever the TTL: fuse_dentry_revalidate, fs/fuse/dir.c.)
+    let create = served(&m.mp, || {
+        for i in 0..N {
+            File::create(d.join(format!("n{i}"))).unwrap();
+        }
+    });
+    assert_eq!(create.get("LOOKUP"), None, "{create:?}");
+    assert_eq!(create.get("CREATE"), Some(&N), "{create:?}");
+    let excl = served(&m.mp, || {
+        for i in 0..N {
+            let e =
+                OpenOptions::new().write(true).create_new(true).open(d.join(format!("n{i}"))).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        }
+    });
+    // O_EXCL makes the kernel look a cached name up again too: one LOOKUP each, nothing more.
+    assert_eq!(excl.get("LOOKUP"), Some(&N), "{excl:?}");
+    assert!(total(&excl) <= N + 1, "{excl:?}");
+    // What the mount itself changes shows at once, cached or not.
+    fs::rename(d.join("n0"), d.join("moved")).unwrap();
+    assert_eq!(fs::metadata(d.join("n0")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    assert!(fs::metadata(d.join("moved")).unwrap().is_file());
+    fs::remove_file(d.join("n1")).unwrap();
+    assert_eq!(fs::metadata(d.join("n1")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    fs::hard_link(d.join("n2"), d.join("n1")).unwrap();
+    assert_eq!(fs::metadata(d.join("n2")).unwrap().nlink(), 2);
+    fs::create_dir(d.join("n0")).unwrap();
+    assert!(fs::metadata(d.join("n0")).unwrap().is_dir());
+    m.umount();
+
+    let m = Mounted::daemon(&img, &mp, &["-o", "cache_timeout=1,negative_timeout=0,writeback_cache=off"]);
+    let d = m.mp.join("d");
+    let f = OpenOptions::new().write(true).open(d.join("n3")).unwrap();
+    let write = served(&m.mp, || {
+        for i in 0..N {
+            f.write_all_at(&[9u8; 4096], i * 4096).unwrap();
+        }
+    });
+    assert_eq!(write.get("WRITE"), Some(&N), "{write:?}");
+    assert!(total(&write) <= N + 1, "no GETXATTR per write: {write:?}");
+    drop(f);
+    let missing = |d: &Path| {
+        for i in 0..N {
+            assert!(fs::metadata(d.join(format!("x{i}"))).is_err());
+        }
+    };
+    missing(&d);
+    let again = served(&m.mp, || missing(&d));
+    assert_eq!(again.get("LOOKUP"), Some(&N), "negative entries not cached: {again:?}");
+    m.umount();
+    fsck_clean(&img);
+}
+
+/// `-o writeback_cache`: a buffered write is no request until fsync, which sends the dirty pages
+/// in few large WRITEs; the FLUSH the kernel then sends at close is answered ENOSYS once and
+/// not sent again.
+#[test]
+fn with_the_writeback_cache_a_write_is_no_request_until_fsync() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &["-o", "writeback_cache"]);
+    const N: u64 = 200;
+    let f = File::create(m.mp.join("f")).unwrap();
+    let write = served(&m.mp, || {
+        for i in 0..N {
+            f.write_all_at(&[7u8; 4096], i * 4096).unwrap();
+        }
+    });
+    assert!(total(&write) <= N / 20, "write: {write:?}");
+    let synced = served(&m.mp, || f.sync_all().unwrap());
+    assert_eq!(synced.get("FSYNC"), Some(&1), "{synced:?}");
+    let writes = synced.get("WRITE").copied().unwrap_or(0);
+    assert!((1..=N / 4).contains(&writes), "{N} pages in {writes} WRITEs: {synced:?}");
+    drop(f);
+    let closes = served(&m.mp, || {
+        for i in 0..N {
+            File::create(m.mp.join(format!("c{i}"))).unwrap();
+        }
+    });
+    assert!(closes.get("FLUSH").copied().unwrap_or(0) <= 1, "{closes:?}");
+    m.umount();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    assert_eq!(fs::read(m.mp.join("f")).unwrap(), vec![7u8; N as usize * 4096]);
+    m.umount();
+    fsck_clean(&img);
+}
