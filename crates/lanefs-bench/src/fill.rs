@@ -210,6 +210,9 @@ impl Target for Filled {
     fn io_counters(&self) -> Option<IoCounters> {
         self.inner.io_counters()
     }
+    fn lock_census(&self) -> Option<lanefs::sync::Census> {
+        self.inner.lock_census()
+    }
     /// Removes the filler, then closes the wrapped target (a mount unmounts).
     fn close(&self) -> Result<(), String> {
         let removed = self.remove();

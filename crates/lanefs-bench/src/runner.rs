@@ -96,6 +96,9 @@ pub struct RunResult {
     /// The target's write counters over the warm-up and the timed phase (lanefs through the
     /// library only): from the release of the threads to the end of the last op.
     pub io: Option<IoCounters>,
+    /// lanefs's contended lock acquisitions over the timed phase, per class (lanefs through
+    /// the library only; the process's counts, and one target runs at a time).
+    pub census: Option<lanefs::sync::Census>,
 }
 
 const WARM: u8 = 0;
@@ -254,11 +257,13 @@ pub fn run_one(
         };
         wait(cfg.warmup);
         // Warm-up over (unless a thread failed): start the clock for everyone at once.
+        let census0 = t.lock_census();
         let t0 = Instant::now();
         let _ = phase.compare_exchange(WARM, TIMED, Ordering::SeqCst, Ordering::SeqCst);
         wait(cfg.seconds);
         phase.store(STOP, Ordering::SeqCst);
         let elapsed = t0.elapsed();
+        let census = census0.and_then(|a| Some(t.lock_census()?.since(&a)));
         let outs: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("benchmark thread panicked"))))
@@ -267,9 +272,9 @@ pub fn run_one(
             (Some(a), Some(b)) => Some(b.since(&a)),
             _ => None,
         };
-        (outs, (t0, elapsed, io))
+        (outs, (t0, elapsed, io, census))
     });
-    let (t0, elapsed, io) = elapsed;
+    let (t0, elapsed, io, census) = elapsed;
 
     let mut latency = Histogram::new();
     let mut fsync = Histogram::new();
@@ -301,6 +306,7 @@ pub fn run_one(
         notes,
         fill,
         io,
+        census,
     })
 }
 

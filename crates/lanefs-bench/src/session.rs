@@ -299,6 +299,7 @@ mod tests {
             notes: vec![],
             fill: None,
             io: None,
+            census: None,
         }
     }
 
