@@ -213,6 +213,9 @@ impl Target for Filled {
     fn fuse_requests(&self) -> Option<Vec<(String, u64)>> {
         self.inner.fuse_requests()
     }
+    fn lock_census(&self) -> Option<lanefs::sync::Census> {
+        self.inner.lock_census()
+    }
     /// Removes the filler, then closes the wrapped target (a mount unmounts).
     fn close(&self) -> Result<(), String> {
         let removed = self.remove();

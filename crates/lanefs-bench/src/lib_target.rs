@@ -201,6 +201,10 @@ impl Target for LibTarget {
         })
     }
 
+    fn lock_census(&self) -> Option<lanefs::sync::Census> {
+        Some(self.fs.lock_census())
+    }
+
     fn stat(&self, path: &Path) -> io::Result<Stat> {
         let ino = self.ino_of(path)?;
         let a = self.fs.getattr(ino).map_err(err)?;

@@ -112,11 +112,22 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
             Value::Object(c.iter().filter(|(_, n)| *n > 0).map(|(k, n)| (k.clone(), json!(n))).collect())
         }),
         "requests_per_op": r.requests.as_ref().and_then(|c| requests_per_op(c, r.ops)).map_or(Value::Null, |(x, _)| json!(round(x, 3))),
+        "contended_per_op": contended_per_op(r),
     });
     if let Some(n) = round_no {
         v["round"] = json!(n);
     }
     v
+}
+
+/// lanefs's contended lock acquisitions per counted operation, by lock class (only the
+/// classes that had any), over the timed phase; null for targets with no census.
+fn contended_per_op(r: &RunResult) -> Value {
+    let Some(c) = &r.census else { return Value::Null };
+    let ops = r.ops.max(1) as f64;
+    let per: serde_json::Map<String, Value> =
+        c.nonzero().map(|(rank, n)| (format!("{rank:?}"), json!(round(n as f64 / ops, 6)))).collect();
+    Value::Object(per)
 }
 
 /// The run's write amplification, when the target counts its writes and users wrote something.
@@ -246,6 +257,7 @@ mod tests {
             fill: None,
             io: None,
             requests: None,
+            census: None,
         }
     }
 
@@ -315,6 +327,23 @@ mod tests {
         assert!(v["fsync_p50_us"].is_null());
         assert!(v["fsync_p99_us"].is_null());
         assert_eq!(v["round"], 3);
+    }
+
+    #[test]
+    fn contention_per_op_by_lock_class() {
+        use lanefs::sync::{Census, Rank};
+        let v = json_line(&result(Workload::Dwom, false), &machine(), None);
+        assert!(v["contended_per_op"].is_null(), "a target with no census: {v}");
+        let mut r = result(Workload::Dwom, false);
+        r.census = Some(Census::from_counts([(Rank::Range, 25), (Rank::PageShard, 3)]));
+        let v = json_line(&r, &machine(), None);
+        let per = v["contended_per_op"].as_object().expect("an object");
+        assert_eq!(per.len(), 2, "only classes that waited: {per:?}");
+        assert_eq!(per["Range"], 0.025);
+        assert_eq!(per["PageShard"], 0.003);
+        r.census = Some(Census::default());
+        let v = json_line(&r, &machine(), None);
+        assert_eq!(v["contended_per_op"], serde_json::json!({}), "none waited");
     }
 
     #[test]

@@ -100,6 +100,9 @@ pub struct RunResult {
     pub io: Option<IoCounters>,
     /// The FUSE requests served in the timed phase, by opcode (a lanefs mount only).
     pub requests: Option<Vec<(String, u64)>>,
+    /// lanefs's contended lock acquisitions over the timed phase, per class (lanefs through
+    /// the library only; the process's counts, and one target runs at a time).
+    pub census: Option<lanefs::sync::Census>,
 }
 
 const WARM: u8 = 0;
@@ -259,11 +262,13 @@ pub fn run_one(
         wait(cfg.warmup);
         // Warm-up over (unless a thread failed): start the clock for everyone at once.
         let req0 = t.fuse_requests();
+        let census0 = t.lock_census();
         let t0 = Instant::now();
         let _ = phase.compare_exchange(WARM, TIMED, Ordering::SeqCst, Ordering::SeqCst);
         wait(cfg.seconds);
         phase.store(STOP, Ordering::SeqCst);
         let elapsed = t0.elapsed();
+        let census = census0.and_then(|a| Some(t.lock_census()?.since(&a)));
         let outs: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("benchmark thread panicked"))))
@@ -276,9 +281,9 @@ pub fn run_one(
             (Some(a), Some(b)) => Some(lanefs_fuse::stats::since(&b, &a)),
             _ => None,
         };
-        (outs, (t0, elapsed, io, requests))
+        (outs, (t0, elapsed, io, requests, census))
     });
-    let (t0, elapsed, io, requests) = elapsed;
+    let (t0, elapsed, io, requests, census) = elapsed;
 
     let mut latency = Histogram::new();
     let mut fsync = Histogram::new();
@@ -311,6 +316,7 @@ pub fn run_one(
         fill,
         io,
         requests,
+        census,
     })
 }
 

@@ -341,6 +341,7 @@ mod tests {
             fill: None,
             io: None,
             requests: None,
+            census: None,
         }
     }
 

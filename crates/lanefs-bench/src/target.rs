@@ -129,6 +129,13 @@ pub trait Target: Send + Sync {
         None
     }
 
+    /// lanefs's contention census (`lanefs::sync::census`: per lock class, acquisitions that
+    /// had to wait, counted by the process), where the target runs in this process: lanefs
+    /// through the library. None for every other target.
+    fn lock_census(&self) -> Option<lanefs::sync::Census> {
+        None
+    }
+
     /// Undoes what opening the target set up (a `mount:` target unmounts and removes its mount
     /// point), so that a failure is reported; idempotent. Drop does the same on every other way
     /// out. Nothing for targets that set nothing up.

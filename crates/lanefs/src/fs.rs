@@ -791,6 +791,14 @@ impl Fs {
         self.engine.cp_pauses.take_exclusive_peak()
     }
 
+    /// The contention census (`sync::census`): per lock class, acquisitions that found the
+    /// lock held, since the process started. Counts are the process's, not this file
+    /// system's alone; take two and subtract ([`crate::sync::Census::since`]) to measure an
+    /// interval.
+    pub fn lock_census(&self) -> crate::sync::Census {
+        crate::sync::census::snapshot()
+    }
+
     /// Cleans every segment that has invalid blocks, now (the background cleaner does this
     /// gradually when space runs short). Returns the segments emptied.
     pub fn clean(&self) -> Result<u64> {

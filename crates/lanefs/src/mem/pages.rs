@@ -1,8 +1,12 @@
 //! File pages in memory: a sparse, sharded map from page index to a 4 KiB buffer.
 //!
-//! Writers to different pages of one file lock different shards (page index modulo the shard
-//! count), so disjoint ranges written in parallel rarely meet; byte-level exclusion between
-//! overlapping writers is the range lock's job, not this map's. Buffers are shared with
+//! Writers to different pages of one file lock different shards, so disjoint ranges written in
+//! parallel rarely meet; byte-level exclusion between overlapping writers is the range lock's
+//! job, not this map's. The shard of a page is the XOR of its index's nibbles ([`shard_of`]),
+//! not the index modulo the shard count: threads that each write their own region of a shared
+//! file start at multiples of a power of two (FxMark's DWOM: page 2048 x), which the modulo
+//! put all in one shard. Each shard has its own cache line. Nothing relies on which shard a
+//! page is in: every `take_*` sorts what it collects. Buffers are shared with
 //! copy-on-write (`Arc::make_mut`): fsync and the checkpoint take a reference to a dirty page and
 //! write it out while a writer that arrives meanwhile copies the page instead of waiting.
 //!
@@ -18,6 +22,7 @@
 //! logged. A dirty, logged or in-flight page is never evicted.
 
 use crate::sync::rank::{Mutex, Rank};
+use crossbeam::utils::CachePadded;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,6 +30,21 @@ use std::sync::Arc;
 pub const PAGE_SIZE: usize = 4096;
 const SHARDS: usize = 16;
 const _: () = assert!(SHARDS <= 32, "one bit per shard in PageMap::dirty_shards");
+const _: () = assert!(SHARDS == 16, "shard_of folds nibbles");
+
+/// The shard of page `idx`: the XOR of its 16 nibbles. Sixteen pages `b + x * 2^k` (`x` in
+/// `0..16`, `b`'s bits disjoint from `x`'s: a base aligned to `2^(k+4)` plus an offset below
+/// `2^k`) land in sixteen shards: the fold is linear over disjoint bits, and the fold of
+/// `x << k` is the 4-bit `x` rotated by `k % 4`, a bijection. So do neighbouring pages of one
+/// aligned block of 16, and the regions of threads that start at multiples of a power of two.
+#[inline]
+pub(crate) fn shard_of(idx: u64) -> usize {
+    let x = idx ^ (idx >> 32);
+    let x = x ^ (x >> 16);
+    let x = x ^ (x >> 8);
+    let x = x ^ (x >> 4);
+    (x & (SHARDS as u64 - 1)) as usize
+}
 
 /// One page's bytes.
 pub type PageBuf = Arc<[u8; PAGE_SIZE]>;
@@ -85,7 +105,8 @@ impl Shard {
 
 /// The pages of one file.
 pub struct PageMap {
-    shards: Box<[Mutex<Shard>]>,
+    /// Padded: writers of neighbouring shards must not share a cache line.
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
     /// Bit s set: shard s may list dirty pages. Set under the shard's lock after a page is
     /// listed, so a `take_*` that clears the mask first and then visits the marked shards
     /// sees every page listed before its call.
@@ -100,7 +121,9 @@ pub struct PageMap {
 impl PageMap {
     pub fn new(stats: Arc<CacheStats>) -> PageMap {
         PageMap {
-            shards: (0..SHARDS).map(|_| Mutex::new(Rank::PageShard, Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| CachePadded::new(Mutex::new(Rank::PageShard, Shard::default())))
+                .collect(),
             dirty_shards: AtomicU32::new(0),
             dirty: AtomicU64::new(0),
             logged: AtomicU64::new(0),
@@ -109,7 +132,7 @@ impl PageMap {
     }
 
     fn shard(&self, idx: u64) -> &Mutex<Shard> {
-        &self.shards[(idx % SHARDS as u64) as usize]
+        &self.shards[shard_of(idx)]
     }
 
     /// Makes `page` (at `idx`, in `shard`, whose lock the caller holds) dirty if it is not.
@@ -128,7 +151,7 @@ impl PageMap {
         } else {
             self.stats.dirty_pages.fetch_add(1, Ordering::Relaxed);
         }
-        self.dirty_shards.fetch_or(1 << (idx % SHARDS as u64), Ordering::AcqRel);
+        self.dirty_shards.fetch_or(1 << shard_of(idx), Ordering::AcqRel);
     }
 
     /// The cached page `idx`, if any.
@@ -625,6 +648,32 @@ mod tests {
         assert_eq!(m.take_dirty_upto(5).len(), 5);
         w(&m, 100, 0, b"y");
         assert_eq!(m.take_unsynced().len(), 16);
+        m.check();
+    }
+
+    #[test]
+    fn strided_and_neighbouring_pages_spread_over_every_shard() {
+        // Threads writing their own 8 MiB (DWOM), 1 MiB or 4 KiB-apart regions of one file:
+        // 16 of them use 16 shards.
+        for stride in [1u64, 2, 256, 2048, 4096, 1 << 20, 1 << 33] {
+            for base in [0u64, stride - 1, 48 * stride, 48 * stride + stride / 2] {
+                let mut seen: Vec<usize> = (0..16).map(|x| shard_of(base + x * stride)).collect();
+                seen.sort_unstable();
+                seen.dedup();
+                assert_eq!(seen.len(), 16, "stride {stride} from {base}: shards {seen:?}");
+            }
+        }
+        assert!((0..1u64 << 16).all(|i| shard_of(i) < SHARDS));
+        // The dirty mask follows the shard, not the index.
+        let m = PageMap::new(Arc::default());
+        for x in 0..16u64 {
+            w(&m, x * 2048, 0, b"t");
+        }
+        assert_eq!(m.dirty_shards.load(Ordering::Acquire), 0xffff);
+        assert_eq!(
+            m.take_unsynced().iter().map(|p| p.0).collect::<Vec<_>>(),
+            (0..16).map(|x| x * 2048).collect::<Vec<_>>()
+        );
         m.check();
     }
 

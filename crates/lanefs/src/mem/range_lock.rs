@@ -95,6 +95,7 @@ impl RangeLock {
             (seq, waiter)
         };
         if let Some(w) = waiter {
+            crate::sync::census::contended(Rank::Range);
             // Ends when a releaser grants us; each extra iteration is a spurious unpark (park
             // tokens are shared with other users of the thread), so it is bounded by those.
             while !w.granted.load(Ordering::Acquire) {

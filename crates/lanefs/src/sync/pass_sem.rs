@@ -167,6 +167,9 @@ impl PassSem {
             if let Some(g) = self.try_shared_on(slot, &mut held) {
                 return g;
             }
+            // Counted for the census; not in the model, whose rank is a stub.
+            #[cfg(not(all(loom, test)))]
+            super::census::contended(Rank::PassSem);
             self.wait_phase_over();
         }
     }

@@ -145,6 +145,57 @@ pub enum Rank {
 }
 
 impl Rank {
+    /// Number of lock classes.
+    pub const COUNT: usize = Rank::Device as usize + 1;
+
+    /// Every class, outermost first (`ALL[r as usize] == r`).
+    pub const ALL: [Rank; Rank::COUNT] = [
+        Rank::GcRound,
+        Rank::CpSerial,
+        Rank::Gate,
+        Rank::FsyncOrder,
+        Rank::DirFlush,
+        Rank::PassSem,
+        Rank::Rename,
+        Rank::Range,
+        Rank::DirShard,
+        Rank::InFlightOp,
+        Rank::Disk,
+        Rank::PageShard,
+        Rank::Meta,
+        Rank::Pending,
+        Rank::OplogShard,
+        Rank::ClockSlot,
+        Rank::Cell,
+        Rank::Orphans,
+        Rank::DirtySet,
+        Rank::LazyAtime,
+        Rank::GcVictims,
+        Rank::CpState,
+        Rank::Chain,
+        Rank::NvmJournalLane,
+        Rank::NvmNatStaged,
+        Rank::LaneLog,
+        Rank::LaneClosed,
+        Rank::LaneCache,
+        Rank::FreeMap,
+        Rank::Segment,
+        Rank::NatCommitting,
+        Rank::NatScanner,
+        Rank::NatCache,
+        Rank::GroupCommit,
+        Rank::CpKick,
+        Rank::Failure,
+        Rank::IoSaved,
+        Rank::RangeInner,
+        Rank::DirHandles,
+        Rank::CrashBarrier,
+        Rank::PmemRecorder,
+        Rank::CrashFaults,
+        Rank::CrashLog,
+        Rank::Device,
+    ];
+
     /// Whether two locks of this class may be held at once (their order is then fixed by the
     /// code that takes them, and stated there).
     pub const fn nests(self) -> bool {
@@ -285,10 +336,19 @@ impl<T> Mutex<T> {
 }
 
 impl<T: ?Sized> Mutex<T> {
+    /// Tries first, so that a wait is counted in the contention census (`sync::census`): the
+    /// uncontended cost is the one compare-and-swap a plain lock makes.
     #[inline]
     pub fn lock(&self) -> MutexGuard<'_, T> {
         let held = Held::acquire(self.rank);
-        MutexGuard { guard: self.inner.lock(), _held: held }
+        let guard = match self.inner.try_lock() {
+            Some(g) => g,
+            None => {
+                super::census::contended(self.rank);
+                self.inner.lock()
+            }
+        };
+        MutexGuard { guard, _held: held }
     }
 
     /// Never waits, so it may be called in any order (a failed try records nothing).
@@ -373,16 +433,32 @@ impl<T> RwLock<T> {
 }
 
 impl<T: ?Sized> RwLock<T> {
+    /// Tries first, counting a wait in the contention census (as [`Mutex::lock`]).
     #[inline]
     pub fn read(&self) -> RwLockReadGuard<'_, T> {
         let held = Held::acquire(self.rank);
-        RwLockReadGuard { guard: self.inner.read(), _held: held }
+        let guard = match self.inner.try_read() {
+            Some(g) => g,
+            None => {
+                super::census::contended(self.rank);
+                self.inner.read()
+            }
+        };
+        RwLockReadGuard { guard, _held: held }
     }
 
+    /// Tries first, counting a wait in the contention census (as [`Mutex::lock`]).
     #[inline]
     pub fn write(&self) -> RwLockWriteGuard<'_, T> {
         let held = Held::acquire(self.rank);
-        RwLockWriteGuard { guard: self.inner.write(), _held: held }
+        let guard = match self.inner.try_write() {
+            Some(g) => g,
+            None => {
+                super::census::contended(self.rank);
+                self.inner.write()
+            }
+        };
+        RwLockWriteGuard { guard, _held: held }
     }
 
     pub fn get_mut(&mut self) -> &mut T {
@@ -441,6 +517,14 @@ impl Condvar {
 #[cfg(all(test, debug_assertions))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_class_is_listed_once_in_order() {
+        for (i, r) in Rank::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{r:?}");
+        }
+        assert!(Rank::ALL.windows(2).all(|w| w[0] < w[1]));
+    }
 
     #[test]
     fn locks_taken_in_rank_order_are_recorded_and_released() {
