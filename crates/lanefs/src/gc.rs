@@ -348,16 +348,18 @@ struct MoveCost {
 
 fn move_cost(v: &Victim, summary: &SegmentSummary) -> MoveCost {
     let mut inodes = BTreeSet::new();
-    let mut data = 0;
+    let mut cost = MoveCost { data: 0, other: 0 };
     for &off in &v.valid {
         let e = summary.entries[off as usize];
         inodes.insert(e.nid);
-        data += u64::from(e.kind == SummaryKind::Data);
+        if e.kind == SummaryKind::Data {
+            cost.data += 1;
+        } else {
+            cost.other += 1;
+        }
     }
-    MoveCost {
-        data,
-        other: v.valid_blocks as u64 - data.min(v.valid_blocks as u64) + 2 * inodes.len() as u64,
-    }
+    cost.other += 2 * inodes.len() as u64;
+    cost
 }
 
 #[cfg(test)]

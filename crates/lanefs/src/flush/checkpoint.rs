@@ -96,13 +96,13 @@ pub struct CpPauses {
 
 impl CpPauses {
     fn exclusive(&self, d: std::time::Duration) {
-        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        let us = micros(d);
         self.exclusive_max.fetch_max(us, Ordering::Relaxed);
         self.exclusive_peak.fetch_max(us, Ordering::Relaxed);
     }
 
     fn write_phase(&self, d: std::time::Duration) {
-        self.write_max.fetch_max(d.as_micros().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        self.write_max.fetch_max(micros(d), Ordering::Relaxed);
     }
 
     /// The longest exclusive phase since mount.
@@ -122,6 +122,11 @@ impl CpPauses {
     }
 }
 
+/// `d` in whole microseconds, saturating.
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 impl Engine {
     /// Takes a checkpoint now. `clean` marks an unmount.
     pub fn checkpoint(&self, clean: bool) -> Result<()> {
@@ -135,9 +140,9 @@ impl Engine {
         let gate = self.gate.write();
         let mut snap = {
             let asked = std::time::Instant::now();
-            let _x = self.pass.exclusive();
+            let exclusive = self.pass.exclusive();
             let snap = self.snapshot(clean);
-            drop(_x);
+            drop(exclusive);
             self.cp_pauses.exclusive(asked.elapsed());
             snap
         };

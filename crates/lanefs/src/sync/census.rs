@@ -31,6 +31,16 @@ pub fn contended(rank: Rank) {
     slots().current()[rank as usize].fetch_add(1, Ordering::Relaxed);
 }
 
+/// Takes a lock of class `rank` with `try_take` first and, only when that fails, counts the wait
+/// and blocks in `take`: the uncontended cost stays the one compare-and-swap of a plain lock.
+#[inline]
+pub fn take_counted<G>(rank: Rank, try_take: impl FnOnce() -> Option<G>, take: impl FnOnce() -> G) -> G {
+    try_take().unwrap_or_else(|| {
+        contended(rank);
+        take()
+    })
+}
+
 /// Contended acquisitions per lock class, summed over the CPU slots.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Census {

@@ -341,13 +341,7 @@ impl<T: ?Sized> Mutex<T> {
     #[inline]
     pub fn lock(&self) -> MutexGuard<'_, T> {
         let held = Held::acquire(self.rank);
-        let guard = match self.inner.try_lock() {
-            Some(g) => g,
-            None => {
-                super::census::contended(self.rank);
-                self.inner.lock()
-            }
-        };
+        let guard = super::census::take_counted(self.rank, || self.inner.try_lock(), || self.inner.lock());
         MutexGuard { guard, _held: held }
     }
 
@@ -437,13 +431,7 @@ impl<T: ?Sized> RwLock<T> {
     #[inline]
     pub fn read(&self) -> RwLockReadGuard<'_, T> {
         let held = Held::acquire(self.rank);
-        let guard = match self.inner.try_read() {
-            Some(g) => g,
-            None => {
-                super::census::contended(self.rank);
-                self.inner.read()
-            }
-        };
+        let guard = super::census::take_counted(self.rank, || self.inner.try_read(), || self.inner.read());
         RwLockReadGuard { guard, _held: held }
     }
 
@@ -451,13 +439,7 @@ impl<T: ?Sized> RwLock<T> {
     #[inline]
     pub fn write(&self) -> RwLockWriteGuard<'_, T> {
         let held = Held::acquire(self.rank);
-        let guard = match self.inner.try_write() {
-            Some(g) => g,
-            None => {
-                super::census::contended(self.rank);
-                self.inner.write()
-            }
-        };
+        let guard = super::census::take_counted(self.rank, || self.inner.try_write(), || self.inner.write());
         RwLockWriteGuard { guard, _held: held }
     }
 
