@@ -99,6 +99,50 @@ mod tests {
         }
     }
 
+    /// The valid count read while blocks are validated and invalidated on other threads never
+    /// wraps: it may run over by what was validated during the read, never past the main area
+    /// (it once wrapped to near 2^64, when a block came and went between its two per-CPU sums).
+    #[test]
+    fn valid_count_read_under_churn_never_wraps() {
+        let (g, table, lanes) = setup(2);
+        let lanes = Arc::new(lanes);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn: Vec<_> = (0..2u32)
+            .map(|t| {
+                let (lanes, table) = (lanes.clone(), table.clone());
+                std::thread::spawn(move || {
+                    // Bounded by the main area: each block is taken once, then dropped.
+                    for i in 0..20_000u32 {
+                        let owner = SummaryEntry { kind: SummaryKind::Data, nid: t + 1, ofs: i };
+                        let a = lanes.alloc(t, LogType::HotData, owner, 1).unwrap();
+                        table.invalidate(a).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let reader = {
+            let (table, stop) = (table.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let n = table.valid_count();
+                    // At most 2 blocks are valid at any moment; a read overlapping the churn
+                    // may count the validations it overlapped, never more blocks than exist.
+                    assert!(n <= g.main_blocks(), "valid count {n}: it wrapped");
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        for c in churn {
+            c.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        assert!(reader.join().unwrap() > 0);
+        assert_eq!(table.valid_count(), 0);
+        assert!(g.main_blocks() >= 40_000);
+    }
+
     #[test]
     fn emptied_segment_is_prefree_until_checkpoint() {
         let (_g, table, lanes) = setup(1);

@@ -155,8 +155,17 @@ impl SegmentTable {
     }
 
     /// Valid blocks in the main area (a sum over CPUs: exact when nothing is changing).
+    ///
+    /// While blocks come and go, the invalidations are summed first: a block's validation comes
+    /// before its invalidation, so the later sum of validations holds every one whose
+    /// invalidation was counted, and the result is at worst above the truth by what was
+    /// validated meanwhile (admission errs towards caution), never below it. Summed the other
+    /// way round, a block validated and invalidated between the two sums was subtracted
+    /// without being added, and a freshly formatted image's count wrapped to near 2^64 (an
+    /// overflow panic in `Engine::space_left`, found by gc.rs's truncate race test).
     pub fn valid_count(&self) -> u64 {
-        self.valid_base.wrapping_add(self.validated.sum()).wrapping_sub(self.invalidated.sum())
+        let invalidated = self.invalidated.sum();
+        (self.valid_base + self.validated.sum()).saturating_sub(invalidated)
     }
 
     /// Segments that become free once the next checkpoints are durable (no lock).
