@@ -102,6 +102,9 @@ pub struct LaneFuse {
     posix_acl: bool,
     /// What INIT agreed on.
     killpriv: bool,
+    /// The kernel agreed to keep a writeback cache (FUSE_WRITEBACK_CACHE): it owns regular
+    /// files' mtime and ctime.
+    writeback_cache_on: bool,
     dont_mask: bool,
     /// Tells the kernel of changes it did not ask for (set once the session exists).
     notifier: Arc<OnceLock<fuser::Notifier>>,
@@ -121,6 +124,7 @@ impl LaneFuse {
             inflight,
             posix_acl: true,
             killpriv: false,
+            writeback_cache_on: false,
             dont_mask: false,
             notifier: Arc::new(OnceLock::new()),
             ttl: Ttl::default(),
@@ -737,6 +741,7 @@ impl Filesystem for LaneFuse {
         let got = want & caps;
         let _ = config.add_capabilities(got);
         self.killpriv = got.contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        self.writeback_cache_on = got.contains(InitFlags::FUSE_WRITEBACK_CACHE);
         self.dont_mask = got.contains(InitFlags::FUSE_DONT_MASK);
         let _ = config.set_max_write(self.max_write);
         let _ = config.set_max_readahead(self.max_write);
@@ -975,11 +980,16 @@ impl Filesystem for LaneFuse {
         reply: ReplyWrite,
     ) {
         let _busy = self.inflight.enter(Op::Write, ino.0, req.pid());
-        let r = if self.killpriv {
-            let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-            self.fs.write_at_as(ino.0, offset, data, &self.caller(req, Some(!kill)))
-        } else {
-            self.fs.write_at(ino.0, offset, data)
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let caller = self.killpriv.then(|| self.caller(req, Some(!kill)));
+        let caller = caller.as_ref().map(|c| c as &dyn lanefs::perm::Caller);
+        // With the writeback cache the kernel keeps a regular file's mtime and ctime: it
+        // stamped them at write(2), direct I/O included, and sends them in SETATTR. Stamping
+        // the time a WRITE arrives would show another time after the inode is read afresh.
+        let r = match (self.writeback_cache_on, caller) {
+            (true, caller) => self.fs.write_keep_times(ino.0, offset, data, caller),
+            (false, Some(c)) => self.fs.write_at_as(ino.0, offset, data, c),
+            (false, None) => self.fs.write_at(ino.0, offset, data),
         };
         let n = match r {
             Ok(n) => n,

@@ -23,19 +23,29 @@
 //! inherits default ACLs (FUSE_DONT_MASK: the umask comes with the request) and keeps the mode
 //! in step with them.
 //!
-//! The kernel's writeback cache is off unless `-o writeback_cache` (or `writeback_cache=on`)
-//! asks for it; `writeback_cache=off` says so. With it a buffered write is a copy into the
-//! kernel's page cache and no request; dirty pages come as WRITEs of up to `max_write` bytes at
-//! writeback, fsync and close (the kernel then sends FLUSH on every close, which the adapter
-//! answers ENOSYS once so that it stops). fsync is correct with it (the kernel writes dirty
-//! pages back before it sends FSYNC). On 6.18 every pjdfstest case that passes on ext4 passes
-//! with it (an older kernel lost 5). It stays off by default for three reasons the FUSE tests
-//! show: the kernel keeps its own mtime and ctime of regular files and ignores the server's
-//! (fuse_get_cache_mask), so a ctime the engine changes on its own (chattr) never shows; the
-//! engine stamps mtime when a WRITE arrives at writeback, later than the time the kernel showed
-//! and sent in SETATTR, so times change across a remount; and ENOSPC comes at fsync or close
-//! instead of from write(2). Each costs a request too: a rename or unlink of a regular file sends
-//! SETATTR (the ctime the kernel gave it), the first stat after a close a GETATTR (st_blocks).
+//! The kernel's writeback cache is on unless `-o writeback_cache=off` (or `nowriteback_cache`)
+//! turns it off. With it a buffered write is a copy into the kernel's page cache and no
+//! request; dirty pages come as WRITEs of up to `max_write` bytes at writeback, fsync and close
+//! (the kernel then sends FLUSH on every close, which the adapter answers ENOSYS once so that it
+//! stops; the close still waits for the file's dirty pages to be written back). fsync is correct
+//! with it: the kernel writes the dirty pages back, then the times (SETATTR), then sends FSYNC.
+//! What it changes, and how the adapter keeps each right:
+//! - The kernel owns a regular file's size, mtime and ctime while it holds the inode and
+//!   ignores the server's (fuse_get_cache_mask). It stamps the times at write(2), direct I/O
+//!   included, and sends them in SETATTR at writeback, fsync and close, so every WRITE goes to
+//!   `Fs::write_keep_times`, which leaves them alone: stamping the time a WRITE arrives would
+//!   change them across a remount (the SIGKILL test saw it). A time the engine changes on its
+//!   own (chattr's ctime, a punched hole's mtime) shows once the kernel reads the inode afresh
+//!   (after it is evicted, or a remount).
+//! - Written-back pages start at a page boundary, so an append to an append-only file arrives
+//!   with the bytes before it; the engine takes them if they repeat what the file holds.
+//! - Set-ID bits: with KILLPRIV_V2 the kernel writes through (uncached, with
+//!   FUSE_WRITE_KILL_SUIDGID) any write that must drop them.
+//! - ENOSPC and EIO come from fsync or close, not from write(2), as on NFS.
+//! - A rename or unlink of a regular file sends SETATTR (the ctime the kernel gave it), the
+//!   first stat after a close a GETATTR (st_blocks).
+//!
+//! On 6.18 every pjdfstest case that passes on ext4 passes with it (an older kernel lost 5).
 //!
 //! ioctls (see `adapter::ioctl`): the shutdown (XFS_IOC_GOINGDOWN, which is also ext4's
 //! EXT4_IOC_SHUTDOWN; its flags are read from the caller, see `caller`), FITRIM, and

@@ -581,6 +581,25 @@ impl Fs {
         self.engine.write_at(ino32(ino)?, off, data)
     }
 
+    /// A write for a cache that owns the file's mtime and ctime (the kernel's FUSE writeback
+    /// cache, which stamps them at write(2) and sends them with [`Fs::setattr`]): as
+    /// [`Fs::write_at_as`] (or [`Fs::write_at`] without a `caller`), but the times are left
+    /// alone. A cache writes back whole pages, so a write to an append-only file may repeat
+    /// bytes the file holds before the ones it appends.
+    pub fn write_keep_times(
+        &self,
+        ino: Ino,
+        off: u64,
+        data: &[u8],
+        caller: Option<&dyn Caller>,
+    ) -> Result<usize> {
+        let m = self.mnode(ino)?;
+        if let Some(c) = caller {
+            self.engine.drop_privs_for_write(&m, data, c)?;
+        }
+        self.engine.write_mnode_with(&m, off, data, crate::mem::ops::Stamp::Keep)
+    }
+
     /// [`Fs::write_at`] by `caller`, who first loses what a write takes (see [`crate::perm`]):
     /// no one sees the new bytes with the old set-ID bits.
     pub fn write_at_as(&self, ino: Ino, off: u64, data: &[u8], caller: &dyn Caller) -> Result<usize> {

@@ -343,6 +343,38 @@ fn append_only_takes_writes_at_the_end_only_and_keeps_its_names() {
     fs.unmount().unwrap();
 }
 
+/// A cache that keeps times itself (the kernel's FUSE writeback cache) writes back with
+/// `write_keep_times`: mtime and ctime stay what the cache last set, and, since it writes whole
+/// pages, an append-only file takes a write that repeats its bytes before appending, never one
+/// that changes them.
+#[test]
+fn cached_writes_keep_times_and_may_repeat_an_append_only_files_bytes() {
+    let dev = image();
+    let fs = open(&dev, opts(AtimePolicy::default()));
+    let f = old_file(&fs);
+    let at = |fs: &Fs| {
+        let a = fs.getattr(f).unwrap();
+        (a.mtime, a.ctime)
+    };
+    fs.setattr(f, &SetAttr { ctime: Some(OLD), ..Default::default() }).unwrap();
+    assert_eq!(at(&fs), (OLD, OLD));
+    tick();
+    assert_eq!(fs.write_keep_times(f, 0, b"HELLO, world", None).unwrap(), 12);
+    assert_eq!(at(&fs), (OLD, OLD), "a cached write leaves the times");
+    fs.write_at(f, 0, b"h").unwrap();
+    assert!(at(&fs).0 > OLD && at(&fs).1 > OLD, "write_at stamps both");
+
+    fs.set_flags(f, InodeFlags::APPEND, true).unwrap();
+    assert_eq!(errno(fs.write_keep_times(f, 0, b"hELLO, WORLD!", None)), libc::EPERM, "changes a byte");
+    assert_eq!(errno(fs.write_keep_times(f, 20, b"!", None)), libc::EPERM, "past the end");
+    assert_eq!(fs.write_keep_times(f, 0, b"hELLO, world!", None).unwrap(), 13, "repeats, then appends");
+    assert_eq!(fs.write_keep_times(f, 4, b"O, world!?", None).unwrap(), 10);
+    let mut b = [0u8; 32];
+    let n = fs.read_at(f, 0, &mut b).unwrap();
+    assert_eq!(&b[..n], b"hELLO, world!?");
+    fs.unmount().unwrap();
+}
+
 #[test]
 fn flags_are_inherited_as_ext4_does_and_unsupported_ones_refused() {
     let dev = image();

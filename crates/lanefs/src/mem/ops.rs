@@ -69,6 +69,17 @@ fn refuse_new_name(
 }
 
 /// What a new inode is.
+/// Whether a write stamps the file's mtime and ctime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stamp {
+    /// Now, as write(2) does.
+    Now,
+    /// Left as they are: the bytes come from a cache that keeps the times itself and sends them
+    /// in a later setattr (the kernel's FUSE writeback cache, whose WRITEs arrive at writeback,
+    /// after the write(2) that set the time the caller saw).
+    Keep,
+}
+
 pub struct NewInode<'a> {
     /// Type and permission bits, as asked for: the parent's default ACL or else `umask` masks
     /// them.
@@ -781,12 +792,21 @@ impl Engine {
 
     /// Writes to an mnode the caller holds (an open handle: no inode-table lookup).
     pub fn write_mnode(&self, m: &Arc<MNode>, off: u64, data: &[u8]) -> Result<usize> {
+        self.write_mnode_with(m, off, data, Stamp::Now)
+    }
+
+    /// [`Engine::write_mnode`], stamping mtime and ctime or not (`stamp`).
+    pub fn write_mnode_with(&self, m: &Arc<MNode>, off: u64, whole: &[u8], stamp: Stamp) -> Result<usize> {
         self.check_writable()?;
+        let (off, data) = match stamp {
+            Stamp::Keep => self.cached_append(m, off, whole)?,
+            Stamp::Now => (off, whole),
+        };
         let short = data.len().div_ceil(PAGE_SIZE) as u64 + 1;
         self.admit_with(short, || self.new_blocks(m, off, data.len() as u64))?;
         {
             let _g = self.pass.shared();
-            self.write_locked(m, off, data)?;
+            self.write_locked(m, off, data, stamp)?;
         }
         // Outside the semaphore: writeback takes the gate, which a checkpoint holding the gate
         // and waiting for the semaphore to drain must not find us holding.
@@ -795,10 +815,31 @@ impl Engine {
             // The SYNC flag: the write is durable when it returns (O_DSYNC for every write).
             self.fsync_mnode(m, true)?;
         }
-        Ok(data.len())
+        Ok(whole.len())
     }
 
-    fn write_locked(&self, m: &MNode, off: u64, data: &[u8]) -> Result<()> {
+    /// What a cached write to an append-only file appends. A cache writes back whole pages,
+    /// the bytes already in the file included: those must be what the file holds (append-only
+    /// forbids changing them) and are left out; the rest is the append. Any other file: all of
+    /// it, as given.
+    fn cached_append<'a>(&self, m: &MNode, off: u64, data: &'a [u8]) -> Result<(u64, &'a [u8])> {
+        let size = m.size.load(Ordering::Acquire);
+        if m.iflags() & InodeFlags::APPEND.0 == 0 || off >= size {
+            return Ok((off, data));
+        }
+        let n = data.len().min(usize::try_from(size - off).unwrap_or(usize::MAX));
+        let mut held = vec![0u8; n];
+        let got = {
+            let _g = self.pass.shared();
+            self.read_range(m, off, &mut held)?
+        };
+        if got != n || held[..] != data[..n] {
+            return Err(Error::errno(libc::EPERM, "write: inode is append-only, and this changes its bytes"));
+        }
+        Ok((off + n as u64, &data[n..]))
+    }
+
+    fn write_locked(&self, m: &MNode, off: u64, data: &[u8], stamp: Stamp) -> Result<()> {
         let (pages, range) = m.pages().ok_or_else(|| {
             Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
         })?;
@@ -822,7 +863,9 @@ impl Engine {
         if end > m.size.load(Ordering::Acquire) {
             m.size.fetch_max(end, Ordering::AcqRel);
         }
-        m.touch(now());
+        if stamp == Stamp::Now {
+            m.touch(now());
+        }
         self.io.user.add(data.len() as u64);
         self.mark_dirty(m);
         Ok(())

@@ -187,10 +187,16 @@ impl Engine {
         data: &[u8],
         caller: &dyn Caller,
     ) -> Result<usize> {
+        self.drop_privs_for_write(m, data, caller)?;
+        self.write_mnode(m, off, data)
+    }
+
+    /// What `caller` loses before writing `data` to `m`.
+    pub fn drop_privs_for_write(&self, m: &MNode, data: &[u8], caller: &dyn Caller) -> Result<()> {
         // A write of nothing changes nothing, and takes nothing (as the VFS).
         if !data.is_empty() && m.pages().is_some() {
             self.drop_privs(m, Change::Data, caller)?;
         }
-        self.write_mnode(m, off, data)
+        Ok(())
     }
 }
