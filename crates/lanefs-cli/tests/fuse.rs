@@ -1461,9 +1461,9 @@ fn chattr_through_the_mount_sets_flags_the_daemon_enforces() {
     let m = Mounted::daemon(&img, &mp, &[]);
     let f = m.mp.join("f");
     fs::write(&f, b"data").unwrap();
-    // chattr changes the ctime. With the writeback cache (the default) the kernel keeps a
-    // regular file's ctime itself and shows the daemon's only once it reads the inode afresh:
-    // here after the remount below.
+    // chattr changes the ctime. With `-o writeback_cache` the kernel keeps a regular file's
+    // ctime itself and shows the daemon's only once it reads the inode afresh: checked after
+    // the remount below, so that this test holds in both modes.
     let c = m.mp.join("c");
     fs::write(&c, b"data").unwrap();
     let ctime = fs::metadata(&c).unwrap().ctime_nsec();
@@ -1592,8 +1592,8 @@ fn fallocate_reserves_space_and_zero_range_zeroes_through_the_mount() {
     let g = open("g");
     let chunk = data(2, 1 << 20);
     let mut off = 0u64;
-    // With the writeback cache (the default) a write(2) only fills the kernel's page cache:
-    // ENOSPC comes when the pages are written back, at the latest from fsync.
+    // With `-o writeback_cache` a write(2) only fills the kernel's page cache and ENOSPC comes
+    // when the pages are written back, at the latest from fsync: this holds in both modes.
     let full = loop {
         if let Err(e) = g.write_all_at(&chunk, off).and_then(|()| g.sync_data()) {
             break e;

@@ -291,14 +291,7 @@ fn tail(ctx: &Ctx, t: &Tracker, mut model: TailModel) -> TailModel {
                     if direct_io {
                         pwrite(&direct, Some(&mut abuf), off, &data, &what)
                     } else {
-                        pwrite(&buffered, None, off, &data, &what);
-                        // With the kernel's writeback cache a buffered extension reaches the
-                        // daemon only at writeback, and an O_DIRECT read past the daemon's size
-                        // is short (the kernel zero-fills only reads through its cache): push
-                        // the extension to the daemon before the next read.
-                        if off + len > size {
-                            buffered.sync_data().unwrap_or_else(|e| panic!("{what}: fdatasync: {e}"));
-                        }
+                        pwrite(&buffered, None, off, &data, &what)
                     }
                 });
                 let (a, b) = ((off - TAIL) as usize, (off - TAIL + len) as usize);

@@ -1295,6 +1295,13 @@ impl Filesystem for LaneFuse {
         reply: ReplyLseek,
     ) {
         let _busy = self.inflight.enter(Op::Lseek, ino.0, req.pid());
+        // The kernel sends LSEEK without writing its dirty pages back first: with its writeback
+        // cache the engine may not have seen data a reader would then skip as a hole (cp
+        // copies with SEEK_DATA). ENOSYS makes the kernel answer from its own size for good
+        // (fc->no_lseek): every byte is data, which is always a correct answer.
+        if self.writeback_cache_on {
+            return reply.error(Errno::ENOSYS);
+        }
         let what = match whence {
             libc::SEEK_DATA => Seek::Data,
             libc::SEEK_HOLE => Seek::Hole,

@@ -47,7 +47,7 @@ pub const RELEASE_WAIT: Duration = Duration::from_secs(60);
 
 /// Whether the kernel caches writes when no `writeback_cache` option says (see the crate docs
 /// for what it changes).
-pub const WRITEBACK_CACHE_DEFAULT: bool = true;
+pub const WRITEBACK_CACHE_DEFAULT: bool = false;
 
 /// Default of `stuck_request_secs`.
 pub const STUCK_REQUEST: Duration = Duration::from_secs(30);
@@ -96,8 +96,8 @@ pub struct Parsed {
 }
 
 /// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
-/// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (on by default;
-/// `nowriteback_cache` is off), `checkpoint_secs=N`,
+/// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (off by default;
+/// `nowriteback_cache` is off too), `checkpoint_secs=N`,
 /// `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S` and `norecovery` (read-only
 /// mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
