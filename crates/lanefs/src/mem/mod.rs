@@ -2,6 +2,8 @@
 //!
 //! - [`range_lock`]: the file-level byte-range lock (Lee et al., SYSTOR'19), so that writers to
 //!   disjoint ranges of one file proceed in parallel.
+//! - [`page_lock`]: page-level entry past the range lock for reads and writes within one page,
+//!   so that threads on different pages of one file share no cache line.
 //! - [`cells`]: the mnode table sharded into file cells (Max, ATC'21), so that operations on
 //!   different inodes touch different locks.
 //! - [`dir`]: directories as concurrent hash maps with stable readdir cookies.
@@ -19,6 +21,7 @@ pub mod dir;
 pub mod iflags;
 pub mod mnode;
 pub mod ops;
+pub mod page_lock;
 pub mod pages;
 pub mod perm;
 pub mod range_lock;

@@ -9,6 +9,7 @@
 use super::iflags::{refuse, InodeFlags};
 use super::mnode::{ts_to_ns, Content, DiskState, MNode, Meta, Stamps, S_IFDIR, S_IFLNK, S_IFREG};
 use super::pages::{PageMap, PAGE_SIZE};
+use super::range_lock::LockMode;
 use super::xattr::XattrState;
 use crate::device::BLOCK_SIZE;
 use crate::engine::{now, Engine};
@@ -722,7 +723,9 @@ impl Engine {
             return Ok(0);
         }
         let end = off.saturating_add(buf.len() as u64);
-        let _r = range.lock_shared(off, end);
+        // Within one page: page-level, sharing no line with readers and writers of other pages
+        // (`mem::page_lock`); a page-level hold is a shared hold of the whole page.
+        let _r = range.lock_fast(off, end, LockMode::Shared);
         let size = m.size.load(Ordering::Acquire);
         if off >= size {
             return Ok(0);
@@ -850,7 +853,12 @@ impl Engine {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::errno(libc::EFBIG, "write past the largest file size"))?;
-        let _r = range.lock_exclusive(off, end);
+        // Within one page: page-level (`mem::page_lock`), an exclusive hold of the whole page,
+        // which excludes what the range lock would: other holders of the page, and truncates,
+        // fallocates, punches and flag changes over it. Extending the file needs nothing more:
+        // the size grows by an atomic max, and what reads or truncates past the old size
+        // overlaps this page.
+        let _r = range.lock_fast(off, end, LockMode::Exclusive);
         // Under the range lock: a flag change waits for this write (`Engine::set_flags`).
         let flags = m.iflags();
         refuse(flags, InodeFlags::IMMUTABLE, "write")?;

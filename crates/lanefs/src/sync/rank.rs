@@ -55,7 +55,8 @@ pub enum Rank {
     PassSem,
     /// Cross-directory rename of a directory (loop prevention; `Engine::rename_lock`).
     Rename,
-    /// A file's byte-range lock (held for a whole read, write, truncate or punch).
+    /// A file's byte-range lock (held for a whole read, write, truncate or punch), or a
+    /// page-level hold of one of its pages (`mem::page_lock`, whose wait mutex is a leaf).
     Range,
     /// One shard of a directory's name map; a rename takes two in ascending (inode, shard)
     /// order (`mem::dir::update_two`).
