@@ -16,6 +16,7 @@ use crate::format::tree::XATTR_NODE_OFS;
 use crate::format::xattr::{self, XattrNode};
 use crate::format::Checkpoint;
 use crate::journal::{ChainWriter, Stamp};
+use crate::mem::cowmap::CowMap;
 use crate::mem::mnode::{DiskState, MNode, Meta, XattrDisk, S_IFDIR, S_IFLNK};
 use crate::mem::pages::CacheStats;
 use crate::mem::xattr::{XattrSet, XattrState};
@@ -223,7 +224,14 @@ pub struct Engine {
     pub(crate) cp_serial: Mutex<()>,
     pub(crate) chains: Vec<Mutex<ChainWriter>>,
     pub(crate) group: GroupCommit,
-    pub(crate) dirty: PerCpu<Mutex<Vec<u32>>>,
+    /// Per-CPU sets of the inodes changed since the last checkpoint snapshot (an inode is in
+    /// the one `MNode::dirty_pos` names). An inode that dies leaves its set for a dead list
+    /// (`Engine::bury`).
+    pub(crate) dirty: PerCpu<Mutex<std::collections::HashSet<u32>>>,
+    /// Per-CPU lists of inodes that died (no name, not open) since the last checkpoint
+    /// snapshot: the next checkpoint drops them. The snapshot swaps these lists and the dirty
+    /// ones whole, so it does no work per dead inode while every operation waits.
+    pub(crate) dead: PerCpu<Mutex<Vec<u32>>>,
     /// The access-time policy (`mem::atime::AtimePolicy`, one byte: a remount changes it).
     pub(crate) atime: std::sync::atomic::AtomicU8,
     /// Per-CPU lists of inodes whose atime changed under lazytime and is in no dirty set.
@@ -390,8 +398,29 @@ impl Engine {
         }
         if !m.in_dirty_set.swap(true, Ordering::AcqRel) {
             self.dirty_inodes.add(1);
-            self.dirty.current().lock().push(m.ino);
+            let slot = self.dirty.current_slot();
+            let mut set = self.dirty.get(slot).lock();
+            m.dirty_pos.store(slot as u64 + 1, Ordering::Relaxed);
+            set.insert(m.ino);
         }
+    }
+
+    /// `m` just died (its last name went with it closed, or its last handle with no name):
+    /// moves it from the dirty set to a dead list, so that the checkpoint's snapshot neither
+    /// visits nor captures it. The caller holds the pass-through semaphore shared (the
+    /// snapshot swaps the lists only with it exclusive) and marked `m` dirty under that hold.
+    pub(crate) fn bury(&self, m: &MNode) {
+        debug_assert!(m.in_dirty_set.load(Ordering::Acquire), "inode {} dies dirty", m.ino);
+        if m.dead.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let slot = m.dirty_pos.load(Ordering::Relaxed);
+        debug_assert!(slot != 0, "inode {} was marked dirty", m.ino);
+        if let Some(slot) = (slot as usize).checked_sub(1) {
+            let gone = self.dirty.get(slot).lock().remove(&m.ino);
+            debug_assert!(gone, "inode {} is in the set its dirty_pos names", m.ino);
+        }
+        self.dead.current().lock().push(m.ino);
     }
 
     /// The mnode of `ino`, loading it from disk on first use.
@@ -423,8 +452,8 @@ impl Engine {
         };
         let mut disk = DiskState::new(self.cache.clone());
         disk.tree = Some(tree);
-        disk.tree_map = map.clone();
-        disk.cur_map = map;
+        disk.cur_map = CowMap::from(&map);
+        disk.tree_map = map;
         disk.xattr = xattr_disk;
         // Unwritten blocks of the checkpoint: its count holds them already.
         for (&idx, _) in disk.cur_map.iter().filter(|(_, &a)| a == crate::format::node::NEW_ADDR) {
@@ -480,7 +509,7 @@ impl Engine {
         if let Some(d) = m.dir() {
             for e in dir_entries {
                 // Entries were validated by the decoder; duplicates would be corruption.
-                if d.map.insert(&e.name, e.ino, e.file_type).is_err() {
+                if d.map.insert_loaded(&e.name, e.ino, e.file_type).is_err() {
                     return Err(Error::corrupt(
                         crate::error::Structure::Dentry,
                         None,

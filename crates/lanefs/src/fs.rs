@@ -810,6 +810,12 @@ impl Fs {
         self.engine.cp_pauses.take_exclusive_peak()
     }
 
+    /// What checkpoints' exclusive phases did since mount, item by item: dirty inodes they
+    /// looked at one by one, and lists and shards they swapped out whole.
+    pub fn cp_exclusive_work(&self) -> crate::flush::checkpoint::ExclusiveWork {
+        self.engine.cp_pauses.work()
+    }
+
     /// The contention census (`sync::census`): per lock class, acquisitions that found the
     /// lock held, since the process started. Counts are the process's, not this file
     /// system's alone; take two and subtract ([`crate::sync::Census::since`]) to measure an

@@ -5,9 +5,14 @@
 //! 1. Take the gate exclusively: in-flight fsyncs and writebacks finish, new ones wait. This
 //!    keeps block validity still while the checkpoint writes the SIT that must match its trees.
 //! 2. Exclusive phase of the pass-through semaphore (every operation drained): stamp the
-//!    checkpoint, swap out the dirty set, and snapshot each dirty inode — attributes, dirty
-//!    pages (shared, copy-on-write), current mapping, and the names its directory log says
-//!    changed. No I/O happens here; namespace and data operations resume right after.
+//!    checkpoint, swap out the dirty sets and dead lists whole, and snapshot each live dirty
+//!    inode — attributes, dirty pages (shared, copy-on-write), current mapping (shared,
+//!    `mem::cowmap`), and for a directory its logs and touched-name sets (swapped out whole,
+//!    `mem::dir`). Dead inodes are not visited (`Engine::bury`). No I/O happens here, and no
+//!    work per dead inode, directory record or touched name; namespace and data operations
+//!    resume right after. What the phase did is counted (`ExclusiveWork`). Then, still
+//!    holding the gate, the taken records become journaled, dead inodes are settled and
+//!    cleaner moves are checked against the snapshot (`settle_snapshot`).
 //! 3. Write the snapshot: data pages to new blocks, changed dentry blocks, each inode's changed
 //!    nodes; deleted inodes' trees are dropped. Then the NAT and SIT blocks that changed, the
 //!    segment summaries and the pack (`checkpoint::commit`, which flushes before and after).
@@ -28,15 +33,17 @@ use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::format::tree::XATTR_NODE_OFS;
 use crate::format::xattr::{self, XattrNode, MAX_XATTR_STREAM, XATTR_PAYLOAD};
 use crate::format::LogType;
-use crate::journal::{ChainPos, Record};
+use crate::journal::ChainPos;
+use crate::mem::cowmap::CowMap;
+use crate::mem::dir::Touched;
 use crate::mem::mnode::{DiskState, MNode, Meta, XattrDisk, S_IFLNK};
 use crate::mem::pages::{PageBuf, PAGE_SIZE};
 use crate::node::{BlockMap, InodeTree, NodeWriter};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// A name of a directory and its entry at the snapshot (None: absent).
-type NameChange = (Vec<u8>, Option<(u32, u8)>);
+/// What a name of a directory maps to (None: absent).
+type DentryTo = Option<(u32, u8)>;
 
 struct InodeSnap {
     m: Arc<MNode>,
@@ -48,13 +55,17 @@ struct InodeSnap {
     flags: u32,
     parent: u32,
     pages: Vec<(u64, PageBuf)>,
-    map: BlockMap,
-    /// For directories: names whose entry changed, with the entry at the snapshot.
-    names: Vec<NameChange>,
+    /// The current mapping at the snapshot: a shared copy (`mem::cowmap`), O(1) to take.
+    map: CowMap,
+    /// For directories: names whose entry changed, with the entry at the snapshot, as the
+    /// directory's shards recorded them (`mem::dir`).
+    names: Vec<Touched>,
     xattrs_changed: bool,
     /// Blocks the cleaner asked to move, still mapped at the snapshot and not rewritten by
-    /// it: (logical index, address).
+    /// it: (logical index, address). Filtered after the exclusive phase.
     relocate: Vec<(u64, u32)>,
+    /// Writeback's unjournaled blocks, superseded by the checkpoint: dropped after the phase.
+    unjournaled: std::collections::BTreeMap<u64, (u32, u32)>,
 }
 
 /// One inode's new data blocks, written before they are installed.
@@ -72,14 +83,34 @@ struct Snapshot {
     seq: u64,
     stamp: u64,
     inodes: Vec<InodeSnap>,
+    /// Inodes dead at the snapshot, which this checkpoint drops (`settle_snapshot` fills it
+    /// from the two below).
     deleted: Vec<Arc<MNode>>,
+    /// The per-CPU dead lists, swapped out whole (`Engine::bury`).
+    dead: Vec<Vec<u32>>,
+    /// Dirty inodes the phase found dead that no one buried.
+    found_dead: Vec<Arc<MNode>>,
     orphans: Vec<u32>,
     heads: Vec<ChainPos>,
-    /// Directory records this checkpoint took that no journal had: their pending counts are
-    /// dropped after the exclusive phase (an fsync cannot start before then: the gate).
-    uncount: Vec<Arc<crate::oplog::dirlog::LoggedOp>>,
+    /// The directory logs this checkpoint took (per core, swapped out whole): records no
+    /// journal had become journaled, and their pending counts drop, after the exclusive phase
+    /// (an fsync cannot start before then: the gate).
+    dir_ops: Vec<Vec<Arc<crate::oplog::dirlog::LoggedOp>>>,
     /// Reserved blocks at the snapshot (`mem::reserve`).
     reserved: u64,
+}
+
+/// Work exclusive phases did since mount, item by item: what tests bound (wall-clock time is
+/// the bench's business). Dead inodes, directory records, touched names and mapping entries
+/// are not items: they are handed over in whole lists, logs and shards (`swaps`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ExclusiveWork {
+    /// Exclusive phases (checkpoint snapshots).
+    pub phases: u64,
+    /// Dirty inodes looked at one by one (captured, or found dead by no one's burial).
+    pub inodes: u64,
+    /// Lists, log shards and touched-name shards swapped out whole.
+    pub swaps: u64,
 }
 
 /// How long checkpoints held the foreground out, in microseconds: the exclusive phase (the
@@ -92,9 +123,28 @@ pub struct CpPauses {
     /// The longest exclusive phase since [`CpPauses::take_exclusive_peak`] was last called.
     exclusive_peak: AtomicU64,
     write_max: AtomicU64,
+    /// `ExclusiveWork` since mount.
+    work_phases: AtomicU64,
+    work_inodes: AtomicU64,
+    work_swaps: AtomicU64,
 }
 
 impl CpPauses {
+    fn record_work(&self, w: ExclusiveWork) {
+        self.work_phases.fetch_add(w.phases, Ordering::Relaxed);
+        self.work_inodes.fetch_add(w.inodes, Ordering::Relaxed);
+        self.work_swaps.fetch_add(w.swaps, Ordering::Relaxed);
+    }
+
+    /// What the exclusive phases did since mount.
+    pub fn work(&self) -> ExclusiveWork {
+        ExclusiveWork {
+            phases: self.work_phases.load(Ordering::Relaxed),
+            inodes: self.work_inodes.load(Ordering::Relaxed),
+            swaps: self.work_swaps.load(Ordering::Relaxed),
+        }
+    }
+
     fn exclusive(&self, d: std::time::Duration) {
         let us = micros(d);
         self.exclusive_max.fetch_max(us, Ordering::Relaxed);
@@ -146,9 +196,7 @@ impl Engine {
             self.cp_pauses.exclusive(asked.elapsed());
             snap
         };
-        for op in std::mem::take(&mut snap.uncount) {
-            self.count_pending(&op.record, -1);
-        }
+        self.settle_snapshot(&mut snap);
         let seq = snap.seq;
         let r = self.write_snapshot(snap, clean);
         drop(gate);
@@ -172,104 +220,93 @@ impl Engine {
         Ok(())
     }
 
+    /// The exclusive phase (every operation drained): what the checkpoint must take at this
+    /// instant, and nothing it can take after. Lists, logs and touched-name sets are swapped
+    /// out whole; each live dirty inode is captured (its mapping shared, not copied); dead
+    /// inodes are not visited at all (`Engine::bury` took them out of the dirty set). The work
+    /// done per item is counted in `cp_pauses` (`ExclusiveWork`).
     fn snapshot(&self, clean: bool) -> Snapshot {
+        let mut work = ExclusiveWork { phases: 1, ..Default::default() };
         let seq = {
             let mut cp = self.cp.lock();
             cp.started += 1;
             cp.started
         };
         let stamp = self.clock.now().ticks;
-        let mut inos: Vec<u32> = Vec::new();
+        let mut sets = Vec::with_capacity(self.dirty.len());
         for d in self.dirty.iter() {
-            inos.append(&mut d.lock());
+            sets.push(std::mem::take(&mut *d.lock()));
+            work.swaps += 1;
         }
+        let mut dead = Vec::with_capacity(self.dead.len());
+        for d in self.dead.iter() {
+            dead.push(std::mem::take(&mut *d.lock()));
+            work.swaps += 1;
+        }
+        let mut inos: Vec<u32> = sets.iter().flatten().copied().collect();
         // Lazy access times go out on unmount, `sync`, or once they are old (`mem::atime`).
         let all_lazy = clean || self.lazy_flush.swap(false, Ordering::AcqRel);
         inos.extend(self.take_lazy(all_lazy));
         inos.sort_unstable();
         inos.dedup();
-        let mut inodes = Vec::new();
-        let mut deleted = Vec::new();
-        let mut uncount = Vec::new();
+        let mut inodes = Vec::with_capacity(inos.len());
+        // Found dead here rather than buried (recovery's unlinks): few.
+        let mut found_dead = Vec::new();
+        let mut dir_ops = Vec::new();
         for ino in inos {
+            work.inodes += 1;
             let Some(m) = self.cells.get(ino as u64) else { continue };
-            m.in_dirty_set.store(false, Ordering::Release);
-            m.captured_by.store(seq, Ordering::Release);
+            if m.dead.load(Ordering::Acquire) {
+                // Buried before this phase (a lazy atime, or dirtied again while dead): on a
+                // dead list taken above.
+                continue;
+            }
             let (meta, xattrs_changed) = {
                 let mut meta = m.meta.lock();
+                if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
+                    drop(meta);
+                    m.dead.store(true, Ordering::Release);
+                    found_dead.push(m);
+                    continue;
+                }
                 // Whatever is pending is this checkpoint's now: the xattrs it writes (their
                 // blocks no longer owed) and those an fsync would journal.
                 self.xattr_settled(&mut meta.xattrs);
                 meta.xattrs.unjournaled.clear();
-                if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
-                    drop(meta);
-                    // Its unwritten blocks go with it, before the count is taken below.
-                    m.disk.lock().reserved.clear();
-                    deleted.push(m);
-                    continue;
-                }
                 let xattrs_changed = std::mem::take(&mut meta.xattrs.cp_dirty);
                 // Cheap: the xattr set is shared, not copied.
                 (meta.clone(), xattrs_changed)
             };
+            m.in_dirty_set.store(false, Ordering::Release);
+            m.captured_by.store(seq, Ordering::Release);
             // The checkpoint makes whatever is pending durable by itself.
             m.attr_dirty.store(false, Ordering::Release);
             m.atime_dirty.store(false, Ordering::Release);
             let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
-            let (map, mut relocate) = {
+            let (map, relocate, unjournaled) = {
                 let mut disk = m.disk.lock();
-                disk.unjournaled.clear();
                 disk.truncated_from = None;
                 // The count this checkpoint records is the NEW_ADDR entries its trees get:
                 // every reserved block is unwritten, and no page written here draws on one.
                 debug_assert!(disk.reserved.iter().all(|i| disk.cur_map.get(&i) == Some(&NEW_ADDR)));
                 debug_assert!(pages.iter().all(|(i, _)| !disk.reserved.contains(*i)));
-                (disk.cur_map.clone(), std::mem::take(&mut disk.relocate))
+                // Shared, not copied (`mem::cowmap`); the unjournaled set is dropped after the
+                // phase.
+                (
+                    disk.cur_map.clone(),
+                    std::mem::take(&mut disk.relocate),
+                    std::mem::take(&mut disk.unjournaled),
+                )
             };
-            relocate.sort_unstable();
-            relocate.dedup();
-            relocate.retain(|(idx, a)| {
-                map.get(idx) == Some(a) && pages.binary_search_by_key(idx, |(i, _)| *i).is_err()
-            });
             let mut names = Vec::new();
             if let Some(d) = m.dir() {
+                // One swap per core and per shard with changes: the records are settled, and
+                // the names sorted, after the phase.
                 let ops = d.log.take_all();
-                let mut touched: Vec<&[u8]> = Vec::with_capacity(ops.len());
-                for op in &ops {
-                    if !op.journaled.load(Ordering::Acquire) {
-                        // Taken into this checkpoint: durable with it. Its pending counts
-                        // drop once operations resume (`uncount`).
-                        op.journaled.store(true, Ordering::Release);
-                        uncount.push(op.clone());
-                    }
-                    match &op.record {
-                        Record::Create { dir, name, .. }
-                        | Record::Link { dir, name, .. }
-                        | Record::Unlink { dir, name, .. }
-                            if *dir == ino =>
-                        {
-                            touched.push(name);
-                        }
-                        Record::Rename { src_dir, src_name, dst_dir, dst_name, .. } => {
-                            if *src_dir == ino {
-                                touched.push(src_name);
-                            }
-                            if *dst_dir == ino {
-                                touched.push(dst_name);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                touched.sort_unstable();
-                touched.dedup();
-                names = touched
-                    .into_iter()
-                    .map(|n| {
-                        let e = d.map.lookup(n).map(|e| (e.ino, e.file_type));
-                        (n.to_vec(), e)
-                    })
-                    .collect();
+                work.swaps += ops.len() as u64;
+                dir_ops.extend(ops);
+                names = d.map.take_touched();
+                work.swaps += names.len() as u64;
             }
             let size = match m.dir() {
                 Some(d) => d.map.reported_size(),
@@ -291,6 +328,7 @@ impl Engine {
                 names,
                 xattrs_changed,
                 relocate,
+                unjournaled,
             });
         }
         let orphans = self.orphans.lock().iter().copied().collect();
@@ -301,7 +339,70 @@ impl Engine {
         self.logged_ops.take();
         self.deleted_inodes.take();
         self.dirty_inodes.take();
-        Snapshot { seq, stamp, inodes, deleted, orphans, heads, uncount, reserved }
+        self.cp_pauses.record_work(work);
+        Snapshot {
+            seq,
+            stamp,
+            inodes,
+            deleted: Vec::new(),
+            dead,
+            found_dead,
+            orphans,
+            heads,
+            dir_ops,
+            reserved,
+        }
+    }
+
+    /// Right after the exclusive phase, the gate still held exclusively (no fsync or writeback
+    /// runs): the snapshot's work that needs no frozen moment.
+    ///
+    /// - Directory records the snapshot took become journaled (durable with this checkpoint),
+    ///   and their pending counts drop. Only fsyncs read these marks, and the gate holds them;
+    ///   the records are in no log any more.
+    /// - Dead inodes: their pending xattr and journal state is dropped and their reservations
+    ///   given back, which the reserved count taken in the phase still held. A dead inode has
+    ///   no name and no open handle, so nothing changed it since the phase.
+    /// - Each captured inode's cleaner moves are checked against its snapshot, and its touched
+    ///   names sorted.
+    fn settle_snapshot(&self, snap: &mut Snapshot) {
+        for op in std::mem::take(&mut snap.dir_ops).iter().flatten() {
+            if !op.journaled.swap(true, Ordering::AcqRel) {
+                self.count_pending(&op.record, -1);
+            }
+        }
+        let buried =
+            std::mem::take(&mut snap.dead).into_iter().flatten().filter_map(|ino| self.cells.get(ino as u64));
+        let mut deleted: Vec<Arc<MNode>> = buried.chain(std::mem::take(&mut snap.found_dead)).collect();
+        deleted.sort_unstable_by_key(|m| m.ino);
+        for m in &deleted {
+            debug_assert!(m.dead.load(Ordering::Acquire));
+            {
+                let mut meta = m.meta.lock();
+                debug_assert!(meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0, "inode {} dead", m.ino);
+                self.xattr_settled(&mut meta.xattrs);
+                meta.xattrs.unjournaled.clear();
+            }
+            m.attr_dirty.store(false, Ordering::Release);
+            m.atime_dirty.store(false, Ordering::Release);
+            let mut disk = m.disk.lock();
+            disk.unjournaled.clear();
+            disk.truncated_from = None;
+            // Its unwritten blocks go with it.
+            let gone = disk.reserved.clear();
+            debug_assert!(gone <= snap.reserved, "the count held inode {}'s reservations", m.ino);
+            snap.reserved = snap.reserved.saturating_sub(gone);
+        }
+        snap.deleted = deleted;
+        for s in &mut snap.inodes {
+            s.relocate.sort_unstable();
+            s.relocate.dedup();
+            let (map, pages) = (&s.map, &s.pages);
+            s.relocate.retain(|(idx, a)| {
+                map.get(idx) == Some(a) && pages.binary_search_by_key(idx, |(i, _)| *i).is_err()
+            });
+            s.unjournaled = Default::default();
+        }
     }
 
     /// Each lane's next journal block is reserved ahead of use. If the lane's journal log has
@@ -484,22 +585,27 @@ impl Engine {
             Ok(addr as u32)
         };
         let fresh = plan.fresh;
-        let mut tree_map = s.map.clone();
+        let mut tree_map: BlockMap = s.map.to_btree();
         if let Some(a) = plan.symlink {
             tree_map.insert(0, a);
         }
         let mut disk = m.disk.lock();
         if m.is_dir() {
             let dd = disk.dentries.get_or_insert_with(Default::default);
-            for (name, e) in &s.names {
-                dd.set(name, *e);
+            let mut names: Vec<(&[u8], DentryTo)> =
+                s.names.iter().flat_map(|t| t.iter().map(|(n, e)| (&**n, *e))).collect();
+            // In name order, as a directory's blocks were always filled: the layout does not
+            // depend on hashing.
+            names.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (name, e) in names {
+                dd.set(name, e);
             }
             let dirty = dd.take_dirty(ino);
             for (idx, blk) in dirty {
                 let a = put(idx, blk.encode()?, writes)?;
                 tree_map.insert(idx, a);
             }
-            disk.cur_map = tree_map.clone();
+            disk.cur_map = CowMap::from(&tree_map);
             disk.map_gen += 1;
         }
         disk.map_gen += 1;

@@ -96,7 +96,7 @@ impl Engine {
     pub(crate) fn write_back_early(&self) {
         let mut inos: Vec<u32> = Vec::new();
         for d in self.dirty.iter() {
-            inos.extend_from_slice(&d.lock());
+            inos.extend(d.lock().iter().copied());
         }
         inos.sort_unstable();
         inos.dedup();

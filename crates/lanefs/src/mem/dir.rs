@@ -17,6 +17,12 @@
 //! (each shard's last cookie at that moment) returns only entries whose cookies lie within it:
 //! every entry that exists throughout the listing exactly once, none created during it, and an
 //! end bounded by what existed at its start.
+//!
+//! Touched names: every change of a name also records, in its shard and in the same critical
+//! section, the name's new entry in the shard's touched set (names changed since the last
+//! checkpoint snapshot). The checkpoint takes these sets instead of reading the directory's
+//! operation log and looking each name up: with every operation drained, each touched name's
+//! recorded entry is the entry it has at that moment. Entries loaded from disk are not touched.
 
 use crate::sync::rank::{Rank, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -40,7 +46,13 @@ struct Shard {
     by_name: HashMap<Box<[u8]>, DirEntry>,
     by_cookie: BTreeMap<u64, Box<[u8]>>,
     next_seq: u64,
+    /// Names changed since the last [`DirMap::take_touched`], with their entry now.
+    touched: HashMap<Box<[u8]>, Option<(u32, u8)>>,
 }
+
+/// One shard's touched names (see the module documentation), as [`DirMap::take_touched`]
+/// hands them over.
+pub type Touched = HashMap<Box<[u8]>, Option<(u32, u8)>>;
 
 /// Each shard's last cookie sequence number when a listing started (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +62,8 @@ pub struct Horizon(Box<[u64]>);
 pub struct DirMap {
     shards: Box<[RwLock<Shard>]>,
     len: AtomicU64,
+    /// Names in the shards' touched sets: 0 lets the snapshot skip the shards.
+    touched: AtomicU64,
 }
 
 impl Default for DirMap {
@@ -67,6 +81,7 @@ impl DirMap {
         DirMap {
             shards: (0..SHARDS).map(|_| RwLock::new(Rank::DirShard, Shard::default())).collect(),
             len: AtomicU64::new(0),
+            touched: AtomicU64::new(0),
         }
     }
 
@@ -101,8 +116,17 @@ impl DirMap {
         r
     }
 
-    /// Sets `name` in locked shard `s` to `new`.
+    /// Sets `name` in locked shard `s` to `new`, and records it touched if that changes it.
     fn apply(&self, shard: &mut Shard, s: usize, name: &[u8], new: Option<(u32, u8)>) {
+        let old = shard.by_name.get(name).copied();
+        if old.map(|o| (o.ino, o.file_type)) != new && shard.touched.insert(name.into(), new).is_none() {
+            self.touched.fetch_add(1, Ordering::Relaxed);
+        }
+        self.set(shard, s, name, new);
+    }
+
+    /// Sets `name` in locked shard `s` to `new`.
+    fn set(&self, shard: &mut Shard, s: usize, name: &[u8], new: Option<(u32, u8)>) {
         let old = shard.by_name.get(name).copied();
         match (old, new) {
             (None, None) => {}
@@ -140,6 +164,33 @@ impl DirMap {
     /// Removes `name`; returns its entry.
     pub fn remove(&self, name: &[u8]) -> Option<DirEntry> {
         self.update(name, |old| (None, old))
+    }
+
+    /// Inserts an entry read from the directory's blocks on disk: unlike [`DirMap::insert`],
+    /// not a change, so the name is not touched.
+    pub fn insert_loaded(&self, name: &[u8], ino: u32, file_type: u8) -> Result<DirEntry, DirEntry> {
+        let s = shard_of(name);
+        let mut shard = self.shards[s].write();
+        if let Some(e) = shard.by_name.get(name) {
+            return Err(*e);
+        }
+        self.set(&mut shard, s, name, Some((ino, file_type)));
+        Ok(shard.by_name[name])
+    }
+
+    /// Number of names touched since the last [`DirMap::take_touched`].
+    pub fn touched_len(&self) -> u64 {
+        self.touched.load(Ordering::Relaxed)
+    }
+
+    /// Takes every shard's touched names (see the module documentation): one swap per shard,
+    /// however many names changed, and none when none did. The checkpoint's snapshot calls it
+    /// with every operation drained, so that each entry is the name's entry at that moment.
+    pub fn take_touched(&self) -> Vec<Touched> {
+        if self.touched.swap(0, Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        self.shards.iter().map(|s| std::mem::take(&mut s.write().touched)).filter(|t| !t.is_empty()).collect()
     }
 
     /// Where every shard's cookies stand now: a listing that passes it to

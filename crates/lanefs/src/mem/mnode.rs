@@ -6,6 +6,7 @@
 //! from it. Fields that every write touches (size, mtime, ctime) are atomics so that parallel
 //! writers of one file share no lock beyond the range lock and their pages' shards.
 
+use super::cowmap::CowMap;
 use super::dir::DirMap;
 use super::pages::{CacheStats, PageMap};
 use super::range_lock::RangeLock;
@@ -46,7 +47,8 @@ pub struct DiskState {
     /// The data mapping that tree records.
     pub tree_map: BlockMap,
     /// The current mapping: `tree_map` plus blocks written by fsync or writeback since.
-    pub cur_map: BlockMap,
+    /// Copy-on-write, so that the checkpoint's snapshot of it is O(1) (`mem::cowmap`).
+    pub cur_map: CowMap,
     /// Blocks written by writeback, in `cur_map` but not yet in any journal record:
     /// logical index -> (address, crc32c).
     pub unjournaled: BTreeMap<u64, (u32, u32)>,
@@ -77,7 +79,7 @@ impl DiskState {
         DiskState {
             tree: None,
             tree_map: BlockMap::new(),
-            cur_map: BlockMap::new(),
+            cur_map: CowMap::new(),
             unjournaled: BTreeMap::new(),
             truncated_from: None,
             garbage: Vec::new(),
@@ -216,6 +218,12 @@ pub struct MNode {
     pub pending: Mutex<BTreeMap<u32, u32>>,
     /// In the dirty set (changed since the last checkpoint snapshot).
     pub in_dirty_set: AtomicBool,
+    /// The per-CPU dirty set it joined last, plus one (0: never). While `in_dirty_set` holds,
+    /// it is in that set (`Engine::bury` takes it out).
+    pub dirty_pos: AtomicU64,
+    /// It died: no name and not open, which it stays. It is on a dead list (`Engine::dead`),
+    /// or the snapshot that found it so took it as deleted; either way exactly once.
+    pub dead: AtomicBool,
     /// Sequence number of the checkpoint whose snapshot took changes of this inode that no
     /// journal record holds: an fsync must wait until that checkpoint is durable.
     pub captured_by: AtomicU64,
@@ -292,6 +300,8 @@ impl MNode {
             parent: AtomicU32::new(0),
             pending: Mutex::new(Rank::Pending, BTreeMap::new()),
             in_dirty_set: AtomicBool::new(false),
+            dirty_pos: AtomicU64::new(0),
+            dead: AtomicBool::new(false),
             captured_by: AtomicU64::new(0),
             attr_dirty: AtomicBool::new(false),
             atime_dirty: AtomicBool::new(false),

@@ -8,7 +8,7 @@
 //!   different inodes touch different locks.
 //! - [`dir`]: directories as concurrent hash maps with stable readdir cookies.
 //! - [`pages`]: file pages in per-file sparse, sharded maps with copy-on-write snapshots.
-//! - [`mnode`]: the in-memory inode.
+//! - [`mnode`]: the in-memory inode; [`cowmap`]: its block mapping, copy-on-write in chunks.
 //! - [`reserve`]: preallocated, unwritten blocks and the space they hold.
 //! - [`ops`]: the operations themselves.
 //! - [`perm`]: privileges a change drops, ACL inheritance and the mode kept in step with ACLs.
@@ -17,6 +17,7 @@
 
 pub mod atime;
 pub mod cells;
+pub mod cowmap;
 pub mod dir;
 pub mod iflags;
 pub mod mnode;

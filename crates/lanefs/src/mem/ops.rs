@@ -374,13 +374,17 @@ impl Engine {
             meta.nlink
         };
         child.touch_ctime(t);
+        let open = nlink == 0 && child.open.load(Ordering::Acquire) > 0;
         if nlink == 0 {
             self.count_deleted();
-            if child.open.load(Ordering::Acquire) > 0 {
+            if open {
                 self.orphans.lock().insert(child.ino);
             }
         }
         self.mark_dirty(child);
+        if nlink == 0 && !open {
+            self.bury(child);
+        }
     }
 
     /// rename(2) with RENAME_NOREPLACE, RENAME_EXCHANGE or RENAME_WHITEOUT (which may come with
@@ -690,6 +694,7 @@ impl Engine {
         if prev == 1 && m.meta.lock().nlink == 0 {
             self.orphans.lock().remove(&m.ino);
             self.mark_dirty(&m);
+            self.bury(&m);
         }
         Ok(())
     }

@@ -85,6 +85,9 @@ pub enum Rank {
     Orphans,
     /// Per-CPU list of dirty inodes.
     DirtySet,
+    /// Per-CPU list of inodes that died (no name, not open) since the last checkpoint
+    /// snapshot; taken by a dying inode after its dirty-set slot, a leaf otherwise.
+    DeadList,
     /// Per-CPU list of inodes with a lazytime atime to write (taken like `DirtySet`, after
     /// the semaphore, never with it).
     LazyAtime,
@@ -170,6 +173,7 @@ impl Rank {
         Rank::Cell,
         Rank::Orphans,
         Rank::DirtySet,
+        Rank::DeadList,
         Rank::LazyAtime,
         Rank::GcVictims,
         Rank::CpState,
