@@ -466,15 +466,17 @@ mod tests {
     #[test]
     fn stress_pages_against_ranges() {
         const THREADS: u64 = 8;
-        const ITERS: u64 = 4_000;
+        const ITERS: u64 = 20_000;
         let p = Arc::new(PageLocks::new());
         let queue = Arc::new(std::sync::Mutex::new(()));
         // Per page: writers inside (high bit) and readers inside.
         let inside: Arc<Vec<AtomicUsize>> = Arc::new((0..16).map(|_| AtomicUsize::new(0)).collect());
+        let start = Arc::new(std::sync::Barrier::new(THREADS as usize));
         let ts: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (p, queue, inside) = (p.clone(), queue.clone(), inside.clone());
+                let (p, queue, inside, start) = (p.clone(), queue.clone(), inside.clone(), start.clone());
                 std::thread::spawn(move || {
+                    start.wait();
                     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
                     let mut fast = 0u64;
                     for i in 0..ITERS {
@@ -501,7 +503,11 @@ mod tests {
                             if let Ok(h) = p.try_enter(page, excl) {
                                 fast += 1;
                                 enter(page);
-                                std::hint::spin_loop();
+                                // Stay a while at times, so that range requests announce while
+                                // page holders are inside (the case the drain exists for).
+                                if x.is_multiple_of(4) {
+                                    std::thread::yield_now();
+                                }
                                 leave(page);
                                 p.exit(h);
                                 continue;
@@ -515,6 +521,7 @@ mod tests {
                         for pg in page..=last {
                             enter(pg);
                         }
+                        std::hint::spin_loop();
                         for pg in page..=last {
                             leave(pg);
                         }
@@ -526,7 +533,9 @@ mod tests {
             })
             .collect();
         let fast: u64 = ts.into_iter().map(|t| t.join().unwrap()).sum();
-        assert!(fast > 0, "no request went page-level");
+        // How many went page-level depends on the interleaving; that a quiet file's does not.
+        eprintln!("page-level holds: {fast}");
+        p.exit(p.try_enter(0, true).expect("page-level entry on a quiet file"));
         assert!(inside.iter().all(|c| c.load(Ordering::SeqCst) == 0));
         assert_eq!(p.shared.slow.load(SeqCst), 0);
     }
