@@ -597,7 +597,7 @@ impl Fs {
         if let Some(c) = caller {
             self.engine.drop_privs_for_write(&m, data, c)?;
         }
-        self.engine.write_mnode_with(&m, off, data, crate::mem::ops::Stamp::Keep)
+        self.engine.write_mnode_with(&m, off, data, crate::mem::ops::WriteTimes::Keep)
     }
 
     /// [`Fs::write_at`] by `caller`, who first loses what a write takes (see [`crate::perm`]):

@@ -122,12 +122,11 @@ impl DirMap {
         if old.map(|o| (o.ino, o.file_type)) != new && shard.touched.insert(name.into(), new).is_none() {
             self.touched.fetch_add(1, Ordering::Relaxed);
         }
-        self.set(shard, s, name, new);
+        self.set(shard, s, name, old, new);
     }
 
-    /// Sets `name` in locked shard `s` to `new`.
-    fn set(&self, shard: &mut Shard, s: usize, name: &[u8], new: Option<(u32, u8)>) {
-        let old = shard.by_name.get(name).copied();
+    /// Sets `name`, whose entry is `old`, in locked shard `s` to `new`.
+    fn set(&self, shard: &mut Shard, s: usize, name: &[u8], old: Option<DirEntry>, new: Option<(u32, u8)>) {
         match (old, new) {
             (None, None) => {}
             (Some(o), None) => {
@@ -174,13 +173,8 @@ impl DirMap {
         if let Some(e) = shard.by_name.get(name) {
             return Err(*e);
         }
-        self.set(&mut shard, s, name, Some((ino, file_type)));
+        self.set(&mut shard, s, name, None, Some((ino, file_type)));
         Ok(shard.by_name[name])
-    }
-
-    /// Number of names touched since the last [`DirMap::take_touched`].
-    pub fn touched_len(&self) -> u64 {
-        self.touched.load(Ordering::Relaxed)
     }
 
     /// Takes every shard's touched names (see the module documentation): one swap per shard,

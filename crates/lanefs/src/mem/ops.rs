@@ -69,10 +69,10 @@ fn refuse_new_name(
     None
 }
 
-/// What a new inode is.
-/// Whether a write stamps the file's mtime and ctime.
+/// Whether a write stamps the file's mtime and ctime (not the journal's `Stamp`, which orders
+/// records).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stamp {
+pub enum WriteTimes {
     /// Now, as write(2) does.
     Now,
     /// Left as they are: the bytes come from a cache that keeps the times itself and sends them
@@ -81,6 +81,7 @@ pub enum Stamp {
     Keep,
 }
 
+/// What a new inode is.
 pub struct NewInode<'a> {
     /// Type and permission bits, as asked for: the parent's default ACL or else `umask` masks
     /// them.
@@ -800,21 +801,27 @@ impl Engine {
 
     /// Writes to an mnode the caller holds (an open handle: no inode-table lookup).
     pub fn write_mnode(&self, m: &Arc<MNode>, off: u64, data: &[u8]) -> Result<usize> {
-        self.write_mnode_with(m, off, data, Stamp::Now)
+        self.write_mnode_with(m, off, data, WriteTimes::Now)
     }
 
-    /// [`Engine::write_mnode`], stamping mtime and ctime or not (`stamp`).
-    pub fn write_mnode_with(&self, m: &Arc<MNode>, off: u64, whole: &[u8], stamp: Stamp) -> Result<usize> {
+    /// [`Engine::write_mnode`], stamping mtime and ctime or not (`times`).
+    pub fn write_mnode_with(
+        &self,
+        m: &Arc<MNode>,
+        off: u64,
+        whole: &[u8],
+        times: WriteTimes,
+    ) -> Result<usize> {
         self.check_writable()?;
-        let (off, data) = match stamp {
-            Stamp::Keep => self.cached_append(m, off, whole)?,
-            Stamp::Now => (off, whole),
+        let (off, data) = match times {
+            WriteTimes::Keep => self.cached_append(m, off, whole)?,
+            WriteTimes::Now => (off, whole),
         };
         let short = data.len().div_ceil(PAGE_SIZE) as u64 + 1;
         self.admit_with(short, || self.new_blocks(m, off, data.len() as u64))?;
         {
             let _g = self.pass.shared();
-            self.write_locked(m, off, data, stamp)?;
+            self.write_locked(m, off, data, times)?;
         }
         // Outside the semaphore: writeback takes the gate, which a checkpoint holding the gate
         // and waiting for the semaphore to drain must not find us holding.
@@ -847,7 +854,7 @@ impl Engine {
         Ok((off + n as u64, &data[n..]))
     }
 
-    fn write_locked(&self, m: &MNode, off: u64, data: &[u8], stamp: Stamp) -> Result<()> {
+    fn write_locked(&self, m: &MNode, off: u64, data: &[u8], times: WriteTimes) -> Result<()> {
         let (pages, range) = m.pages().ok_or_else(|| {
             Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
         })?;
@@ -876,7 +883,7 @@ impl Engine {
         if end > m.size.load(Ordering::Acquire) {
             m.size.fetch_max(end, Ordering::AcqRel);
         }
-        if stamp == Stamp::Now {
+        if times == WriteTimes::Now {
             m.touch(now());
         }
         self.io.user.add(data.len() as u64);
