@@ -14,7 +14,7 @@
 //! MP` if that fails, waits for the daemon (by its PID: SIGTERM, and at last SIGKILL, only if it
 //! does not end), and removes the mount point. Everything by exact path or PID.
 
-use crate::target::{fs_type_of, DirTarget, File, OpenOptions, Stat, Target};
+use crate::target::{fs_type_of, DirTarget, File, IoCounters, OpenOptions, Stat, Target};
 use std::ffi::OsString;
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
@@ -379,6 +379,25 @@ impl Target for MountTarget {
     }
     fn fuse_requests(&self) -> Option<Vec<(String, u64)>> {
         lanefs_fuse::stats::read(&self.mount_point()?).ok()
+    }
+
+    /// The daemon's engine counters (`lanefs.engine`). The daemon keeps no per-run peak, so
+    /// `cp_exclusive_us_max` is the longest since the mount: an upper bound of the run's own.
+    fn io_counters(&self) -> Option<IoCounters> {
+        let e = lanefs_fuse::stats::read_engine(&self.mount_point()?).ok()?;
+        Some(IoCounters {
+            user_bytes: e.get("user_bytes")?,
+            device_bytes: e.get("device_bytes")?,
+            cleaning_bytes: e.get("cleaning_bytes")?,
+            segments_cleaned: e.get("segments_cleaned")?,
+            checkpoints: e.get("checkpoints")?,
+            cp_exclusive_us_max: e.get("cp_exclusive_us_max")?,
+        })
+    }
+
+    /// The daemon's contention census (`lanefs.engine`): counted by the daemon's process.
+    fn lock_census(&self) -> Option<lanefs::sync::Census> {
+        Some(lanefs_fuse::stats::read_engine(&self.mount_point()?).ok()?.census())
     }
 
     /// Unmounts (waiting for the final checkpoint) and removes the mount point; idempotent.

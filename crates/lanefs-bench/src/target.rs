@@ -117,8 +117,9 @@ pub trait Target: Send + Sync {
         Ok(())
     }
 
-    /// The file system's own write counters, where it has them (lanefs through the library):
-    /// what users wrote against what reached the device. None for every other target.
+    /// The file system's own write counters, where it has them (lanefs through the library,
+    /// or a lanefs mount's `lanefs.engine` attribute): what users wrote against what reached
+    /// the device. None for every other target.
     fn io_counters(&self) -> Option<IoCounters> {
         None
     }
@@ -130,8 +131,8 @@ pub trait Target: Send + Sync {
     }
 
     /// lanefs's contention census (`lanefs::sync::census`: per lock class, acquisitions that
-    /// had to wait, counted by the process), where the target runs in this process: lanefs
-    /// through the library. None for every other target.
+    /// had to wait, counted by the process that runs lanefs): the library's, or a lanefs
+    /// mount's daemon's. None for every other target.
     fn lock_census(&self) -> Option<lanefs::sync::Census> {
         None
     }
@@ -159,7 +160,8 @@ pub struct IoCounters {
     /// Checkpoints made durable.
     pub checkpoints: u64,
     /// The longest a checkpoint's exclusive phase held operations out since the previous read
-    /// of the counters (µs; a peak, not a running count: `since` keeps the later one).
+    /// of the counters (µs; a peak, not a running count: `since` keeps the later one). Through
+    /// a mount, the longest since the mount: the daemon keeps no per-run peak.
     pub cp_exclusive_us_max: u64,
 }
 

@@ -65,8 +65,9 @@ enum Cmd {
         io: IoArg,
     },
     /// Describe an image: geometry, checkpoint, segment usage, lanes, I/O mode; and, while it
-    /// is mounted, the FUSE requests its mount served. Given a lanefs mount point: those
-    /// requests only (also `getfattr -n lanefs.requests --only-values MNT`).
+    /// is mounted, the FUSE requests its mount served and its engine counters. Given a lanefs
+    /// mount point: those only (also `getfattr -n lanefs.requests --only-values MNT`, and
+    /// `lanefs.engine`: checkpoints, their longest pauses, bytes, contended locks by class).
     Inspect {
         /// An image, or a lanefs mount point.
         image: PathBuf,
@@ -386,7 +387,8 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
     // A mounted image: its mount's request counters too.
     let mounted = image.canonicalize().ok().and_then(|img| lanefs_fuse::mount::mounted_at(&img)).map(|mp| {
         let counts = lanefs_fuse::stats::read(&mp);
-        (mp, counts)
+        let engine = lanefs_fuse::stats::read_engine(&mp);
+        (mp, counts, engine)
     });
     if json {
         let lanes: Vec<serde_json::Value> = info
@@ -433,8 +435,9 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
                 "path": r.path, "region": r.region, "nat": r.nat, "journals": r.journals,
                 "journal_transactions": r.journal_transactions,
             })),
-            "mount": mounted.as_ref().map(|(mp, counts)| serde_json::json!({
-                "mountpoint": mp, "requests": counts.as_ref().map(|c| requests_json(c)).map_err(|e| e.clone()).ok(),
+            "mount": mounted.as_ref().map(|(mp, counts, engine)| serde_json::json!({
+                "mountpoint": mp, "requests": counts.as_ref().map(|c| requests_json(c)).ok(),
+                "engine": engine.as_ref().map(|e| engine_json(e, counts.as_ref().ok())).ok(),
             })),
         });
         say!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
@@ -529,11 +532,15 @@ fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result
             logs.iter().zip(names).map(|(c, n)| format!("{n} {}+{}", c.segno, c.next_off)).collect();
         say!(out, "lane {i:<8} {}", s.join(", "));
     }
-    if let Some((mp, counts)) = &mounted {
+    if let Some((mp, counts, engine)) = &mounted {
         say!(out, "mounted at    {} (what follows is the mount's; the lines above are the image's last checkpoint and journals)", mp.display());
         match counts {
             Ok(c) => say_requests(&mut out, c),
             Err(e) => say!(out, "requests      unknown: {e}"),
+        }
+        match engine {
+            Ok(e) => say_engine(&mut out, e, counts.as_ref().ok()),
+            Err(e) => say!(out, "engine        unknown: {e}"),
         }
     }
     emit(&out)
@@ -554,6 +561,75 @@ fn say_requests(out: &mut String, counts: &[(String, u64)]) {
     }
 }
 
+/// FUSE requests in `counts`, for per-request figures (None when unknown or none).
+fn request_total(counts: Option<&lanefs_fuse::stats::Counts>) -> Option<u64> {
+    counts.map(|c| c.iter().map(|(_, n)| n).sum::<u64>()).filter(|&t| t > 0)
+}
+
+/// The engine's counters of a mount: checkpoints and their pauses, bytes, and the lock classes
+/// whose acquisitions waited, per FUSE request where the requests are known.
+fn say_engine(
+    out: &mut String,
+    e: &lanefs_fuse::stats::EngineCounters,
+    counts: Option<&lanefs_fuse::stats::Counts>,
+) {
+    let v = |k: &str| e.get(k).map_or("?".to_string(), |n| n.to_string());
+    say!(
+        out,
+        "checkpoints   {} since the mount; longest exclusive phase {} µs (every operation held out), longest write phase {} µs (fsync held out)",
+        v("checkpoints"),
+        v("cp_exclusive_us_max"),
+        v("cp_write_phase_us_max")
+    );
+    say!(
+        out,
+        "device        {} written for {} by users ({} by cleaning, {} segments); {} device flushes for fsync",
+        e.get("device_bytes").map_or("?".to_string(), size::show),
+        e.get("user_bytes").map_or("?".to_string(), size::show),
+        e.get("cleaning_bytes").map_or("?".to_string(), size::show),
+        v("segments_cleaned"),
+        v("fsync_flushes")
+    );
+    let census = e.census();
+    let total = request_total(counts);
+    if census.total() == 0 {
+        say!(out, "contention    no lock acquisition waited since the mount");
+        return;
+    }
+    say!(
+        out,
+        "contention    {} lock acquisitions waited since the mount{}",
+        census.total(),
+        if total.is_some() { "; per FUSE request:" } else { ":" }
+    );
+    for (rank, n) in census.nonzero() {
+        match total {
+            Some(t) => say!(out, "  {:<16} {n:>12}  {:.6}", format!("{rank:?}"), n as f64 / t as f64),
+            None => say!(out, "  {:<16} {n:>12}", format!("{rank:?}")),
+        }
+    }
+}
+
+fn engine_json(
+    e: &lanefs_fuse::stats::EngineCounters,
+    counts: Option<&lanefs_fuse::stats::Counts>,
+) -> serde_json::Value {
+    let total = request_total(counts);
+    let census = e.census();
+    let contended: serde_json::Map<String, serde_json::Value> =
+        census.nonzero().map(|(r, n)| (format!("{r:?}"), serde_json::json!(n))).collect();
+    let per_request: Option<serde_json::Map<String, serde_json::Value>> = total.map(|t| {
+        census.nonzero().map(|(r, n)| (format!("{r:?}"), serde_json::json!(n as f64 / t as f64))).collect()
+    });
+    let plain: serde_json::Map<String, serde_json::Value> = e
+        .values
+        .iter()
+        .filter(|(k, _)| !k.starts_with("contended."))
+        .map(|(k, n)| (k.clone(), serde_json::json!(n)))
+        .collect();
+    serde_json::json!({"counters": plain, "contended": contended, "contended_per_request": per_request})
+}
+
 fn requests_json(counts: &[(String, u64)]) -> serde_json::Value {
     let by_op: serde_json::Map<String, serde_json::Value> =
         counts.iter().map(|(k, n)| (k.clone(), serde_json::json!(n))).collect();
@@ -567,16 +643,19 @@ fn inspect_mount(mp: &Path, json: bool) -> Result<(), String> {
         format!("{} is a directory, neither a lanefs image nor a lanefs mount point", mp.display())
     })?;
     let counts = lanefs_fuse::stats::read(&canon)?;
+    let engine = lanefs_fuse::stats::read_engine(&canon)?;
     let mut out = String::new();
     if json {
         let v = serde_json::json!({
             "mountpoint": canon, "image": entry.source, "requests": requests_json(&counts),
+            "engine": engine_json(&engine, Some(&counts)),
         });
         say!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
     } else {
         say!(out, "mount         {}", canon.display());
         say!(out, "image         {}", entry.source);
         say_requests(&mut out, &counts);
+        say_engine(&mut out, &engine, Some(&counts));
     }
     emit(&out)
 }

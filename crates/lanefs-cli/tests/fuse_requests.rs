@@ -91,6 +91,63 @@ fn requests_are_counted_by_opcode_and_published_on_the_root() {
     fsck_clean(&img);
 }
 
+/// The engine's counters (`lanefs.engine` on the root): bytes, fsync flushes, checkpoints and
+/// their pauses, and the contention census, read as the bench and `lanefs inspect MNT` read them.
+#[test]
+fn engine_counters_are_published_on_the_root_and_by_inspect() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    let before = lanefs_fuse::stats::read_engine(&m.mp).unwrap();
+    let f = File::create(m.mp.join("f")).unwrap();
+    f.write_all_at(&vec![3u8; 1 << 20], 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let after = lanefs_fuse::stats::read_engine(&m.mp).unwrap();
+    let grew = |k: &str| after.get(k).unwrap() - before.get(k).unwrap();
+    assert!(grew("user_bytes") >= 1 << 20, "{after:?}");
+    assert!(grew("device_bytes") >= 1 << 20, "fsync wrote the data: {after:?}");
+    assert!(grew("fsync_flushes") >= 1, "{after:?}");
+    for k in
+        ["checkpoints", "cp_exclusive_us_max", "cp_write_phase_us_max", "cleaning_bytes", "segments_cleaned"]
+    {
+        assert!(after.get(k).is_some(), "{k} missing: {after:?}");
+    }
+    let classes = after.values.iter().filter(|(k, _)| k.starts_with("contended.")).count();
+    assert_eq!(classes, lanefs::sync::Rank::COUNT, "every lock class listed: {after:?}");
+    assert!(after.census().total() >= before.census().total());
+    // Answered on the root only, and not settable.
+    assert_eq!(
+        rustix::fs::getxattr(m.mp.join("f"), "lanefs.engine", &mut [0u8; 64][..]),
+        Err(rustix::io::Errno::NODATA)
+    );
+    assert_eq!(
+        rustix::fs::setxattr(&m.mp, "lanefs.engine", b"0", rustix::fs::XattrFlags::empty()),
+        Err(rustix::io::Errno::OPNOTSUPP)
+    );
+
+    let out = run(&[os("inspect"), m.mp.as_os_str()], Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.lines().any(|l| l.starts_with("checkpoints") && l.contains("longest exclusive phase")),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("contention")), "{text}");
+    let out = run(&[os("inspect"), os("--json"), m.mp.as_os_str()], Duration::from_secs(30));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["engine"]["counters"]["user_bytes"].as_u64().unwrap() >= 1 << 20, "{v}");
+    assert!(v["engine"]["counters"]["cp_exclusive_us_max"].is_u64(), "{v}");
+    assert!(v["engine"]["contended"].is_object(), "{v}");
+    let out = run(&[os("inspect"), os("--json"), img.as_os_str()], Duration::from_secs(30));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["mount"]["engine"]["counters"]["fsync_flushes"].as_u64().unwrap() >= 1, "{v}");
+    m.umount();
+    fsck_clean(&img);
+}
+
 /// What a create, a stat, a write, a rename and an unlink cost in requests, each done many
 /// times (the kernel's caches are warm after the first). The bounds are this kernel's floor
 /// with FUSE and `default_permissions`: see `lanefs_fuse::adapter` for why each request comes.

@@ -1158,9 +1158,11 @@ impl Filesystem for LaneFuse {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
-        // The mount's request counters (`crate::stats`); reading them is not counted.
+        // The mount's request and engine counters (`crate::stats`); reading them is not counted.
         let r = if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::REQUESTS_XATTR.as_bytes() {
             Ok(crate::stats::format(&self.inflight.requests()).into_bytes())
+        } else if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::ENGINE_XATTR.as_bytes() {
+            Ok(crate::stats::format_engine(&self.fs.io_stats(), &self.fs.lock_census()).into_bytes())
         } else {
             let _busy = self.inflight.enter(Op::Getxattr, ino.0, req.pid());
             self.fs.getxattr(ino.0, name(n))

@@ -16,11 +16,24 @@
 //! ENOSYS itself before the adapter sees them (STATX, TMPFILE, SYNCFS, ...: the kernel then
 //! stops sending most of them).
 
+//!
+//! A second attribute, `lanefs.engine`, holds what the engine counts since the mount, as
+//! `key value` lines in a fixed order: checkpoints made durable, the longest time a
+//! checkpoint's exclusive phase held every operation out and its write phase held fsync out
+//! (µs), bytes by cause, device flushes for fsync, and per lock class the acquisitions that
+//! found the lock held (`contended.CLASS`, the contention census of `lanefs::sync::census`,
+//! every class, zeros included). Reading it changes nothing.
+
 use crate::inflight::Op;
+use lanefs::sync::{Census, Rank};
+use lanefs::IoStats;
 use std::path::Path;
 
 /// The attribute of the mount's root that holds the counters.
 pub const REQUESTS_XATTR: &str = "lanefs.requests";
+
+/// The attribute of the mount's root that holds the engine's counters.
+pub const ENGINE_XATTR: &str = "lanefs.engine";
 
 /// The prefix the adapter keeps for itself: names under it cannot be set or removed.
 pub const RESERVED_PREFIX: &[u8] = b"lanefs.";
@@ -53,13 +66,8 @@ pub fn parse(text: &str) -> Result<Counts, String> {
 
 /// The counters of the lanefs mount at `mountpoint`.
 pub fn read(mountpoint: &Path) -> Result<Counts, String> {
-    let mut buf = vec![0u8; 16 << 10];
-    let n = rustix::fs::getxattr(mountpoint, REQUESTS_XATTR, &mut buf[..]).map_err(|e| {
-        format!("{}: cannot read {REQUESTS_XATTR}: {e} (not a lanefs mount point, or a lanefs older than the counters)", mountpoint.display())
-    })?;
-    let text = std::str::from_utf8(&buf[..n])
-        .map_err(|_| format!("{}: {REQUESTS_XATTR} is not text", mountpoint.display()))?;
-    parse(text).map_err(|e| format!("{}: {REQUESTS_XATTR}: {e}", mountpoint.display()))
+    let text = read_text(mountpoint, REQUESTS_XATTR)?;
+    parse(&text).map_err(|e| format!("{}: {REQUESTS_XATTR}: {e}", mountpoint.display()))
 }
 
 /// What was counted between `earlier` and `later` (opcodes of `later`; one missing from
@@ -72,6 +80,97 @@ pub fn since(later: &[(String, u64)], earlier: &[(String, u64)]) -> Counts {
             (name.clone(), n.saturating_sub(before))
         })
         .collect()
+}
+
+/// The prefix of a lock class's census key in [`ENGINE_XATTR`].
+const CONTENDED: &str = "contended.";
+
+/// The engine's counters since the mount, as [`ENGINE_XATTR`] carries them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    /// `key value` pairs in the attribute's order.
+    pub values: Vec<(String, u64)>,
+}
+
+impl EngineCounters {
+    /// The value of `key`, if the daemon reported it.
+    pub fn get(&self, key: &str) -> Option<u64> {
+        self.values.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+
+    /// The contention census, rebuilt: classes this build does not know are left out.
+    pub fn census(&self) -> Census {
+        Census::from_counts(self.values.iter().filter_map(|(k, n)| {
+            let class = k.strip_prefix(CONTENDED)?;
+            Rank::ALL.iter().find(|r| format!("{r:?}") == class).map(|&r| (r, *n))
+        }))
+    }
+}
+
+/// The [`ENGINE_XATTR`] value for the engine's `io` statistics and `census`.
+pub fn format_engine(io: &IoStats, census: &Census) -> String {
+    let device = io.journal_bytes + io.writeback_bytes + io.checkpoint_bytes + io.cleaning_bytes;
+    let mut out = String::new();
+    for (k, v) in [
+        ("checkpoints", io.checkpoints_durable),
+        ("cp_exclusive_us_max", io.cp_exclusive_us_max),
+        ("cp_write_phase_us_max", io.cp_write_phase_us_max),
+        ("user_bytes", io.user_bytes),
+        ("device_bytes", device),
+        ("cleaning_bytes", io.cleaning_bytes),
+        ("segments_cleaned", io.segments_cleaned),
+        ("fsync_flushes", io.fsync_flushes),
+    ] {
+        out.push_str(&format!("{k} {v}\n"));
+    }
+    for r in Rank::ALL {
+        out.push_str(&format!("{CONTENDED}{r:?} {}\n", census.get(r)));
+    }
+    out
+}
+
+/// Reads a value made by [`format_engine`]: every line `KEY COUNT`, KEY of lower-case letters,
+/// digits, `_` and `.`, or a census key (`contended.` and a class name).
+pub fn parse_engine(text: &str) -> Result<EngineCounters, String> {
+    let values = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut w = l.split_whitespace();
+            let (Some(key), Some(n), None) = (w.next(), w.next(), w.next()) else {
+                return Err(format!("bad counter line {l:?}"));
+            };
+            let plain = key.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
+            let class = key
+                .strip_prefix(CONTENDED)
+                .is_some_and(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_alphanumeric()));
+            if !(plain || class) {
+                return Err(format!("bad key in {l:?}"));
+            }
+            let n = n.parse::<u64>().map_err(|_| format!("bad count in {l:?}"))?;
+            Ok((key.to_string(), n))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(EngineCounters { values })
+}
+
+/// Reads the text attribute `name` of the root at `mountpoint`.
+fn read_text(mountpoint: &Path, name: &str) -> Result<String, String> {
+    let mut buf = vec![0u8; 16 << 10];
+    let n = rustix::fs::getxattr(mountpoint, name, &mut buf[..]).map_err(|e| {
+        format!(
+            "{}: cannot read {name}: {e} (not a lanefs mount point, or a lanefs older than the counters)",
+            mountpoint.display()
+        )
+    })?;
+    buf.truncate(n);
+    String::from_utf8(buf).map_err(|_| format!("{}: {name} is not text", mountpoint.display()))
+}
+
+/// The engine counters of the lanefs mount at `mountpoint`.
+pub fn read_engine(mountpoint: &Path) -> Result<EngineCounters, String> {
+    let text = read_text(mountpoint, ENGINE_XATTR)?;
+    parse_engine(&text).map_err(|e| format!("{}: {ENGINE_XATTR}: {e}", mountpoint.display()))
 }
 
 #[cfg(test)]
@@ -92,6 +191,40 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
         assert_eq!(parse("").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn the_engine_value_round_trips_and_bad_text_is_refused() {
+        let io = IoStats {
+            user_bytes: 4096,
+            journal_bytes: 100,
+            checkpoint_bytes: 20,
+            cleaning_bytes: 3,
+            checkpoints_durable: 7,
+            cp_exclusive_us_max: 640,
+            cp_write_phase_us_max: 9000,
+            fsync_flushes: 5,
+            ..Default::default()
+        };
+        let census = Census::from_counts([(Rank::Meta, 12), (Rank::Cell, 1)]);
+        let back = parse_engine(&format_engine(&io, &census)).unwrap();
+        assert_eq!(back.get("checkpoints"), Some(7));
+        assert_eq!(back.get("cp_exclusive_us_max"), Some(640));
+        assert_eq!(back.get("cp_write_phase_us_max"), Some(9000));
+        assert_eq!(back.get("device_bytes"), Some(123));
+        assert_eq!(back.get("fsync_flushes"), Some(5));
+        assert_eq!(back.get("contended.Meta"), Some(12));
+        assert_eq!(back.get("nothing"), None);
+        let c = back.census();
+        assert_eq!((c.get(Rank::Meta), c.get(Rank::Cell), c.total()), (12, 1, 13));
+        // Every class is listed, zeros included, so that a reader sees which classes exist.
+        assert_eq!(back.values.iter().filter(|(k, _)| k.starts_with(CONTENDED)).count(), Rank::COUNT);
+        for bad in ["checkpoints", "checkpoints x", "Checkpoints 1", "contended. 1", "a b c", "cp -1"] {
+            assert!(parse_engine(bad).is_err(), "{bad:?}");
+        }
+        // A class this build does not know is kept as a value and left out of the census.
+        let other = parse_engine("contended.Future 3\n").unwrap();
+        assert_eq!((other.get("contended.Future"), other.census().total()), (Some(3), 0));
     }
 
     #[test]
