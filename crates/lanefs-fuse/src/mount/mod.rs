@@ -24,12 +24,21 @@
 //!
 //! A worker's request that stays in flight past `stuck_request_secs` is logged (see
 //! [`crate::inflight`]): on stderr under `--foreground`, in syslog for the detached daemon.
+//!
+//! The `-o` options and their defaults are in `options`; the mount table (which lanefs mounts
+//! /proc/self/mountinfo lists) in `table`.
 
-use crate::adapter::{LaneFuse, Ttl};
+mod options;
+mod table;
+
+pub use options::{parse_options, MountArgs, Parsed, STUCK_REQUEST, WRITEBACK_CACHE_DEFAULT};
+pub use table::{lanefs_mounts, mounted_at, unescape_mountinfo, MountEntry};
+
+use crate::adapter::LaneFuse;
 use crate::inflight::{Inflight, Watcher};
 use fuser::{Config, MountOption, Session, SessionACL};
 use lanefs::device::{DeviceOptions, FileDevice, IoChoice};
-use lanefs::{AtimeMode, AtimePolicy, Fs, FsOptions};
+use lanefs::{AtimeMode, Fs, FsOptions};
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -44,217 +53,6 @@ const DAEMON_ENV: &str = "LANEFS_MOUNT_DAEMON";
 /// How long a mount waits for the daemon of an unmounted image to finish its final checkpoint.
 /// A checkpoint writes what is dirty; a minute covers gigabytes on the slowest device here.
 pub const RELEASE_WAIT: Duration = Duration::from_secs(60);
-
-/// Whether the kernel caches writes when no `writeback_cache` option says (see the crate docs
-/// for what it changes).
-pub const WRITEBACK_CACHE_DEFAULT: bool = false;
-
-/// Default of `stuck_request_secs`.
-pub const STUCK_REQUEST: Duration = Duration::from_secs(30);
-
-/// What `lanefs mount` was asked for.
-#[derive(Debug, Clone, Default)]
-pub struct MountArgs {
-    pub image: PathBuf,
-    pub mountpoint: PathBuf,
-    /// Persistent-memory region holding the NAT and the lane journals (`--nvm FILE`; also
-    /// `-o nvm=FILE`): created on the first mount with it, required from then on.
-    pub nvm: Option<PathBuf>,
-    /// Size of a region this mount creates (`--nvm-size`; default: the image's NAT plus 32 MiB
-    /// per lane of journal, at most 256 MiB of journals).
-    pub nvm_size: Option<u64>,
-    /// Worker threads; default one per core.
-    pub threads: Option<usize>,
-    /// `-o` option lists, each comma-separated.
-    pub options: Vec<String>,
-    pub foreground: bool,
-}
-
-/// Mount options after parsing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Parsed {
-    pub fuse: Vec<MountOption>,
-    pub acl: SessionACL,
-    pub threads: Option<usize>,
-    pub nvm: Option<PathBuf>,
-    pub writeback_cache: bool,
-    /// `checkpoint_secs=N`: the checkpoint timer (None: the engine's default; Some(None): no
-    /// timer, checkpoints only when a bound is passed and at unmount).
-    pub checkpoint_interval: Option<Option<Duration>>,
-    /// `stuck_request_secs=N`: requests in flight this long are logged (None: never).
-    pub stuck_request: Option<Duration>,
-    /// `norecovery` (read-only mounts only): the last checkpoint alone, the journals not
-    /// replayed.
-    pub no_recovery: bool,
-    /// The access-time options (`relatime` by default; `noatime`, `strictatime`, `nodiratime`,
-    /// `lazytime` and their opposites, the last word winning), which the daemon applies: the
-    /// kernel keeps no atime for FUSE.
-    pub atime: AtimePolicy,
-    /// How long the kernel caches names and attributes (`cache_timeout=S`) and names that do
-    /// not exist (`negative_timeout=S`); see [`Ttl`].
-    pub ttl: Ttl,
-}
-
-/// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
-/// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (off by default;
-/// `nowriteback_cache` is off too), `checkpoint_secs=N`,
-/// `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S` and `norecovery` (read-only
-/// mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
-/// what it does not know.
-pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
-    let mut fuse = Vec::new();
-    let mut acl = SessionACL::Owner;
-    let mut threads = None;
-    let mut nvm = None;
-    let mut default_permissions = true;
-    let mut writeback_cache = WRITEBACK_CACHE_DEFAULT;
-    let mut checkpoint_interval = None;
-    let mut stuck_request = Some(STUCK_REQUEST);
-    let mut no_recovery = false;
-    let mut atime = AtimePolicy::default();
-    let mut ttl = Ttl::default();
-    for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
-        let opt = match o {
-            "ro" => MountOption::RO,
-            "rw" => MountOption::RW,
-            "dev" => MountOption::Dev,
-            "nodev" => MountOption::NoDev,
-            "suid" => MountOption::Suid,
-            "nosuid" => MountOption::NoSuid,
-            "exec" => MountOption::Exec,
-            "noexec" => MountOption::NoExec,
-            "atime" | "noatime" | "relatime" | "norelatime" | "strictatime" | "nostrictatime"
-            | "lazytime" | "nolazytime" | "diratime" | "nodiratime" => {
-                match o {
-                    "noatime" => atime.mode = AtimeMode::Never,
-                    // The kernel's default is relatime: "atime" and "norelatime" come back to it.
-                    "atime" | "relatime" | "norelatime" | "nostrictatime" => atime.mode = AtimeMode::Relative,
-                    "strictatime" => atime.mode = AtimeMode::Always,
-                    "lazytime" => atime.lazy = true,
-                    "nolazytime" => atime.lazy = false,
-                    "diratime" => atime.dirs = true,
-                    _ => atime.dirs = false,
-                }
-                continue;
-            }
-            "dirsync" => MountOption::DirSync,
-            "sync" => MountOption::Sync,
-            "async" => MountOption::Async,
-            "auto_unmount" => MountOption::AutoUnmount,
-            "default_permissions" => {
-                default_permissions = true;
-                continue;
-            }
-            "no_default_permissions" => {
-                default_permissions = false;
-                continue;
-            }
-            "allow_other" => {
-                acl = SessionACL::All;
-                continue;
-            }
-            "allow_root" => {
-                acl = SessionACL::RootAndOwner;
-                continue;
-            }
-            "writeback_cache" | "writeback_cache=on" => {
-                writeback_cache = true;
-                continue;
-            }
-            "writeback_cache=off" | "nowriteback_cache" => {
-                writeback_cache = false;
-                continue;
-            }
-            "norecovery" => {
-                no_recovery = true;
-                continue;
-            }
-            // mount(8) and fstab words that are not mount options.
-            "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "nofail" | "_netdev" => continue,
-            o if o.starts_with("x-") || o.starts_with("comment=") => continue,
-            o if o.starts_with("threads=") => {
-                let n = o["threads=".len()..]
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&n| (1..=1024).contains(&n))
-                    .ok_or_else(|| format!("option {o}: give a thread count from 1 to 1024"))?;
-                threads = Some(n);
-                continue;
-            }
-            o if o.starts_with("checkpoint_secs=") => {
-                let n = o["checkpoint_secs=".len()..]
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|&n| n <= 86_400)
-                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no timer) to 86400"))?;
-                checkpoint_interval = Some((n > 0).then(|| Duration::from_secs(n)));
-                continue;
-            }
-            o if o.starts_with("stuck_request_secs=") => {
-                let n = o["stuck_request_secs=".len()..]
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|&n| n <= 86_400)
-                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no log) to 86400"))?;
-                stuck_request = (n > 0).then(|| Duration::from_secs(n));
-                continue;
-            }
-            o if o.starts_with("cache_timeout=") || o.starts_with("negative_timeout=") => {
-                let (key, v) = o.split_once('=').unwrap_or((o, ""));
-                let secs = v
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|&n| n <= 86_400)
-                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no caching) to 86400"))?;
-                let d = Duration::from_secs(secs);
-                if key == "cache_timeout" {
-                    ttl.cache = d;
-                } else {
-                    ttl.negative = d;
-                }
-                continue;
-            }
-            o if o.starts_with("nvm=") => {
-                nvm = Some(PathBuf::from(&o["nvm=".len()..]));
-                continue;
-            }
-            // lanefs names its own subtype (fuse.lanefs).
-            o if o.starts_with("subtype=") => continue,
-            o if o.starts_with("fsname=") => MountOption::FSName(o["fsname=".len()..].to_string()),
-            o => MountOption::CUSTOM(o.to_string()),
-        };
-        if !fuse.contains(&opt) {
-            fuse.push(opt);
-        }
-    }
-    if default_permissions {
-        fuse.push(MountOption::DefaultPermissions);
-    }
-    // What the mount table shows. noatime is a flag fuser passes; lazytime a superblock flag the
-    // kernel takes as a mount option from root's mount(2) (fusermount3 3.14, which mounts for a
-    // user, refuses it). strictatime and nodiratime have no fuser option: `show_atime_flags`
-    // sets them once the mount is up.
-    if atime.mode == AtimeMode::Never {
-        fuse.push(MountOption::NoAtime);
-    }
-    if atime.lazy && rustix::process::geteuid().is_root() {
-        fuse.push(MountOption::CUSTOM("lazytime".into()));
-    }
-    // The kernel's own subtype option: /proc/mounts shows the type as fuse.lanefs.
-    fuse.push(MountOption::CUSTOM("subtype=lanefs".into()));
-    Ok(Parsed {
-        fuse,
-        acl,
-        threads,
-        nvm,
-        writeback_cache,
-        checkpoint_interval,
-        stuck_request,
-        no_recovery,
-        atime,
-        ttl,
-    })
-}
 
 fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
@@ -611,12 +409,6 @@ fn wait_for_lock(file: &File, limit: Duration) -> Result<(), String> {
     }
 }
 
-/// Where `image` is mounted, if it is: the first lanefs mount with it as its source.
-pub fn mounted_at(image: &Path) -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    lanefs_mounts(&info).into_iter().find(|m| Path::new(&m.source) == image).map(|m| m.mountpoint)
-}
-
 /// A second mount of a mounted image, as a kernel file system makes it: the same file system
 /// at `new` too, a bind of the mount at `at`, with the per-mount flags that a fresh mount with
 /// these options would get. Only root may bind; a user gets the reason.
@@ -775,72 +567,6 @@ fn unmount_path(mp: &Path) {
     }
 }
 
-/// A lanefs mount as /proc/self/mountinfo lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
-    pub mountpoint: PathBuf,
-    pub source: String,
-    /// major:minor of the file system: the same for every bind of one mount.
-    pub dev: String,
-    /// The per-mount options (rw, nosuid, nodev, relatime, ...).
-    pub options: String,
-}
-
-/// Decodes mountinfo's octal escapes (\040 for a space, ...).
-fn unescape(s: &str) -> String {
-    String::from_utf8_lossy(&unescape_mountinfo(s)).into_owned()
-}
-
-/// Decodes the octal escapes of a /proc/self/mountinfo field (the kernel writes space, tab,
-/// newline and backslash as `\ooo`) into the raw bytes of the path. A backslash not followed by
-/// three octal digits stays as it is. The one implementation, shared with lanefs-bench.
-pub fn unescape_mountinfo(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        // The escape is b[i..i + 4]; `get` also takes one that ends the field, and none that is
-        // cut short. Above \377 it is no byte: kept as it is (and no u8 overflow).
-        let value = b
-            .get(i + 1..i + 4)
-            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
-            .map(|d| d.iter().fold(0u16, |v, c| v * 8 + u16::from(c - b'0')))
-            .and_then(|v| u8::try_from(v).ok());
-        match value {
-            Some(v) => {
-                out.push(v);
-                i += 4;
-            }
-            _ => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
-/// The lanefs mounts in a mountinfo text.
-pub fn lanefs_mounts(mountinfo: &str) -> Vec<MountEntry> {
-    let mut out = Vec::new();
-    for line in mountinfo.lines() {
-        // id parent major:minor root mountpoint opts [optional...] - fstype source superopts
-        let Some((left, right)) = line.split_once(" - ") else { continue };
-        let l: Vec<&str> = left.split(' ').collect();
-        let r: Vec<&str> = right.split(' ').collect();
-        if l.len() < 6 || r.len() < 2 || r[0] != "fuse.lanefs" {
-            continue;
-        }
-        out.push(MountEntry {
-            mountpoint: PathBuf::from(unescape(l[4])),
-            source: unescape(r[1]),
-            dev: l[2].to_string(),
-            options: l[5].to_string(),
-        });
-    }
-    out
-}
-
 /// `lanefs umount MOUNTPOINT`: fusermount3 -u, then wait (up to `wait`) for the daemon's final
 /// checkpoint, which ends when it releases the image lock. If the file system is still mounted
 /// elsewhere (a bind of it), the daemon goes on serving that: nothing to wait for, and the note
@@ -904,101 +630,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn options_map_to_fuser_and_lanefs() {
-        let p = parse_options(&["ro,allow_other,threads=3".into(), "noatime,max_read=65536".into()]).unwrap();
-        assert_eq!(p.acl, SessionACL::All);
-        assert_eq!(p.threads, Some(3));
-        assert!(p.fuse.contains(&MountOption::RO));
-        assert!(p.fuse.contains(&MountOption::NoAtime));
-        assert!(p.fuse.contains(&MountOption::DefaultPermissions));
-        assert!(p.fuse.contains(&MountOption::CUSTOM("max_read=65536".into())));
-        let p = parse_options(&["defaults,no_default_permissions,relatime".into()]).unwrap();
-        assert!(!p.fuse.contains(&MountOption::DefaultPermissions));
-        assert!(parse_options(&["threads=0".into()]).is_err());
-        assert!(parse_options(&["threads=x".into()]).is_err());
-        assert_eq!(p.checkpoint_interval, None);
-        let p = parse_options(&["checkpoint_secs=2".into()]).unwrap();
-        assert_eq!(p.checkpoint_interval, Some(Some(Duration::from_secs(2))));
-        assert_eq!(parse_options(&["checkpoint_secs=0".into()]).unwrap().checkpoint_interval, Some(None));
-        assert!(parse_options(&["checkpoint_secs=-1".into()]).is_err());
-        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.starts_with("checkpoint"))));
-        let p = parse_options(&["ro,norecovery".into()]).unwrap();
-        assert!(
-            p.no_recovery && !p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c == "norecovery"))
-        );
-        assert!(!parse_options(&["ro".into()]).unwrap().no_recovery);
-        // Without ro it is refused at mount, unless the image is write-protected (then ro).
-        assert!(parse_options(&["norecovery".into()]).unwrap().no_recovery);
-    }
-
-    #[test]
-    fn atime_options_make_a_policy_the_last_word_winning() {
-        let p = parse_options(&[]).unwrap();
-        assert_eq!(p.atime, AtimePolicy::default());
-        assert!(!p.fuse.contains(&MountOption::NoAtime));
-        let p = parse_options(&["noatime,nodiratime".into()]).unwrap();
-        assert_eq!(p.atime, AtimePolicy { mode: AtimeMode::Never, dirs: false, lazy: false });
-        assert!(p.fuse.contains(&MountOption::NoAtime));
-        let p =
-            parse_options(&["noatime,strictatime,lazytime".into(), "nodiratime,diratime".into()]).unwrap();
-        assert_eq!(p.atime, AtimePolicy { mode: AtimeMode::Always, dirs: true, lazy: true });
-        assert!(!p.fuse.contains(&MountOption::NoAtime));
-        for back in ["atime", "relatime", "norelatime", "nostrictatime"] {
-            let p = parse_options(&[format!("strictatime,{back},lazytime,nolazytime")]).unwrap();
-            assert_eq!(p.atime, AtimePolicy::default(), "{back}");
-        }
-        // None of them reaches the kernel as a FUSE option it would refuse.
-        let p = parse_options(&["relatime,strictatime,nodiratime,norelatime,nostrictatime".into()]).unwrap();
-        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.contains("atime"))));
-    }
-
-    #[test]
-    fn writeback_cache_on_and_off() {
-        assert_eq!(parse_options(&[]).unwrap().writeback_cache, WRITEBACK_CACHE_DEFAULT);
-        for (o, on) in [
-            ("writeback_cache", true),
-            ("writeback_cache=on", true),
-            ("writeback_cache=off", false),
-            ("nowriteback_cache", false),
-            ("writeback_cache=off,writeback_cache", true),
-        ] {
-            let p = parse_options(&[o.into()]).unwrap();
-            assert_eq!(p.writeback_cache, on, "{o}");
-            assert!(!p.fuse.iter().any(|m| matches!(m, MountOption::CUSTOM(c) if c.contains("writeback"))));
-        }
-    }
-
-    #[test]
-    fn cache_timeouts_set_the_ttls_and_stay_out_of_the_kernel_options() {
-        assert_eq!(parse_options(&[]).unwrap().ttl, Ttl::default());
-        let p = parse_options(&["cache_timeout=1,negative_timeout=0".into()]).unwrap();
-        assert_eq!(p.ttl, Ttl { cache: Duration::from_secs(1), negative: Duration::ZERO });
-        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.contains("timeout"))));
-        for bad in ["cache_timeout=", "cache_timeout=-1", "negative_timeout=1.5", "cache_timeout=86401"] {
-            let e = parse_options(&[bad.into()]).unwrap_err();
-            assert!(e.starts_with(&format!("option {bad}: ")), "{e}");
-        }
-    }
-
-    #[test]
-    fn stuck_request_secs_sets_the_threshold_or_turns_the_log_off() {
-        assert_eq!(parse_options(&[]).unwrap().stuck_request, Some(STUCK_REQUEST));
-        let p = parse_options(&["rw,stuck_request_secs=1".into()]).unwrap();
-        assert_eq!(p.stuck_request, Some(Duration::from_secs(1)));
-        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.starts_with("stuck"))));
-        assert_eq!(parse_options(&["stuck_request_secs=0".into()]).unwrap().stuck_request, None);
-        for bad in [
-            "stuck_request_secs=",
-            "stuck_request_secs=-3",
-            "stuck_request_secs=1.5",
-            "stuck_request_secs=86401",
-        ] {
-            let e = parse_options(&[bad.into()]).unwrap_err();
-            assert!(e.starts_with(&format!("option {bad}: ")) && e.contains("seconds"), "{e}");
-        }
-    }
-
-    #[test]
     fn the_lock_is_waited_for_within_the_limit_only() {
         let path = std::env::temp_dir().join(format!("lanefs-lockwait-{}", std::process::id()));
         std::fs::write(&path, b"image").unwrap();
@@ -1042,21 +673,5 @@ mod tests {
             rustix::fs::flock(&waiter, rustix::fs::FlockOperation::Unlock).unwrap();
         }
         std::fs::remove_file(&path).unwrap();
-    }
-
-    #[test]
-    fn mountinfo_lists_lanefs_mounts_with_escapes() {
-        let info = "36 35 98:0 / /mnt1 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n\
-                    50 22 0:45 / /tmp/my\\040mnt rw,nosuid,nodev,relatime shared:30 - fuse.lanefs /tmp/a\\040b.img rw,user_id=0,group_id=0\n";
-        let m = lanefs_mounts(info);
-        assert_eq!(
-            m,
-            vec![MountEntry {
-                mountpoint: PathBuf::from("/tmp/my mnt"),
-                source: "/tmp/a b.img".into(),
-                dev: "0:45".into(),
-                options: "rw,nosuid,nodev,relatime".into(),
-            }]
-        );
     }
 }

@@ -1,0 +1,153 @@
+//! Directory handles and READDIR / READDIRPLUS replies.
+
+use super::convert::{errno, file_attr, generation, kind};
+use super::LaneFuse;
+use fuser::{FileHandle, INodeNo, ReplyDirectory, ReplyDirectoryPlus};
+use lanefs::Fs;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+/// Entries asked of the engine per round of a readdir reply.
+const DIR_BATCH: usize = 64;
+
+/// Open directory handles and their listings.
+///
+/// A listing bounds what one pass over a directory returns to the entries that existed when it
+/// started (`lanefs::Listing`), so that `readdir` ends even while the caller renames what it
+/// reads (fstests generic/736). A pass starts at offset 0: after OPENDIR, and again after
+/// `rewinddir`, which must then see the directory as it is. Handles are numbered from 1; the
+/// table is sharded by handle so that parallel OPENDIRs rarely share a lock, and no lock of it
+/// is held while the engine is called.
+pub(super) struct DirHandles {
+    next: std::sync::atomic::AtomicU64,
+    shards: Box<[DirShard]>,
+}
+
+/// Open directory handles whose number is the shard's index modulo [`DIR_HANDLE_SHARDS`].
+type DirShard = lanefs::sync::Mutex<HashMap<u64, Arc<lanefs::Listing>>>;
+
+const DIR_HANDLE_SHARDS: u64 = 16;
+
+impl DirHandles {
+    pub(super) fn new() -> DirHandles {
+        DirHandles {
+            next: std::sync::atomic::AtomicU64::new(1),
+            shards: (0..DIR_HANDLE_SHARDS)
+                .map(|_| lanefs::sync::Mutex::new(lanefs::sync::Rank::DirHandles, HashMap::new()))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, fh: u64) -> &DirShard {
+        &self.shards[(fh % DIR_HANDLE_SHARDS) as usize]
+    }
+
+    pub(super) fn open(&self, listing: lanefs::Listing) -> u64 {
+        let fh = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shard(fh).lock().insert(fh, Arc::new(listing));
+        fh
+    }
+
+    /// The listing of handle `fh` (none for a handle this table did not give out).
+    pub(super) fn get(&self, fh: u64) -> Option<Arc<lanefs::Listing>> {
+        self.shard(fh).lock().get(&fh).cloned()
+    }
+
+    pub(super) fn close(&self, fh: u64) {
+        self.shard(fh).lock().remove(&fh);
+    }
+
+    /// The entries of handle `fh`'s listing after `offset`, starting a new pass at offset 0.
+    pub(super) fn read(
+        &self,
+        fs: &Fs,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        max: usize,
+    ) -> lanefs::Result<Vec<lanefs::DirEntry>> {
+        let listing = match self.get(fh) {
+            // A new pass over the directory: the listing starts again from now.
+            Some(_) if offset == 0 => {
+                let l = Arc::new(fs.listing(ino)?);
+                self.shard(fh).lock().insert(fh, l.clone());
+                Some(l)
+            }
+            l => l,
+        };
+        match listing {
+            Some(l) => fs.readdir_listing(&l, offset, max),
+            // Not opened through OPENDIR (the kernel always does; a handle of 0 otherwise).
+            None => fs.readdir(ino, offset, max),
+        }
+    }
+}
+
+impl LaneFuse {
+    /// READDIR: entries of handle `fh`'s listing after `offset`, as many as the reply holds.
+    pub(super) fn fill_readdir(&self, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let mut cookie = offset;
+        loop {
+            let batch = match self.dirs.read(&self.fs, ino.0, fh.0, cookie, DIR_BATCH) {
+                Ok(b) => b,
+                Err(e) => return reply.error(errno(e)),
+            };
+            for e in &batch {
+                // ".." of the root is the root itself.
+                let target = if e.ino == 0 { ino.0 } else { e.ino };
+                if reply.add(INodeNo(target), e.cookie, kind(e.kind), OsStr::from_bytes(&e.name)) {
+                    return reply.ok();
+                }
+                cookie = e.cookie;
+            }
+            if batch.len() < DIR_BATCH {
+                return reply.ok();
+            }
+        }
+    }
+
+    /// READDIRPLUS: as [`LaneFuse::fill_readdir`], with each entry's attributes.
+    pub(super) fn fill_readdirplus(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let mut cookie = offset;
+        loop {
+            let batch = match self.dirs.read(&self.fs, ino.0, fh.0, cookie, DIR_BATCH) {
+                Ok(b) => b,
+                Err(e) => return reply.error(errno(e)),
+            };
+            for e in &batch {
+                // ".." of the root is the root itself.
+                let target = if e.ino == 0 { ino.0 } else { e.ino };
+                match self.fs.getattr(target) {
+                    Ok(a) => {
+                        let name = OsStr::from_bytes(&e.name);
+                        if reply.add(
+                            INodeNo(target),
+                            e.cookie,
+                            name,
+                            &self.ttl.cache,
+                            &file_attr(&a),
+                            generation(&a),
+                        ) {
+                            return reply.ok();
+                        }
+                    }
+                    // Removed since the listing: leave it out, as a later readdir would.
+                    Err(err) if err.to_errno() == libc::ENOENT => {}
+                    Err(err) => return reply.error(errno(err)),
+                }
+                cookie = e.cookie;
+            }
+            if batch.len() < DIR_BATCH {
+                return reply.ok();
+            }
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! `lanefs mount`'s arguments and `-o` options: which go to the kernel (through fuser), which
+//! are lanefs's own, and their defaults.
+
+use crate::adapter::Ttl;
+use fuser::{MountOption, SessionACL};
+use lanefs::{AtimeMode, AtimePolicy};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Whether the kernel caches writes when no `writeback_cache` option says (see the crate docs
+/// for what it changes).
+pub const WRITEBACK_CACHE_DEFAULT: bool = false;
+
+/// Default of `stuck_request_secs`.
+pub const STUCK_REQUEST: Duration = Duration::from_secs(30);
+
+/// What `lanefs mount` was asked for.
+#[derive(Debug, Clone, Default)]
+pub struct MountArgs {
+    pub image: PathBuf,
+    pub mountpoint: PathBuf,
+    /// Persistent-memory region holding the NAT and the lane journals (`--nvm FILE`; also
+    /// `-o nvm=FILE`): created on the first mount with it, required from then on.
+    pub nvm: Option<PathBuf>,
+    /// Size of a region this mount creates (`--nvm-size`; default: the image's NAT plus 32 MiB
+    /// per lane of journal, at most 256 MiB of journals).
+    pub nvm_size: Option<u64>,
+    /// Worker threads; default one per core.
+    pub threads: Option<usize>,
+    /// `-o` option lists, each comma-separated.
+    pub options: Vec<String>,
+    pub foreground: bool,
+}
+
+/// Mount options after parsing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    pub fuse: Vec<MountOption>,
+    pub acl: SessionACL,
+    pub threads: Option<usize>,
+    pub nvm: Option<PathBuf>,
+    pub writeback_cache: bool,
+    /// `checkpoint_secs=N`: the checkpoint timer (None: the engine's default; Some(None): no
+    /// timer, checkpoints only when a bound is passed and at unmount).
+    pub checkpoint_interval: Option<Option<Duration>>,
+    /// `stuck_request_secs=N`: requests in flight this long are logged (None: never).
+    pub stuck_request: Option<Duration>,
+    /// `norecovery` (read-only mounts only): the last checkpoint alone, the journals not
+    /// replayed.
+    pub no_recovery: bool,
+    /// The access-time options (`relatime` by default; `noatime`, `strictatime`, `nodiratime`,
+    /// `lazytime` and their opposites, the last word winning), which the daemon applies: the
+    /// kernel keeps no atime for FUSE.
+    pub atime: AtimePolicy,
+    /// How long the kernel caches names and attributes (`cache_timeout=S`) and names that do
+    /// not exist (`negative_timeout=S`); see [`Ttl`].
+    pub ttl: Ttl,
+}
+
+/// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
+/// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (off by default;
+/// `nowriteback_cache` is off too), `checkpoint_secs=N`,
+/// `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S` and `norecovery` (read-only
+/// mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
+/// what it does not know.
+pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
+    let mut fuse = Vec::new();
+    let mut acl = SessionACL::Owner;
+    let mut threads = None;
+    let mut nvm = None;
+    let mut default_permissions = true;
+    let mut writeback_cache = WRITEBACK_CACHE_DEFAULT;
+    let mut checkpoint_interval = None;
+    let mut stuck_request = Some(STUCK_REQUEST);
+    let mut no_recovery = false;
+    let mut atime = AtimePolicy::default();
+    let mut ttl = Ttl::default();
+    for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
+        let opt = match o {
+            "ro" => MountOption::RO,
+            "rw" => MountOption::RW,
+            "dev" => MountOption::Dev,
+            "nodev" => MountOption::NoDev,
+            "suid" => MountOption::Suid,
+            "nosuid" => MountOption::NoSuid,
+            "exec" => MountOption::Exec,
+            "noexec" => MountOption::NoExec,
+            "atime" | "noatime" | "relatime" | "norelatime" | "strictatime" | "nostrictatime"
+            | "lazytime" | "nolazytime" | "diratime" | "nodiratime" => {
+                match o {
+                    "noatime" => atime.mode = AtimeMode::Never,
+                    // The kernel's default is relatime: "atime" and "norelatime" come back to it.
+                    "atime" | "relatime" | "norelatime" | "nostrictatime" => atime.mode = AtimeMode::Relative,
+                    "strictatime" => atime.mode = AtimeMode::Always,
+                    "lazytime" => atime.lazy = true,
+                    "nolazytime" => atime.lazy = false,
+                    "diratime" => atime.dirs = true,
+                    _ => atime.dirs = false,
+                }
+                continue;
+            }
+            "dirsync" => MountOption::DirSync,
+            "sync" => MountOption::Sync,
+            "async" => MountOption::Async,
+            "auto_unmount" => MountOption::AutoUnmount,
+            "default_permissions" => {
+                default_permissions = true;
+                continue;
+            }
+            "no_default_permissions" => {
+                default_permissions = false;
+                continue;
+            }
+            "allow_other" => {
+                acl = SessionACL::All;
+                continue;
+            }
+            "allow_root" => {
+                acl = SessionACL::RootAndOwner;
+                continue;
+            }
+            "writeback_cache" | "writeback_cache=on" => {
+                writeback_cache = true;
+                continue;
+            }
+            "writeback_cache=off" | "nowriteback_cache" => {
+                writeback_cache = false;
+                continue;
+            }
+            "norecovery" => {
+                no_recovery = true;
+                continue;
+            }
+            // mount(8) and fstab words that are not mount options.
+            "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "nofail" | "_netdev" => continue,
+            o if o.starts_with("x-") || o.starts_with("comment=") => continue,
+            o if o.starts_with("threads=") => {
+                let n = o["threads=".len()..]
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| (1..=1024).contains(&n))
+                    .ok_or_else(|| format!("option {o}: give a thread count from 1 to 1024"))?;
+                threads = Some(n);
+                continue;
+            }
+            o if o.starts_with("checkpoint_secs=") => {
+                let n = o["checkpoint_secs=".len()..]
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n <= 86_400)
+                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no timer) to 86400"))?;
+                checkpoint_interval = Some((n > 0).then(|| Duration::from_secs(n)));
+                continue;
+            }
+            o if o.starts_with("stuck_request_secs=") => {
+                let n = o["stuck_request_secs=".len()..]
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n <= 86_400)
+                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no log) to 86400"))?;
+                stuck_request = (n > 0).then(|| Duration::from_secs(n));
+                continue;
+            }
+            o if o.starts_with("cache_timeout=") || o.starts_with("negative_timeout=") => {
+                let (key, v) = o.split_once('=').unwrap_or((o, ""));
+                let secs = v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n <= 86_400)
+                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no caching) to 86400"))?;
+                let d = Duration::from_secs(secs);
+                if key == "cache_timeout" {
+                    ttl.cache = d;
+                } else {
+                    ttl.negative = d;
+                }
+                continue;
+            }
+            o if o.starts_with("nvm=") => {
+                nvm = Some(PathBuf::from(&o["nvm=".len()..]));
+                continue;
+            }
+            // lanefs names its own subtype (fuse.lanefs).
+            o if o.starts_with("subtype=") => continue,
+            o if o.starts_with("fsname=") => MountOption::FSName(o["fsname=".len()..].to_string()),
+            o => MountOption::CUSTOM(o.to_string()),
+        };
+        if !fuse.contains(&opt) {
+            fuse.push(opt);
+        }
+    }
+    if default_permissions {
+        fuse.push(MountOption::DefaultPermissions);
+    }
+    // What the mount table shows. noatime is a flag fuser passes; lazytime a superblock flag the
+    // kernel takes as a mount option from root's mount(2) (fusermount3 3.14, which mounts for a
+    // user, refuses it). strictatime and nodiratime have no fuser option: `show_atime_flags`
+    // sets them once the mount is up.
+    if atime.mode == AtimeMode::Never {
+        fuse.push(MountOption::NoAtime);
+    }
+    if atime.lazy && rustix::process::geteuid().is_root() {
+        fuse.push(MountOption::CUSTOM("lazytime".into()));
+    }
+    // The kernel's own subtype option: /proc/mounts shows the type as fuse.lanefs.
+    fuse.push(MountOption::CUSTOM("subtype=lanefs".into()));
+    Ok(Parsed {
+        fuse,
+        acl,
+        threads,
+        nvm,
+        writeback_cache,
+        checkpoint_interval,
+        stuck_request,
+        no_recovery,
+        atime,
+        ttl,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_map_to_fuser_and_lanefs() {
+        let p = parse_options(&["ro,allow_other,threads=3".into(), "noatime,max_read=65536".into()]).unwrap();
+        assert_eq!(p.acl, SessionACL::All);
+        assert_eq!(p.threads, Some(3));
+        assert!(p.fuse.contains(&MountOption::RO));
+        assert!(p.fuse.contains(&MountOption::NoAtime));
+        assert!(p.fuse.contains(&MountOption::DefaultPermissions));
+        assert!(p.fuse.contains(&MountOption::CUSTOM("max_read=65536".into())));
+        let p = parse_options(&["defaults,no_default_permissions,relatime".into()]).unwrap();
+        assert!(!p.fuse.contains(&MountOption::DefaultPermissions));
+        assert!(parse_options(&["threads=0".into()]).is_err());
+        assert!(parse_options(&["threads=x".into()]).is_err());
+        assert_eq!(p.checkpoint_interval, None);
+        let p = parse_options(&["checkpoint_secs=2".into()]).unwrap();
+        assert_eq!(p.checkpoint_interval, Some(Some(Duration::from_secs(2))));
+        assert_eq!(parse_options(&["checkpoint_secs=0".into()]).unwrap().checkpoint_interval, Some(None));
+        assert!(parse_options(&["checkpoint_secs=-1".into()]).is_err());
+        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.starts_with("checkpoint"))));
+        let p = parse_options(&["ro,norecovery".into()]).unwrap();
+        assert!(
+            p.no_recovery && !p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c == "norecovery"))
+        );
+        assert!(!parse_options(&["ro".into()]).unwrap().no_recovery);
+        // Without ro it is refused at mount, unless the image is write-protected (then ro).
+        assert!(parse_options(&["norecovery".into()]).unwrap().no_recovery);
+    }
+
+    #[test]
+    fn atime_options_make_a_policy_the_last_word_winning() {
+        let p = parse_options(&[]).unwrap();
+        assert_eq!(p.atime, AtimePolicy::default());
+        assert!(!p.fuse.contains(&MountOption::NoAtime));
+        let p = parse_options(&["noatime,nodiratime".into()]).unwrap();
+        assert_eq!(p.atime, AtimePolicy { mode: AtimeMode::Never, dirs: false, lazy: false });
+        assert!(p.fuse.contains(&MountOption::NoAtime));
+        let p =
+            parse_options(&["noatime,strictatime,lazytime".into(), "nodiratime,diratime".into()]).unwrap();
+        assert_eq!(p.atime, AtimePolicy { mode: AtimeMode::Always, dirs: true, lazy: true });
+        assert!(!p.fuse.contains(&MountOption::NoAtime));
+        for back in ["atime", "relatime", "norelatime", "nostrictatime"] {
+            let p = parse_options(&[format!("strictatime,{back},lazytime,nolazytime")]).unwrap();
+            assert_eq!(p.atime, AtimePolicy::default(), "{back}");
+        }
+        // None of them reaches the kernel as a FUSE option it would refuse.
+        let p = parse_options(&["relatime,strictatime,nodiratime,norelatime,nostrictatime".into()]).unwrap();
+        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.contains("atime"))));
+    }
+
+    #[test]
+    fn writeback_cache_on_and_off() {
+        assert_eq!(parse_options(&[]).unwrap().writeback_cache, WRITEBACK_CACHE_DEFAULT);
+        for (o, on) in [
+            ("writeback_cache", true),
+            ("writeback_cache=on", true),
+            ("writeback_cache=off", false),
+            ("nowriteback_cache", false),
+            ("writeback_cache=off,writeback_cache", true),
+        ] {
+            let p = parse_options(&[o.into()]).unwrap();
+            assert_eq!(p.writeback_cache, on, "{o}");
+            assert!(!p.fuse.iter().any(|m| matches!(m, MountOption::CUSTOM(c) if c.contains("writeback"))));
+        }
+    }
+
+    #[test]
+    fn cache_timeouts_set_the_ttls_and_stay_out_of_the_kernel_options() {
+        assert_eq!(parse_options(&[]).unwrap().ttl, Ttl::default());
+        let p = parse_options(&["cache_timeout=1,negative_timeout=0".into()]).unwrap();
+        assert_eq!(p.ttl, Ttl { cache: Duration::from_secs(1), negative: Duration::ZERO });
+        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.contains("timeout"))));
+        for bad in ["cache_timeout=", "cache_timeout=-1", "negative_timeout=1.5", "cache_timeout=86401"] {
+            let e = parse_options(&[bad.into()]).unwrap_err();
+            assert!(e.starts_with(&format!("option {bad}: ")), "{e}");
+        }
+    }
+
+    #[test]
+    fn stuck_request_secs_sets_the_threshold_or_turns_the_log_off() {
+        assert_eq!(parse_options(&[]).unwrap().stuck_request, Some(STUCK_REQUEST));
+        let p = parse_options(&["rw,stuck_request_secs=1".into()]).unwrap();
+        assert_eq!(p.stuck_request, Some(Duration::from_secs(1)));
+        assert!(!p.fuse.iter().any(|o| matches!(o, MountOption::CUSTOM(c) if c.starts_with("stuck"))));
+        assert_eq!(parse_options(&["stuck_request_secs=0".into()]).unwrap().stuck_request, None);
+        for bad in [
+            "stuck_request_secs=",
+            "stuck_request_secs=-3",
+            "stuck_request_secs=1.5",
+            "stuck_request_secs=86401",
+        ] {
+            let e = parse_options(&[bad.into()]).unwrap_err();
+            assert!(e.starts_with(&format!("option {bad}: ")) && e.contains("seconds"), "{e}");
+        }
+    }
+}
