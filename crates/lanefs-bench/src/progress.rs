@@ -40,6 +40,31 @@ impl Progress {
         }
     }
 
+    /// Starts phase `name` of `total` steps, `done` of them done (fsck's phases, crashtest's
+    /// families).
+    pub fn phase_at(&self, name: &str, done: u64, total: u64) {
+        if let Some(b) = &self.0 {
+            b.set_message(name.to_string());
+            b.set_length(total);
+            b.set_position(done);
+        }
+    }
+
+    /// Steps done so far in the current phase.
+    pub fn set(&self, done: u64) {
+        if let Some(b) = &self.0 {
+            b.set_position(done);
+        }
+    }
+
+    /// A line of the command's output on stdout, the bar held back while it is printed.
+    pub fn stdout(&self, line: &str) {
+        match &self.0 {
+            Some(b) => b.suspend(|| println!("{line}")),
+            None => println!("{line}"),
+        }
+    }
+
     /// A line for the user that must not be overdrawn by the bar.
     pub fn note(&self, line: &str) {
         match &self.0 {
