@@ -2,7 +2,8 @@
 //! path whatever happens, daemons stopped by their PID, mkfs and fsck. Each test file uses a part.
 #![allow(dead_code)]
 
-use std::fs;
+use std::fs::{self, File};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -354,4 +355,86 @@ pub fn umount_settled(mut m: Mounted) -> u32 {
         assert!(st.success(), "daemon exited with {st}");
     }
     busy
+}
+
+/// Deterministic bytes.
+pub fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Runs `lanefs ARGS` to completion; returns (exit code, stdout, stderr).
+pub fn lanefs(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, String) {
+    let out = run(args, Duration::from_secs(120));
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// The ioctls of issue 14, as fstests' godown, fstrim and xfs_io send them.
+pub mod ioctls {
+    pub const GOINGDOWN: libc::c_ulong = 0x8004_587d;
+    pub const FITRIM: libc::c_ulong = 0xc018_5879;
+    pub const GETFSLABEL: libc::c_ulong = 0x8100_9431;
+    pub const SETFSLABEL: libc::c_ulong = 0x4100_9432;
+    pub const LOGFLUSH: u32 = 1;
+    pub const NOLOGFLUSH: u32 = 2;
+
+    #[repr(C)]
+    #[derive(Debug, Default)]
+    pub struct FstrimRange {
+        pub start: u64,
+        pub len: u64,
+        pub minlen: u64,
+    }
+}
+
+/// `ioctl(fd of path, cmd, arg)` on a file or directory of a mount; the errno on failure.
+pub fn ioctl_on<T>(path: &Path, cmd: libc::c_ulong, arg: &mut T) -> io::Result<()> {
+    ioctl_fd(&File::open(path)?, cmd, arg)
+}
+
+/// `ioctl(f, cmd, arg)`.
+pub fn ioctl_fd<T>(f: &File, cmd: libc::c_ulong, arg: &mut T) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `arg` is a live, exclusively borrowed value of the type each command reads and
+    // writes (u32, struct fstrim_range, char[256]), valid for the whole call; the descriptor
+    // is open for its duration.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd, arg as *mut T) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub fn errno_of(r: io::Result<impl std::fmt::Debug>) -> i32 {
+    match r {
+        Ok(v) => panic!("succeeded: {v:?}"),
+        Err(e) => e.raw_os_error().expect("an errno"),
+    }
+}
+
+/// Longer than a tick of the clock the daemon stamps times with.
+pub fn tick() {
+    std::thread::sleep(Duration::from_millis(30));
+}
+
+/// Runs a `lanefs mount` that must fail: non-zero exit, one line on stderr, no panic.
+pub fn mount_fails(args: &[&std::ffi::OsStr], what: &str) -> String {
+    let mut a = vec![os("mount")];
+    a.extend_from_slice(args);
+    let out = run(&a, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{what}: mount succeeded");
+    assert_eq!(out.status.code(), Some(1), "{what}: exit status {}", out.status);
+    assert_eq!(err.lines().count(), 1, "{what}: stderr is not one line: {err:?}");
+    assert!(err.starts_with("lanefs mount: "), "{what}: {err:?}");
+    assert!(!err.contains("panicked"), "{what}: {err:?}");
+    err
 }

@@ -1,0 +1,596 @@
+//! The model: from the writers' logs, what may be found after a crash (the durability
+//! contract), and the check of a remounted tree against it.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Val {
+    File(usize),
+    Dir(usize),
+}
+
+/// One name in one directory: the values it held, each with the sequence number of the operation
+/// that set it; those from `durable` on may be found after a crash.
+#[derive(Debug)]
+pub(crate) struct Name {
+    pub(crate) hist: Vec<(u64, Option<Val>)>,
+    pub(crate) durable: usize,
+}
+
+impl Name {
+    pub(crate) fn cur(&self) -> Option<Val> {
+        self.hist.last().unwrap().1
+    }
+    pub(crate) fn allowed(&self) -> impl Iterator<Item = Option<Val>> + '_ {
+        self.hist[self.durable..].iter().map(|h| h.1)
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct DirM {
+    /// Last path the writer gave it (for messages).
+    pub(crate) path: String,
+    /// A name of it has been durable, and it was not removed since: it must be found.
+    pub(crate) named: bool,
+    pub(crate) gone: bool,
+    pub(crate) names: BTreeMap<String, Name>,
+    /// Renames into or out of this directory since its last fsync: (writer thread, sequence,
+    /// other directory, name there). An fsync of this directory makes the other side durable too.
+    pub(crate) renames: Vec<(usize, u64, usize, String)>,
+}
+
+/// One file: its content at the last fsync, its content now, and the writes since (offset,
+/// length, generation; generation 0 is zeros).
+#[derive(Debug)]
+pub(crate) struct FileM {
+    /// Last path the writer gave it (for messages).
+    pub(crate) path: String,
+    /// A name of it has been durable, and it was not unlinked or renamed over since: it must be
+    /// found (a rename never loses a file).
+    pub(crate) named: bool,
+    pub(crate) gone: bool,
+    /// Permission bits: at the last fsync, now, and those given since.
+    pub(crate) mode_durable: u32,
+    pub(crate) mode_cur: u32,
+    pub(crate) modes_since: Vec<u32>,
+    /// The mtime at the last fsync (a lower bound after a crash); `mtime_exact` while nothing
+    /// has written to the file since (then it must be exactly that).
+    pub(crate) mtime: (i64, i64),
+    pub(crate) mtime_exact: bool,
+    pub(crate) durable: Vec<u8>,
+    pub(crate) cur: Vec<u8>,
+    pub(crate) since: Vec<(u64, u64, u64)>,
+    pub(crate) min: u64,
+    pub(crate) max: u64,
+}
+
+impl FileM {
+    pub(crate) fn new(path: &str, content: Vec<u8>, mode: u32, mtime: Option<(i64, i64)>) -> FileM {
+        let n = content.len() as u64;
+        FileM {
+            path: path.to_string(),
+            named: false,
+            gone: false,
+            mode_durable: mode,
+            mode_cur: mode,
+            modes_since: Vec::new(),
+            mtime: mtime.unwrap_or((i64::MIN, 0)),
+            mtime_exact: mtime.is_some(),
+            durable: content.clone(),
+            cur: content,
+            since: Vec::new(),
+            min: n,
+            max: n,
+        }
+    }
+
+    pub(crate) fn write(&mut self, off: u64, len: u64, generation: u64) {
+        let end = (off + len) as usize;
+        if self.cur.len() < end {
+            self.cur.resize(end, 0);
+        }
+        self.cur[off as usize..end].copy_from_slice(&pattern(generation, off, len));
+        self.since.push((off, len, generation));
+        self.max = self.max.max(end as u64);
+        self.mtime_exact = false;
+    }
+
+    pub(crate) fn truncate(&mut self, len: u64) {
+        let old = self.cur.len() as u64;
+        if len < old {
+            self.since.push((len, old - len, 0));
+        } else if len > old {
+            self.since.push((old, len - old, 0));
+        }
+        self.cur.resize(len as usize, 0);
+        self.min = self.min.min(len);
+        self.max = self.max.max(len);
+        self.mtime_exact = false;
+    }
+
+    /// fsync: the attributes too.
+    pub(crate) fn make_all_durable(&mut self) {
+        self.make_durable();
+        self.mode_durable = self.mode_cur;
+        self.modes_since.clear();
+    }
+
+    /// fdatasync: data and size.
+    pub(crate) fn make_durable(&mut self) {
+        self.durable = self.cur.clone();
+        self.since.clear();
+        self.min = self.cur.len() as u64;
+        self.max = self.min;
+    }
+
+    /// Whether a file with this content, mode and mtime is a state this file may be found in
+    /// after a crash.
+    pub(crate) fn check(&self, got: &[u8], mode: u32, mtime: (i64, i64)) -> Result<(), String> {
+        if mode != self.mode_durable && !self.modes_since.contains(&mode) {
+            return Err(format!(
+                "mode {mode:o}, fsynced {:o}, given since {:?}",
+                self.mode_durable,
+                self.modes_since.iter().map(|m| format!("{m:o}")).collect::<Vec<_>>()
+            ));
+        }
+        if (self.mtime_exact && mtime != self.mtime) || mtime < self.mtime {
+            return Err(format!(
+                "mtime {mtime:?}, fsynced {:?}{}",
+                self.mtime,
+                if self.mtime_exact { " and not written since" } else { "" }
+            ));
+        }
+        let n = got.len() as u64;
+        let fsynced = self.durable.len();
+        if n < self.min || n > self.max {
+            return Err(format!(
+                "size {n}, allowed {}..={} (fsynced size {fsynced}, size before the crash {})",
+                self.min,
+                self.max,
+                self.cur.len()
+            ));
+        }
+        if got == self.cur || got == self.durable {
+            return Ok(());
+        }
+        for (c, chunk) in got.chunks(4096).enumerate() {
+            let start = c * 4096;
+            let end = start + chunk.len();
+            if self.cur.get(start..end) == Some(chunk) || self.durable.get(start..end) == Some(chunk) {
+                continue;
+            }
+            for (k, &b) in chunk.iter().enumerate() {
+                let i = start + k;
+                let base = self.durable.get(i).copied().unwrap_or(0);
+                if b == base || self.cur.get(i) == Some(&b) {
+                    continue;
+                }
+                let p = i as u64;
+                if self.since.iter().any(|&(o, l, g)| p >= o && p < o + l && pat_byte(g, p) == b) {
+                    continue;
+                }
+                return Err(format!(
+                    "byte {i} is {b:#04x}: neither the fsynced {base:#04x} nor a byte written there since \
+                     ({}; fsynced size {fsynced}, size now {n}, before the crash {})",
+                    if i < fsynced { "inside the fsynced range" } else { "past the fsynced size" },
+                    self.cur.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a check has met: directories (with their paths), inodes, files that fit.
+#[derive(Default)]
+pub(crate) struct Seen {
+    pub(crate) dirs: HashMap<usize, String>,
+    pub(crate) inos: HashMap<u64, String>,
+    pub(crate) files: HashSet<usize>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Model {
+    pub(crate) dirs: Vec<DirM>,
+    pub(crate) files: Vec<FileM>,
+    pub(crate) seq: u64,
+}
+
+/// What a walk of the mount found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Obs {
+    Dir(BTreeMap<String, Obs>),
+    File { ino: u64, nlink: u64, mode: u32, mtime: (i64, i64), content: Vec<u8> },
+    Other(u32),
+}
+
+/// The first path at which two walks differ, if any.
+pub(crate) fn first_difference(
+    path: &str,
+    a: &BTreeMap<String, Obs>,
+    b: &BTreeMap<String, Obs>,
+) -> Option<String> {
+    for name in a.keys().chain(b.keys()) {
+        let p = format!("{path}/{name}");
+        match (a.get(name), b.get(name)) {
+            (Some(Obs::Dir(x)), Some(Obs::Dir(y))) => {
+                if let Some(d) = first_difference(&p, x, y) {
+                    return Some(d);
+                }
+            }
+            (Some(Obs::File { content: c1, .. }), Some(Obs::File { content: c2, .. })) if c1 != c2 => {
+                return Some(format!("{p}: content differs ({} and {} bytes)", c1.len(), c2.len()))
+            }
+            (x, y) if x != y => {
+                let brief = |o: Option<&Obs>| match o {
+                    None => "absent".to_string(),
+                    Some(Obs::Dir(_)) => "a directory".to_string(),
+                    Some(Obs::File { ino, nlink, mode, mtime, content }) => {
+                        format!(
+                            "file ino {ino} nlink {nlink} mode {mode:o} mtime {mtime:?}, {} bytes",
+                            content.len()
+                        )
+                    }
+                    Some(Obs::Other(m)) => format!("type {m:o}"),
+                };
+                return Some(format!("{p}: {} and {}", brief(x), brief(y)));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+pub(crate) fn observe(dir: &Path) -> io::Result<BTreeMap<String, Obs>> {
+    let mut out = BTreeMap::new();
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        let p = e.path();
+        let md = fs::symlink_metadata(&p)?;
+        let o = if md.is_dir() {
+            Obs::Dir(observe(&p)?)
+        } else if md.is_file() {
+            let content = fs::read(&p)?;
+            if content.len() as u64 != md.len() {
+                return Err(io::Error::other(format!(
+                    "{}: stat says {} bytes, read gave {}",
+                    p.display(),
+                    md.len(),
+                    content.len()
+                )));
+            }
+            Obs::File {
+                ino: md.ino(),
+                nlink: md.nlink(),
+                mode: md.mode() & 0o7777,
+                mtime: (md.mtime(), md.mtime_nsec()),
+                content,
+            }
+        } else {
+            Obs::Other(md.mode())
+        };
+        out.insert(e.file_name().to_string_lossy().into_owned(), o);
+    }
+    Ok(out)
+}
+
+impl Model {
+    /// The observed tree, all of it durable.
+    pub(crate) fn baseline(root: &BTreeMap<String, Obs>) -> Model {
+        let mut m = Model::default();
+        m.dirs.push(DirM { named: true, ..DirM::default() });
+        m.add_baseline(0, "", root);
+        m
+    }
+
+    pub(crate) fn add_baseline(&mut self, d: usize, path: &str, obs: &BTreeMap<String, Obs>) {
+        for (name, o) in obs {
+            let p = if path.is_empty() { name.clone() } else { format!("{path}/{name}") };
+            let v = match o {
+                Obs::Dir(sub) => {
+                    let x = self.dirs.len();
+                    self.dirs.push(DirM { path: p.clone(), named: true, ..DirM::default() });
+                    self.add_baseline(x, &p, sub);
+                    Val::Dir(x)
+                }
+                Obs::File { content, mode, mtime, .. } => {
+                    let mut f = FileM::new(&p, content.clone(), *mode, Some(*mtime));
+                    f.named = true;
+                    self.files.push(f);
+                    Val::File(self.files.len() - 1)
+                }
+                Obs::Other(mode) => panic!("{name}: unexpected file type {mode:o}"),
+            };
+            self.dirs[d].names.insert(name.clone(), Name { hist: vec![(0, Some(v))], durable: 0 });
+        }
+    }
+
+    pub(crate) fn set(&mut self, d: usize, name: &str, v: Option<Val>) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.dirs[d]
+            .names
+            .entry(name.to_string())
+            .or_insert_with(|| Name { hist: vec![(0, None)], durable: 0 })
+            .hist
+            .push((seq, v));
+    }
+
+    /// (parent directory, last component, current value) of a path the writer logged.
+    pub(crate) fn lookup(&self, path: &str) -> (usize, String, Option<Val>) {
+        let comps: Vec<&str> = path.split('/').collect();
+        let mut d = 0;
+        for c in &comps[..comps.len() - 1] {
+            match self.dirs[d].names.get(*c).and_then(Name::cur) {
+                Some(Val::Dir(x)) => d = x,
+                other => panic!("the writer logged {path}, but {c} is {other:?} in the model"),
+            }
+        }
+        let last = comps[comps.len() - 1];
+        (d, last.to_string(), self.dirs[d].names.get(last).and_then(Name::cur))
+    }
+
+    pub(crate) fn file(&self, path: &str) -> usize {
+        match self.lookup(path).2 {
+            Some(Val::File(f)) => f,
+            other => panic!("the writer logged a file {path}, but the model has {other:?}"),
+        }
+    }
+
+    pub(crate) fn durable_now(&mut self, d: usize, name: &str) {
+        let n = self.dirs[d].names.get_mut(name).expect("a name the model has");
+        n.durable = n.hist.len() - 1;
+        self.mark_named(d, name);
+    }
+
+    pub(crate) fn durable_at(&mut self, d: usize, name: &str, seq: u64) {
+        if let Some(n) = self.dirs[d].names.get_mut(name) {
+            let i = n.hist.iter().rposition(|h| h.0 <= seq).unwrap_or(0);
+            n.durable = n.durable.max(i);
+            self.mark_named(d, name);
+        }
+    }
+
+    /// What a name durably holds must be found after a crash, wherever renames took it.
+    pub(crate) fn mark_named(&mut self, d: usize, name: &str) {
+        let n = &self.dirs[d].names[name];
+        match n.hist[n.durable].1 {
+            Some(Val::File(f)) => self.files[f].named = true,
+            Some(Val::Dir(x)) => self.dirs[x].named = true,
+            None => {}
+        }
+    }
+
+    /// Applies one line of writer thread `t`'s log.
+    pub(crate) fn apply(&mut self, t: usize, line: &str) {
+        let w: Vec<&str> = line.splitn(3, ' ').collect();
+        let num = |i: usize| -> u64 { w[i].parse().unwrap_or_else(|_| panic!("bad log line {line:?}")) };
+        match w[0] {
+            "C" => {
+                let (d, n, _) = self.lookup(w[1]);
+                self.files.push(FileM::new(w[1], Vec::new(), 0o644, None));
+                self.set(d, &n, Some(Val::File(self.files.len() - 1)));
+            }
+            "W" => {
+                let w: Vec<&str> = line.split(' ').collect();
+                let f = self.file(w[1]);
+                let p = |i: usize| -> u64 { w[i].parse().unwrap() };
+                self.files[f].write(p(2), p(3), p(4));
+            }
+            "T" => {
+                let f = self.file(w[1]);
+                self.files[f].truncate(num(2));
+            }
+            "s" => {
+                let (d, n, _) = self.lookup(w[1]);
+                let f = self.file(w[1]);
+                self.files[f].make_all_durable();
+                self.durable_now(d, &n);
+            }
+            "m" => {
+                let w: Vec<&str> = line.split(' ').collect();
+                let f = self.file(w[1]);
+                self.files[f].mtime = (w[2].parse().unwrap(), w[3].parse().unwrap());
+                self.files[f].mtime_exact = true;
+            }
+            "P" => {
+                let f = self.file(w[1]);
+                let mode: u32 = num(2) as u32;
+                self.files[f].mode_cur = mode;
+                self.files[f].modes_since.push(mode);
+            }
+            "d" => {
+                let f = self.file(w[1]);
+                self.files[f].make_durable();
+            }
+            "M" => {
+                let (d, n, _) = self.lookup(w[1]);
+                self.dirs.push(DirM { path: w[1].to_string(), ..DirM::default() });
+                self.set(d, &n, Some(Val::Dir(self.dirs.len() - 1)));
+            }
+            "R" => {
+                let (sd, sn, v) = self.lookup(w[1]);
+                let (dd, dn, over) = self.lookup(w[2]);
+                match v {
+                    Some(Val::File(f)) => self.files[f].path = w[2].to_string(),
+                    Some(Val::Dir(x)) => self.dirs[x].path = w[2].to_string(),
+                    None => panic!("rename of {} that the model does not have", w[1]),
+                }
+                if let Some(Val::File(g)) = over {
+                    self.files[g].gone = true;
+                }
+                self.set(sd, &sn, None);
+                self.set(dd, &dn, v);
+                let seq = self.seq;
+                self.dirs[sd].renames.push((t, seq, dd, dn));
+                self.dirs[dd].renames.push((t, seq, sd, sn));
+            }
+            "U" | "X" => {
+                let (d, n, v) = self.lookup(w[1]);
+                match v {
+                    Some(Val::File(f)) => self.files[f].gone = true,
+                    Some(Val::Dir(x)) => self.dirs[x].gone = true,
+                    None => panic!("removal of {} that the model does not have", w[1]),
+                }
+                self.set(d, &n, None);
+            }
+            "y" => {
+                let d = match self.lookup(w[1]).2 {
+                    Some(Val::Dir(d)) => d,
+                    other => panic!("fsync of directory {} that the model has as {other:?}", w[1]),
+                };
+                // The changes this thread made before its fsync; the other threads' changes in the
+                // shared directory are concurrent with it, and their logs are applied separately.
+                let names: Vec<String> =
+                    self.dirs[d].names.keys().filter(|n| owner(n) == Some(t)).cloned().collect();
+                for n in names {
+                    self.durable_now(d, &n);
+                }
+                let (mine, others): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut self.dirs[d].renames).into_iter().partition(|r| r.0 == t);
+                self.dirs[d].renames = others;
+                for (_, seq, od, on) in mine {
+                    self.durable_at(od, &on, seq);
+                }
+            }
+            "S" | "D" | "Y" | "E" | "Z" => {}
+            _ => panic!("bad log line {line:?}"),
+        }
+    }
+
+    /// Where `v` is now in the writer's namespace (None once removed).
+    pub(crate) fn path_of(&self, v: Val) -> Option<String> {
+        let mut stack = vec![(0usize, String::new())];
+        while let Some((d, path)) = stack.pop() {
+            for (name, n) in &self.dirs[d].names {
+                let p = if path.is_empty() { name.clone() } else { format!("{path}/{name}") };
+                match n.cur() {
+                    Some(x) if x == v => return Some(p),
+                    Some(Val::Dir(x)) => stack.push((x, p)),
+                    _ => {}
+                }
+            }
+        }
+        None
+    }
+
+    pub(crate) fn describe(&self, n: &Name) -> String {
+        let v: Vec<String> = n
+            .hist
+            .iter()
+            .enumerate()
+            .map(|(i, (s, v))| {
+                let v = match v {
+                    None => "absent".to_string(),
+                    Some(Val::File(f)) => format!("file#{f}"),
+                    Some(Val::Dir(d)) => format!("dir#{d}"),
+                };
+                format!("{}{v}@{s}", if i == n.durable { "durable:" } else { "" })
+            })
+            .collect();
+        v.join(" -> ")
+    }
+
+    /// Every way the observed tree breaks what the logs promise.
+    pub(crate) fn check(&self, root: &BTreeMap<String, Obs>) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut seen = Seen::default();
+        self.check_dir(0, "", root, &mut problems, &mut seen);
+        for (f, fm) in self.files.iter().enumerate() {
+            if fm.named && !fm.gone && !seen.files.contains(&f) {
+                problems.push(format!(
+                    "file#{f} (/{} before the crash, {} bytes fsynced) is nowhere: its name was durable, \
+                     and it was neither unlinked nor renamed over since",
+                    self.path_of(Val::File(f)).unwrap_or_else(|| fm.path.clone()),
+                    fm.durable.len()
+                ));
+            }
+        }
+        for (d, dm) in self.dirs.iter().enumerate() {
+            if dm.named && !dm.gone && !seen.dirs.contains_key(&d) {
+                problems.push(format!(
+                    "directory #{d} (/{} before the crash) is nowhere: its name was durable, and it was \
+                     not removed since",
+                    self.path_of(Val::Dir(d)).unwrap_or_else(|| dm.path.clone())
+                ));
+            }
+        }
+        problems
+    }
+
+    pub(crate) fn check_dir(
+        &self,
+        d: usize,
+        path: &str,
+        obs: &BTreeMap<String, Obs>,
+        problems: &mut Vec<String>,
+        seen: &mut Seen,
+    ) {
+        if let Some(prev) = seen.dirs.insert(d, path.to_string()) {
+            problems.push(format!("directory #{d} is at both /{prev} and /{path}"));
+            return;
+        }
+        let dm = &self.dirs[d];
+        for (name, o) in obs {
+            let p = if path.is_empty() { name.clone() } else { format!("{path}/{name}") };
+            let Some(n) = dm.names.get(name) else {
+                problems.push(format!("/{p}: the writer never made this name"));
+                continue;
+            };
+            match o {
+                Obs::Dir(sub) => match n.allowed().find_map(|v| match v {
+                    Some(Val::Dir(x)) => Some(x),
+                    _ => None,
+                }) {
+                    Some(x) => self.check_dir(x, &p, sub, problems, seen),
+                    None => problems.push(format!("/{p} is a directory; the name was {}", self.describe(n))),
+                },
+                Obs::File { ino, nlink, mode, mtime, content } => {
+                    if *nlink != 1 {
+                        problems.push(format!("/{p}: nlink {nlink}, the writer makes no hard links"));
+                    }
+                    if let Some(prev) = seen.inos.insert(*ino, p.clone()) {
+                        problems.push(format!("/{p} and /{prev} are one inode ({ino})"));
+                    }
+                    let cands: Vec<usize> = n
+                        .allowed()
+                        .filter_map(|v| match v {
+                            Some(Val::File(f)) => Some(f),
+                            _ => None,
+                        })
+                        .collect();
+                    if cands.is_empty() {
+                        problems.push(format!("/{p} is a file; the name was {}", self.describe(n)));
+                        continue;
+                    }
+                    let mut errs = Vec::new();
+                    for &f in &cands {
+                        match self.files[f].check(content, *mode, *mtime) {
+                            Ok(()) => {
+                                seen.files.insert(f);
+                            }
+                            Err(e) => errs.push(format!("as file#{f}: {e}")),
+                        }
+                    }
+                    if errs.len() == cands.len() {
+                        problems.push(format!(
+                            "/{p}: content fits none of the files the name may hold ({}): {}",
+                            self.describe(n),
+                            errs.join("; ")
+                        ));
+                    }
+                }
+                Obs::Other(mode) => problems.push(format!("/{p}: unexpected file type {mode:o}")),
+            }
+        }
+        for (name, n) in &dm.names {
+            if !obs.contains_key(name) && !n.allowed().any(|v| v.is_none()) {
+                let p = if path.is_empty() { name.clone() } else { format!("{path}/{name}") };
+                problems.push(format!("/{p} is missing; the name was {}", self.describe(n)));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test.
