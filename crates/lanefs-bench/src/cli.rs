@@ -24,7 +24,8 @@ pub struct BenchArgs {
     #[arg(long = "target", value_name = "TARGET")]
     pub targets: Vec<TargetSpec>,
     /// Workloads, comma-separated: DWOL DWOM DWAL DWSL DRBL DRBM MRPL MRPM MRDL MRDM MWCL MWCM
-    /// MWUL MWUM MWRL MWRM varmail fileserver oltp, or the groups all, fxmark, filebench.
+    /// MWUL MWUM MWRL MWRM varmail fileserver oltp untar, or the groups all, fxmark, filebench,
+    /// programs (untar, fileserver).
     #[arg(long, value_name = "W[,W...]", default_value = "all")]
     pub workload: WorkloadList,
     /// Thread counts, comma-separated.
@@ -427,7 +428,7 @@ mod tests {
     fn defaults_and_compare() {
         let a = parse(&["--compare"]).unwrap();
         assert!(a.compare && a.targets.is_empty());
-        assert_eq!(a.workload.0.len(), 19);
+        assert_eq!(a.workload.0.len(), 20);
         assert_eq!(a.threads, vec![1, 2]);
         assert_eq!(a.references, Reference::ALL.to_vec());
         assert_eq!(a.matrix().rounds, 3);

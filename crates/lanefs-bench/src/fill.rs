@@ -267,6 +267,9 @@ mod tests {
         fn set_len(&self, len: u64) -> io::Result<()> {
             self.f.set_len(len)
         }
+        fn set_times(&self, atime: std::time::SystemTime, mtime: std::time::SystemTime) -> io::Result<()> {
+            self.f.set_times(atime, mtime)
+        }
     }
 
     impl Target for Tiny {

@@ -106,6 +106,16 @@ impl File for LibFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.fs.truncate(self.h.ino(), len).map_err(err)
     }
+    fn set_times(&self, atime: std::time::SystemTime, mtime: std::time::SystemTime) -> io::Result<()> {
+        let ts = |t: std::time::SystemTime| -> io::Result<lanefs::format::node::Timespec> {
+            let d = t
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_err(|_| io::Error::other("a time before 1970"))?;
+            Ok(lanefs::format::node::Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() })
+        };
+        let a = lanefs::SetAttr { atime: Some(ts(atime)?), mtime: Some(ts(mtime)?), ..Default::default() };
+        self.fs.setattr(self.h.ino(), &a).map(drop).map_err(err)
+    }
 }
 
 impl Target for LibTarget {

@@ -67,6 +67,8 @@ pub trait File: Send + Sync {
     fn fsync(&self) -> io::Result<()>;
     /// ftruncate(2): appending workloads wrap by truncating to 0 instead of growing forever.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// futimens(2) with both times given, as tar stamps what it unpacks.
+    fn set_times(&self, atime: std::time::SystemTime, mtime: std::time::SystemTime) -> io::Result<()>;
 
     /// Writes all of `buf` at `off` (short writes continue, as write(2) loops do).
     fn write_all_at(&self, mut buf: &[u8], mut off: u64) -> io::Result<()> {
@@ -328,6 +330,9 @@ impl File for DirFile {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
+    }
+    fn set_times(&self, atime: std::time::SystemTime, mtime: std::time::SystemTime) -> io::Result<()> {
+        self.0.set_times(fs::FileTimes::new().set_accessed(atime).set_modified(mtime))
     }
 }
 

@@ -1,4 +1,5 @@
-//! The workloads: FxMark's micro-benchmarks and three filebench personalities.
+//! The workloads: FxMark's micro-benchmarks, three filebench personalities, and `untar`, which
+//! replays what tar and git do to a source tree.
 //!
 //! Names and meaning follow the FxMark paper (Min et al., "Understanding Manycore Scalability of
 //! File Systems", USENIX ATC'16, table 3) and its published sources: the first letter says data
@@ -18,12 +19,14 @@
 
 mod filebench;
 mod fxmark;
+mod programs;
 
 use crate::hist::Histogram;
 use crate::target::{File, OpenOptions, Target};
 use filebench::{Credits, FileSet, Oltp, Personality};
 use fxmark::{Append, Block, ListDir, Lookup, NameOp, Names};
 use lanefs::device::AlignedBuf;
+use programs::{source_tree, Member, Unpack, TREE_FILES};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
@@ -102,14 +105,22 @@ pub enum Workload {
     /// buffered (filebench marks them dsync): the log is the durability point, as with a
     /// write-ahead log.
     Oltp,
+    /// A source tree unpacked and checked, as `tar xf` and then `git status` do it. Each thread
+    /// unpacks a private tree of 3,072 files (source-tree sizes: 300 B to 250 KiB, most a few
+    /// KiB) in 8 directories of 8 subdirectories: each directory made, each file created
+    /// (O_EXCL), written whole, its times set (utimensat) and closed. Then it checks the tree:
+    /// a readdir of every directory and a stat of every file, in archive order. One op = one
+    /// member unpacked, or one member checked. After the check the tree is removed outside the
+    /// clock and the next one unpacked.
+    Untar,
 }
 
 use Workload::*;
 
 impl Workload {
-    pub const ALL: [Workload; 19] = [
+    pub const ALL: [Workload; 20] = [
         Dwol, Dwom, Dwal, Dwsl, Drbl, Drbm, Mrpl, Mrpm, Mrdl, Mrdm, Mwcl, Mwcm, Mwul, Mwum, Mwrl, Mwrm,
-        Varmail, Fileserver, Oltp,
+        Varmail, Fileserver, Oltp, Untar,
     ];
 
     pub fn name(self) -> &'static str {
@@ -133,6 +144,7 @@ impl Workload {
             Varmail => "varmail",
             Fileserver => "fileserver",
             Oltp => "oltp",
+            Untar => "untar",
         }
     }
 
@@ -143,6 +155,11 @@ impl Workload {
 
     fn is_filebench(self) -> bool {
         matches!(self, Varmail | Fileserver | Oltp)
+    }
+
+    /// FxMark's micro-benchmarks.
+    fn is_fxmark(self) -> bool {
+        !self.is_filebench() && self != Untar
     }
 }
 
@@ -157,13 +174,14 @@ impl std::str::FromStr for Workload {
     fn from_str(s: &str) -> Result<Self, String> {
         Workload::ALL.into_iter().find(|w| w.name().eq_ignore_ascii_case(s.trim())).ok_or_else(|| {
             let names: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).collect();
-            format!("unknown workload {s:?}; known: {}, or all, fxmark, filebench", names.join(","))
+            format!("unknown workload {s:?}; known: {}, or all, fxmark, filebench, programs", names.join(","))
         })
     }
 }
 
 /// A `--workload` value: comma-separated names (any case), or the groups `all`, `fxmark` (the 16
-/// micro-benchmarks) and `filebench` (varmail, fileserver, oltp). Duplicates are dropped, order
+/// micro-benchmarks), `filebench` (varmail, fileserver, oltp) and `programs` (untar and
+/// fileserver: what real programs do). Duplicates are dropped, order
 /// is kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkloadList(pub Vec<Workload>);
@@ -175,7 +193,8 @@ impl std::str::FromStr for WorkloadList {
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let group: Vec<Workload> = match part.to_ascii_lowercase().as_str() {
                 "all" => Workload::ALL.to_vec(),
-                "fxmark" => Workload::ALL.into_iter().filter(|w| !w.is_filebench()).collect(),
+                "fxmark" => Workload::ALL.into_iter().filter(|w| w.is_fxmark()).collect(),
+                "programs" => vec![Untar, Fileserver],
                 "filebench" => Workload::ALL.into_iter().filter(|w| w.is_filebench()).collect(),
                 _ => vec![part.parse()?],
             };
@@ -283,6 +302,8 @@ pub(crate) struct Plan {
     append_wrap: u64,
     /// oltp: log records owed by the database threads to the log writer.
     log_credits: Credits,
+    /// untar: the archive every thread unpacks.
+    members: Vec<Member>,
 }
 
 /// Deterministic per-thread pseudo-random numbers (xorshift64*): cheap, and the same sequence
@@ -362,6 +383,7 @@ pub(crate) fn prepare(w: Workload, env: &Env) -> io::Result<Plan> {
         db_size: env.scaled_bytes(OLTP_DB, 1 << 20),
         append_wrap: APPEND_WRAP,
         log_credits: Credits::default(),
+        members: Vec::new(),
     };
     for tid in 0..env.threads {
         t.mkdir(&env.private(tid))?;
@@ -425,6 +447,7 @@ pub(crate) fn prepare(w: Workload, env: &Env) -> io::Result<Plan> {
                 }
             }
         }
+        Untar => plan.members = source_tree(env.scaled(TREE_FILES, 64)),
         Oltp => {
             make_file(t, &env.dir.join("db.dat"), plan.db_size)?;
             make_file(t, &env.dir.join("log.dat"), 0)?;
@@ -521,6 +544,11 @@ impl Plan {
             Varmail => Box::new(FileSet::new(env, tid, Personality::Varmail)?),
             Fileserver => Box::new(FileSet::new(env, tid, Personality::Fileserver)?),
             Oltp => Box::new(Oltp::new(env, tid, self.db_size, &self.log_credits)?),
+            Untar => {
+                let w = Unpack::new(t, mine, &self.members, tid);
+                t.mkdir(&w.tree())?;
+                Box::new(w)
+            }
         })
     }
 }
@@ -561,7 +589,7 @@ mod tests {
     fn workload_lists() {
         let l: WorkloadList = "dwol, MWCM,dwol".parse().unwrap();
         assert_eq!(l.0, vec![Dwol, Mwcm]);
-        assert_eq!("all".parse::<WorkloadList>().unwrap().0.len(), 19);
+        assert_eq!("all".parse::<WorkloadList>().unwrap().0.len(), 20);
         assert_eq!("fxmark".parse::<WorkloadList>().unwrap().0.len(), 16);
         assert_eq!("filebench".parse::<WorkloadList>().unwrap().0, vec![Varmail, Fileserver, Oltp]);
         assert!("".parse::<WorkloadList>().is_err());
