@@ -85,26 +85,50 @@ impl DirHandles {
     }
 }
 
+/// What filling a reply with one entry came to.
+enum Added {
+    /// The reply is full: send it.
+    Full,
+    /// Added, or left out (removed since the listing); go on.
+    More,
+}
+
 impl LaneFuse {
-    /// READDIR: entries of handle `fh`'s listing after `offset`, as many as the reply holds.
-    pub(super) fn fill_readdir(&self, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    /// The entries of handle `fh`'s listing after `offset`, batch by batch, each given to `add`
+    /// with the inode it names (".." of the root is the root itself) until `add` says the reply
+    /// is full or the listing ends. `Ok(())` means send the reply; an error, send it instead.
+    fn each_entry(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut add: impl FnMut(&lanefs::DirEntry, u64) -> Result<Added, lanefs::Error>,
+    ) -> Result<(), lanefs::Error> {
         let mut cookie = offset;
         loop {
-            let batch = match self.dirs.read(&self.fs, ino.0, fh.0, cookie, DIR_BATCH) {
-                Ok(b) => b,
-                Err(e) => return reply.error(errno(e)),
-            };
+            let batch = self.dirs.read(&self.fs, ino.0, fh.0, cookie, DIR_BATCH)?;
             for e in &batch {
-                // ".." of the root is the root itself.
                 let target = if e.ino == 0 { ino.0 } else { e.ino };
-                if reply.add(INodeNo(target), e.cookie, kind(e.kind), OsStr::from_bytes(&e.name)) {
-                    return reply.ok();
+                if let Added::Full = add(e, target)? {
+                    return Ok(());
                 }
                 cookie = e.cookie;
             }
             if batch.len() < DIR_BATCH {
-                return reply.ok();
+                return Ok(());
             }
+        }
+    }
+
+    /// READDIR: entries of handle `fh`'s listing after `offset`, as many as the reply holds.
+    pub(super) fn fill_readdir(&self, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let r = self.each_entry(ino, fh, offset, |e, target| {
+            let full = reply.add(INodeNo(target), e.cookie, kind(e.kind), OsStr::from_bytes(&e.name));
+            Ok(if full { Added::Full } else { Added::More })
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
         }
     }
 
@@ -116,38 +140,20 @@ impl LaneFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let mut cookie = offset;
-        loop {
-            let batch = match self.dirs.read(&self.fs, ino.0, fh.0, cookie, DIR_BATCH) {
-                Ok(b) => b,
-                Err(e) => return reply.error(errno(e)),
-            };
-            for e in &batch {
-                // ".." of the root is the root itself.
-                let target = if e.ino == 0 { ino.0 } else { e.ino };
-                match self.fs.getattr(target) {
-                    Ok(a) => {
-                        let name = OsStr::from_bytes(&e.name);
-                        if reply.add(
-                            INodeNo(target),
-                            e.cookie,
-                            name,
-                            &self.ttl.cache,
-                            &file_attr(&a),
-                            generation(&a),
-                        ) {
-                            return reply.ok();
-                        }
-                    }
-                    // Removed since the listing: leave it out, as a later readdir would.
-                    Err(err) if err.to_errno() == libc::ENOENT => {}
-                    Err(err) => return reply.error(errno(err)),
-                }
-                cookie = e.cookie;
+        let ttl = self.ttl.cache;
+        let r = self.each_entry(ino, fh, offset, |e, target| match self.fs.getattr(target) {
+            Ok(a) => {
+                let name = OsStr::from_bytes(&e.name);
+                let full = reply.add(INodeNo(target), e.cookie, name, &ttl, &file_attr(&a), generation(&a));
+                Ok(if full { Added::Full } else { Added::More })
             }
-            if batch.len() < DIR_BATCH {
-                return reply.ok();
-            }
+            // Removed since the listing: leave it out, as a later readdir would.
+            Err(err) if err.to_errno() == libc::ENOENT => Ok(Added::More),
+            Err(err) => Err(err),
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
         }
     }
 }
