@@ -46,7 +46,7 @@ pub fn format(counts: &[(Op, u64)]) -> String {
     counts.iter().map(|(op, n)| format!("{} {n}\n", op.name())).collect()
 }
 
-/// Reads a value made by [`format`]: every line `NAME COUNT`, NAME upper case.
+/// Reads a value made by [`format`](fn@format): every line `NAME COUNT`, NAME upper case.
 pub fn parse(text: &str) -> Result<Counts, String> {
     text.lines()
         .filter(|l| !l.trim().is_empty())

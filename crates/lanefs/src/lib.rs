@@ -5,7 +5,7 @@
 //!
 //! - [`device`]: block I/O on an image file or block device (io_uring or vectored sync I/O),
 //!   and [`pmem`]: the persistent-memory region.
-//! - [`format`]: the codec of every on-disk structure; [`error`]: the one error type.
+//! - [`format`](mod@format): the codec of every on-disk structure; [`error`]: the one error type.
 //! - [`checkpoint`] and [`recovery`]: reading and committing consistent points, and mount.
 //! - DISKFS: [`seg`] (segments and lanes of logs), [`nat`] (node id -> block), [`node`] (an
 //!   inode's node tree), [`diskdir`] (a directory's dentry blocks), [`gc`] (cleaning).

@@ -9,8 +9,8 @@
 //!
 //! Every node has a fixed position number (`node_ofs`, stored in its footer) so that fsck can
 //! check that a node sits where its footer says and the cleaner can find a node's parent:
-//! inode 0; nids[0] 1, nids[1] 2; nids[2] 3 and its children 4..1012; nids[3] 1012 and its
-//! children 1013..2021; nids[4] 2021, its i-th indirect child 2022 + i*1009 and that child's
+//! inode 0; `nids[0]` 1, `nids[1]` 2; `nids[2]` 3 and its children 4..1012; `nids[3]` 1012 and
+//! its children 1013..2021; `nids[4]` 2021, its i-th indirect child 2022 + i*1009 and that child's
 //! j-th direct child 2022 + i*1009 + 1 + j.
 
 use super::node::{ADDRS_PER_NODE, INODE_ADDRS, INODE_NIDS};

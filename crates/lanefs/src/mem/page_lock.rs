@@ -5,7 +5,7 @@
 //! so every read and write of a file writes that mutex's line twice, and threads on disjoint
 //! pages of one file meet there. [`PageLocks`] lets a request that lies within one page skip the
 //! list: it takes a reader-writer word in a striped array of per-slot words (a page's slot is a
-//! fold of its index, [`slot_of`]), each on its own cache line. Everything else (multi-page
+//! fold of its index, `slot_of`), each on its own cache line. Everything else (multi-page
 //! requests, truncate, fallocate, punch, flag changes) still queues in the range lock, and first
 //! *announces* itself in `slow`; page-level entry is open only while `slow` is zero, so a range
 //! request waits only for the page holders that got in before its announcement, and only for

@@ -2,7 +2,7 @@
 //!
 //! Writers to different pages of one file lock different shards, so disjoint ranges written in
 //! parallel rarely meet; byte-level exclusion between overlapping writers is the range lock's
-//! job, not this map's. The shard of a page is the XOR of its index's nibbles ([`shard_of`]),
+//! job, not this map's. The shard of a page is the XOR of its index's nibbles (`shard_of`),
 //! not the index modulo the shard count: threads that each write their own region of a shared
 //! file start at multiples of a power of two (FxMark's DWOM: page 2048 x), which the modulo
 //! put all in one shard. Each shard has its own cache line. Nothing relies on which shard a
