@@ -233,6 +233,8 @@ impl Engine {
             cp.started
         };
         let stamp = self.clock.now().ticks;
+        // From here on, blocks taken belong to the next epoch (`SegmentTable::open_epoch`).
+        self.table.open_epoch(seq);
         let mut sets = Vec::with_capacity(self.dirty.len());
         for d in self.dirty.iter() {
             sets.push(std::mem::take(&mut *d.lock()));
@@ -417,6 +419,9 @@ impl Engine {
         for (l, chain) in self.chains.iter().enumerate() {
             let mut chain = chain.lock();
             let (addr, _) = chain.position();
+            // Recovery from this checkpoint starts reading there: the head's segment must
+            // outlive it (`SegmentTable::touch`).
+            self.table.touch(addr as u64);
             let active = cursors[l][JOURNAL_LOG as usize].segno;
             if self.g.seg_of(addr as u64).map(|(s, _)| s) == Some(active) {
                 continue;
@@ -476,7 +481,8 @@ impl Engine {
         drop(writes);
 
         let nat = self.nat.take_dirty_blocks();
-        let sit: Vec<_> = self.table.take_dirty_sit_blocks().into_iter().map(|(_, b)| b).collect();
+        let taken = self.table.take_checkpoint_sit();
+        let sit: Vec<_> = taken.blocks.into_iter().map(|(_, b)| b).collect();
         let mut summaries = self.lanes.take_closed_summaries();
         summaries.extend(self.lanes.active_summaries());
         let cursors = self.lanes.cursors();
@@ -490,7 +496,7 @@ impl Engine {
         cp.flags = if clean { CP_FLAG_CLEAN } else { 0 };
         cp.stamp = snap.stamp;
         cp.reserved_blocks = snap.reserved;
-        cp.valid_blocks = self.table.total_valid();
+        cp.valid_blocks = taken.valid;
         cp.valid_nodes = self.nat.valid_nodes();
         cp.valid_inodes = self.nat.valid_inodes();
         cp.next_nid = self.nat.next_nid_hint();

@@ -321,8 +321,10 @@ impl Engine {
         let mut map: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
         for (idx, buf) in pages.iter().filter(|_| !inline) {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
-            let addr =
-                self.lanes.alloc(lane, crate::format::LogType::WarmData, owner, mtime).map_err(nospace)?;
+            let addr = self
+                .lanes
+                .alloc_young(lane, crate::format::LogType::WarmData, owner, mtime)
+                .map_err(nospace)?;
             map.insert(*idx, (addr as u32, crc32c::crc32c(&buf[..])));
             writes.push((addr, buf.clone()));
         }

@@ -51,7 +51,7 @@ impl Engine {
         let mut placed = Vec::with_capacity(dirty.len());
         for (idx, buf) in &dirty {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
-            match self.lanes.alloc(lane, crate::format::LogType::WarmData, owner, mtime) {
+            match self.lanes.alloc_young(lane, crate::format::LogType::WarmData, owner, mtime) {
                 Ok(addr) => {
                     placed.push((*idx, addr as u32, crc32c::crc32c(&buf[..])));
                     writes.push(crate::device::WriteReq { addr, data: &buf[..] });
