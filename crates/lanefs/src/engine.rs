@@ -201,6 +201,12 @@ pub(crate) struct CpState {
     /// The last checkpoint whose emptied segments are free again (after `durable`: they are
     /// discarded first, outside the gate). What waits for space waits for this one.
     pub settled: u64,
+    /// The checkpoint every fsync waits for, whatever it flushes (0: none): one that moved a
+    /// lane's journal head, or any with region journals (`Engine::enter_flush`).
+    pub fence: u64,
+    /// The stamp of the last checkpoint snapshot: unjournaled directory records stamped at or
+    /// before it are held by that checkpoint until it is durable.
+    pub snap_stamp: u64,
 }
 
 /// A mounted file system.
@@ -665,10 +671,10 @@ impl Engine {
             // The space is really used: cleaning cannot find it. (Only believed while nothing
             // is dirty: until a checkpoint, blocks that dirty data overwrites still count as
             // valid, so with other writers active the cleaner is asked all the same.)
-            // The gate keeps a checkpoint from being half written while this looks (its moved
-            // blocks are valid before the blocks they replace die).
+            // No checkpoint is half written while this looks (its moved blocks are valid
+            // before the blocks they replace die): its write phase holds `cp_serial`.
             let full = {
-                let _gate = self.gate.read();
+                let _serial = self.cp_serial.lock();
                 self.space_left() < long && self.dirty_inodes.sum() == 0
             };
             if full {

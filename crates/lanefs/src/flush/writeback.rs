@@ -38,7 +38,9 @@ impl Engine {
     /// Writes at most `max` of `m`'s dirty or logged pages to new blocks.
     pub(crate) fn writeback_upto(&self, m: &MNode, max: usize) -> Result<()> {
         let Some((pages, _)) = m.pages() else { return Ok(()) };
-        let _gate = self.gate.read();
+        // Not while a checkpoint in progress holds the file (its pages and mapping are the
+        // checkpoint's until it is durable; the blocks placed here are young otherwise).
+        let _gate = self.enter_flush(m, false)?;
         // Placed blocks are journaled by the inode's next fsync, which must find them.
         let _order = m.fsync_order.lock();
         let dirty = pages.take_dirty_upto(max);
