@@ -161,6 +161,8 @@ pub struct IoCounters {
     /// The longest a checkpoint's exclusive phase held operations out since the previous read
     /// of the counters (µs; a peak, not a running count: `since` keeps the later one).
     pub cp_exclusive_us_max: u64,
+    /// fsyncs and writebacks that waited for a checkpoint in progress.
+    pub cp_waits: u64,
 }
 
 impl IoCounters {
@@ -173,6 +175,7 @@ impl IoCounters {
             segments_cleaned: self.segments_cleaned.saturating_sub(earlier.segments_cleaned),
             checkpoints: self.checkpoints.saturating_sub(earlier.checkpoints),
             cp_exclusive_us_max: self.cp_exclusive_us_max,
+            cp_waits: self.cp_waits.saturating_sub(earlier.cp_waits),
         }
     }
 

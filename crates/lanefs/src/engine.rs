@@ -313,6 +313,8 @@ pub(crate) struct IoCounters {
     pub nvm_journal: PerCpuCounter,
     /// Device flushes fsync asked for (each may be shared by a group of fsyncs).
     pub fsync_flushes: PerCpuCounter,
+    /// fsyncs and writebacks that waited for a checkpoint in progress (`Engine::enter_flush`).
+    pub cp_waits: PerCpuCounter,
     /// (user, cleaning, other) totals already added to the checkpoint's persistent counters:
     /// each checkpoint adds what the totals grew by since.
     saved: Mutex<[u64; 3]>,
@@ -328,6 +330,7 @@ impl Default for IoCounters {
             cleaning: PerCpuCounter::default(),
             nvm_journal: PerCpuCounter::default(),
             fsync_flushes: PerCpuCounter::default(),
+            cp_waits: PerCpuCounter::default(),
             saved: Mutex::new(Rank::IoSaved, [0; 3]),
         }
     }

@@ -189,6 +189,7 @@ fn fsyncs_complete_while_a_checkpoint_writes_and_survive_a_crash_on_either_side_
         panic!("only {done} of {} fsyncs completed while the checkpoint was held", THREADS * 10);
     }
     durable = phase_b.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(fs.io_stats().cp_waits, 0, "no fsync waited for the checkpoint");
     assert!(!cp.is_finished() && *dev.hold.lock().unwrap() == Hold::Holding, "the checkpoint was still held");
     // Crash 1: the checkpoint's pack never landed; recovery starts from the previous one.
     let before_commit = dev.inner.snapshot();

@@ -71,6 +71,9 @@ impl Engine {
             let need = captured.max(fence);
             {
                 let mut cp = self.cp.lock();
+                if cp.durable < need {
+                    self.io.cp_waits.add(1);
+                }
                 while cp.durable < need {
                     self.check_writable()?;
                     self.cp_done.wait(&mut cp);
