@@ -208,6 +208,7 @@ impl Target for LibTarget {
             segments_cleaned: s.segments_cleaned,
             checkpoints: s.checkpoints_durable,
             cp_exclusive_us_max: self.fs.take_cp_exclusive_peak_us(),
+            cp_waits: s.cp_waits,
         })
     }
 

@@ -107,6 +107,7 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
         "segments_cleaned": r.io.map_or(Value::Null, |c| json!(c.segments_cleaned)),
         "checkpoints": r.io.map_or(Value::Null, |c| json!(c.checkpoints)),
         "cp_exclusive_us_max": r.io.map_or(Value::Null, |c| json!(c.cp_exclusive_us_max)),
+        "cp_waits": r.io.map_or(Value::Null, |c| json!(c.cp_waits)),
         "write_amplification": wa(r).map_or(Value::Null, |x| json!(round(x, 3))),
         "fuse_requests": r.requests.as_ref().map_or(Value::Null, |c| {
             Value::Object(c.iter().filter(|(_, n)| *n > 0).map(|(k, n)| (k.clone(), json!(n))).collect())
@@ -359,6 +360,7 @@ mod tests {
             "segments_cleaned",
             "checkpoints",
             "cp_exclusive_us_max",
+            "cp_waits",
             "write_amplification",
         ] {
             assert!(v.get(k).is_some_and(|x| x.is_null()), "{k}: {v}");
@@ -372,6 +374,7 @@ mod tests {
             segments_cleaned: 2,
             checkpoints: 7,
             cp_exclusive_us_max: 640,
+            cp_waits: 3,
         });
         let v = json_line(&r, &machine(), None);
         assert_eq!(v["fill"], 0.9512);
@@ -381,6 +384,7 @@ mod tests {
         assert_eq!(v["segments_cleaned"], 2);
         assert_eq!(v["checkpoints"], 7);
         assert_eq!(v["cp_exclusive_us_max"], 640);
+        assert_eq!(v["cp_waits"], 3);
         assert_eq!(v["write_amplification"], 1.5);
         let t = markdown_table(&[r.clone(), result(Workload::Dwol, false)]);
         assert!(t.starts_with("| target | fs | workload | threads | ops/s | used | WA | p50"), "{t}");

@@ -165,6 +165,8 @@ pub struct IoCounters {
     /// of the counters (µs; a peak, not a running count: `since` keeps the later one). Through
     /// a mount, the longest since the mount: the daemon keeps no per-run peak.
     pub cp_exclusive_us_max: u64,
+    /// fsyncs and writebacks that waited for a checkpoint in progress.
+    pub cp_waits: u64,
 }
 
 impl IoCounters {
@@ -177,6 +179,7 @@ impl IoCounters {
             segments_cleaned: self.segments_cleaned.saturating_sub(earlier.segments_cleaned),
             checkpoints: self.checkpoints.saturating_sub(earlier.checkpoints),
             cp_exclusive_us_max: self.cp_exclusive_us_max,
+            cp_waits: self.cp_waits.saturating_sub(earlier.cp_waits),
         }
     }
 

@@ -149,7 +149,7 @@ enum Cmd {
         /// Master seed: every workload and crash state derives from it.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Families to run (default: all): seq1 seq2 random mt-lanes mt-rename faults corrupt.
+        /// Families to run (default: all): seq1 seq2 random mt-lanes mt-rename mt-cp gc faults corrupt.
         #[arg(long, num_args = 1..)]
         workloads: Vec<String>,
         /// Worker threads (default: one per CPU).

@@ -201,6 +201,12 @@ pub(crate) struct CpState {
     /// The last checkpoint whose emptied segments are free again (after `durable`: they are
     /// discarded first, outside the gate). What waits for space waits for this one.
     pub settled: u64,
+    /// The checkpoint every fsync waits for, whatever it flushes (0: none): one that moved a
+    /// lane's journal head, or any with region journals (`Engine::enter_flush`).
+    pub fence: u64,
+    /// The stamp of the last checkpoint snapshot: unjournaled directory records stamped at or
+    /// before it are held by that checkpoint until it is durable.
+    pub snap_stamp: u64,
 }
 
 /// A mounted file system.
@@ -307,6 +313,8 @@ pub(crate) struct IoCounters {
     pub nvm_journal: PerCpuCounter,
     /// Device flushes fsync asked for (each may be shared by a group of fsyncs).
     pub fsync_flushes: PerCpuCounter,
+    /// fsyncs and writebacks that waited for a checkpoint in progress (`Engine::enter_flush`).
+    pub cp_waits: PerCpuCounter,
     /// (user, cleaning, other) totals already added to the checkpoint's persistent counters:
     /// each checkpoint adds what the totals grew by since.
     saved: Mutex<[u64; 3]>,
@@ -322,6 +330,7 @@ impl Default for IoCounters {
             cleaning: PerCpuCounter::default(),
             nvm_journal: PerCpuCounter::default(),
             fsync_flushes: PerCpuCounter::default(),
+            cp_waits: PerCpuCounter::default(),
             saved: Mutex::new(Rank::IoSaved, [0; 3]),
         }
     }
@@ -665,10 +674,10 @@ impl Engine {
             // The space is really used: cleaning cannot find it. (Only believed while nothing
             // is dirty: until a checkpoint, blocks that dirty data overwrites still count as
             // valid, so with other writers active the cleaner is asked all the same.)
-            // The gate keeps a checkpoint from being half written while this looks (its moved
-            // blocks are valid before the blocks they replace die).
+            // No checkpoint is half written while this looks (its moved blocks are valid
+            // before the blocks they replace die): its write phase holds `cp_serial`.
             let full = {
-                let _gate = self.gate.read();
+                let _serial = self.cp_serial.lock();
                 self.space_left() < long && self.dirty_inodes.sum() == 0
             };
             if full {

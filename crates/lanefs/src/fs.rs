@@ -201,6 +201,9 @@ pub struct IoStats {
     /// every operation out, and that its write phase held fsync and writeback out (µs).
     pub cp_exclusive_us_max: u64,
     pub cp_write_phase_us_max: u64,
+    /// fsyncs and writebacks that waited for a checkpoint in progress to be durable (the
+    /// inode was in its snapshot, or the checkpoint fenced every fsync off) since mount.
+    pub cp_waits: u64,
 }
 
 impl IoStats {
@@ -800,6 +803,7 @@ impl Fs {
             checkpoints_durable: durable,
             cp_exclusive_us_max: e.cp_pauses.exclusive_max_us(),
             cp_write_phase_us_max: e.cp_pauses.write_max_us(),
+            cp_waits: e.io.cp_waits.sum(),
         }
     }
 

@@ -3,8 +3,9 @@
 //! A 4 KiB page holds data when it has a block (written, or preallocated by fallocate: POSIX lets
 //! a file system report preallocated ranges as data) or a dirty page in memory. Pages in flight
 //! (taken by fsync, writeback or a checkpoint, their new block not installed yet) are in neither
-//! set for a moment; every such flight happens under the gate, so the lookup takes the gate
-//! exclusively and sees each page in one of the two places.
+//! set for a moment; every such flight happens under the gate (fsync, writeback) or during a
+//! checkpoint (`cp_serial`), so the lookup holds both and sees each page in one of the two
+//! places.
 
 use crate::error::{Error, Result};
 use crate::fs::{ino32, Fs, Ino};
@@ -41,7 +42,9 @@ impl Fs {
                 Seek::Hole => Ok(size),
             };
         };
-        // No page is in flight while the gate is held exclusively (see the module comment).
+        // No page is in flight while no checkpoint runs and the gate is held exclusively (see
+        // the module comment).
+        let _serial = self.engine.cp_serial.lock();
         let _gate = self.engine.gate.write();
         let size = m.size.load(Ordering::Acquire);
         if off >= size {

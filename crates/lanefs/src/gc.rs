@@ -167,7 +167,10 @@ impl Engine {
         self.check_writable()?;
         // No checkpoint runs while the owners are looked up: summaries of segments filled
         // since the last checkpoint are in memory until it writes them, and the trees the
-        // moves are recorded in stay the ones the next checkpoint rewrites.
+        // moves are recorded in stay the ones the next checkpoint rewrites. (A checkpoint's
+        // write phase holds `cp_serial`, not the gate; the gate keeps fsync and writeback,
+        // which move blocks too, out.)
+        let _serial = self.cp_serial.lock();
         let _gate = self.gate.read();
         let _op = self.pass.shared();
         // Room for the moves: the checkpoint that performs them must find every segment it

@@ -495,6 +495,25 @@ pub fn mt_lanes_workload(id: String, rng: &mut Rng) -> Workload {
     Workload { id, setup: Setup::Ace, threads, knobs: Knobs::default(), fault: None }
 }
 
+/// Checkpoints beside fsyncs: two threads as in [`mt_lanes_workload`] (each in its own
+/// directory: creates, writes, renames, fsyncs), and a third that takes checkpoints (`sync`)
+/// over and over, with pauses of a millisecond or two so that the others' fsyncs land inside
+/// the checkpoints' write phases. Half the workloads run with a small page cache (writeback
+/// during the write phase too).
+pub fn mt_checkpoint_workload(id: String, rng: &mut Rng) -> Workload {
+    let mut w = mt_lanes_workload(id, rng);
+    let mut cp = Vec::new();
+    for _ in 0..4 + rng.index(5) {
+        cp.push(Op::Sleep(rng.below(3)));
+        cp.push(Op::Sync);
+    }
+    w.threads.push(cp);
+    if rng.chance(1, 2) {
+        w.knobs.cache_bytes = 256 << 10;
+    }
+    w
+}
+
 /// Cleaning under crashes: a few files of 1 to 2 MiB (so that data segments fill and close),
 /// then overwrites of random ranges, deletes and re-creates, fsyncs, and the cleaner run two or
 /// three times in between, so that crash states fall inside the checkpoints that move blocks.

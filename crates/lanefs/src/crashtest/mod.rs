@@ -13,7 +13,9 @@
 //! - `random`: longer random mixes, some with a small page cache (writeback) or a small journal
 //!   limit (background checkpoints during the workload).
 //! - `mt-lanes`: two threads pinned to different CPUs (so different lanes), each in its own
-//!   directory, fsyncing concurrently; `mt-rename`: cross-directory renames racing with fsyncs
+//!   directory, fsyncing concurrently; `mt-cp`: the same with a third thread taking
+//!   checkpoints (sync) over and over, so that crash states fall inside checkpoints' write
+//!   phases while fsyncs run beside them; `mt-rename`: cross-directory renames racing with fsyncs
 //!   of either directory. The oracle credits an fsync only with operations that returned
 //!   before it was called.
 //! - `gc`: files of a few MiB overwritten, replaced and truncated, with the segment cleaner run
@@ -83,18 +85,20 @@ pub enum Family {
     Random,
     MtLanes,
     MtRename,
+    MtCheckpoint,
     Gc,
     Faults,
     Corrupt,
 }
 
 impl Family {
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::Seq1,
         Family::Seq2,
         Family::Random,
         Family::MtLanes,
         Family::MtRename,
+        Family::MtCheckpoint,
         Family::Gc,
         Family::Faults,
         Family::Corrupt,
@@ -107,6 +111,7 @@ impl Family {
             Family::Random => "random",
             Family::MtLanes => "mt-lanes",
             Family::MtRename => "mt-rename",
+            Family::MtCheckpoint => "mt-cp",
             Family::Gc => "gc",
             Family::Faults => "faults",
             Family::Corrupt => "corrupt",
@@ -127,13 +132,13 @@ impl Family {
             (Family::Seq1, _) | (Family::Corrupt, _) => u64::MAX,
             (Family::Seq2, true) => 4_000,
             (Family::Random, true) => 3_000,
-            (Family::MtLanes, true) | (Family::MtRename, true) => 1_200,
+            (Family::MtLanes, true) | (Family::MtRename, true) | (Family::MtCheckpoint, true) => 1_200,
             (Family::Faults, true) => 1_500,
             (Family::Gc, true) => 1_500,
             (Family::Gc, false) => 100_000,
             (Family::Seq2, false) => 450_000,
             (Family::Random, false) => 300_000,
-            (Family::MtLanes, false) | (Family::MtRename, false) => 100_000,
+            (Family::MtLanes, false) | (Family::MtRename, false) | (Family::MtCheckpoint, false) => 100_000,
             (Family::Faults, false) => 100_000,
         };
         let states = if quick && nvm { states.saturating_mul(2) } else { states };
@@ -283,6 +288,7 @@ fn generate(f: Family, key: u64, bases: &Bases, nvm: bool) -> Result<Option<Work
         Family::Random => gen::random_workload(id, &mut rng),
         Family::MtLanes => gen::mt_lanes_workload(id, &mut rng),
         Family::MtRename => gen::mt_rename_workload(id, &mut rng),
+        Family::MtCheckpoint => gen::mt_checkpoint_workload(id, &mut rng),
         Family::Gc => gen::gc_workload(id, &mut rng),
         Family::Faults => {
             let mut w = gen::fault_base(id, &mut rng);

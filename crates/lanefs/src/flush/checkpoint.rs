@@ -1,25 +1,36 @@
 //! Taking a checkpoint.
 //!
 //! 0. Files with many dirty or logged pages write them back first, the gate shared (fsyncs
-//!    go on; `flush/writeback.rs`), so that step 3 holds the gate for what changed since.
-//! 1. Take the gate exclusively: in-flight fsyncs and writebacks finish, new ones wait. This
-//!    keeps block validity still while the checkpoint writes the SIT that must match its trees.
+//!    go on; `flush/writeback.rs`), so that the snapshot takes only what changed since.
+//! 1. Take the gate exclusively: in-flight fsyncs and writebacks finish, new ones wait.
 //! 2. Exclusive phase of the pass-through semaphore (every operation drained): stamp the
-//!    checkpoint, swap out the dirty sets and dead lists whole, and snapshot each live dirty
-//!    inode — attributes, dirty pages (shared, copy-on-write), current mapping (shared,
-//!    `mem::cowmap`), and for a directory its logs and touched-name sets (swapped out whole,
-//!    `mem::dir`). Dead inodes are not visited (`Engine::bury`). No I/O happens here, and no
-//!    work per dead inode, directory record or touched name; namespace and data operations
-//!    resume right after. What the phase did is counted (`ExclusiveWork`). Then, still
-//!    holding the gate, the taken records become journaled, dead inodes are settled and
-//!    cleaner moves are checked against the snapshot (`settle_snapshot`).
+//!    checkpoint, open its epoch in the segment table, swap out the dirty sets and dead lists
+//!    whole, and snapshot each live dirty inode — attributes, dirty pages (shared,
+//!    copy-on-write), current mapping (shared, `mem::cowmap`), and for a directory its logs
+//!    (set aside whole, still offered to fsyncs: `DirLog::hold_all`) and touched-name sets
+//!    (swapped out whole, `mem::dir`). Dead inodes are not visited (`Engine::bury`). No I/O
+//!    happens here, and no work per dead inode, directory record or touched name; namespace
+//!    and data operations resume right after. What the phase did is counted
+//!    (`ExclusiveWork`). Then the gate is released: fsync and writeback run beside the rest.
 //! 3. Write the snapshot: data pages to new blocks, changed dentry blocks, each inode's changed
 //!    nodes; deleted inodes' trees are dropped. Then the NAT and SIT blocks that changed, the
 //!    segment summaries and the pack (`checkpoint::commit`, which flushes before and after).
 //! 4. Node ids freed before the snapshot become reusable; fsyncs waiting for this checkpoint
-//!    proceed. Then, with the gate released, segments emptied before the snapshot become free
-//!    (`settled`: what waits for space waits for this), and segments freed by an earlier
-//!    checkpoint and still free are discarded (lazily: `SegmentTable::checkpoint_done`).
+//!    proceed; the directory records it held become journaled. Then segments emptied before
+//!    its SIT was taken (and touched by nothing after its snapshot) become free (`settled`:
+//!    what waits for space waits for this), and segments freed by an earlier checkpoint and
+//!    still free are discarded (lazily: `SegmentTable::checkpoint_done`).
+//!
+//! Why fsync and writeback may run during step 3 (docs/ARCHITECTURE.md, "Checkpoints beside
+//! fsync"): they touch no inode the snapshot captured (`Engine::enter_flush` waits for this
+//! checkpoint if the inode is one); the blocks they write are young, left out of this
+//! checkpoint's SIT (`SegmentTable::validate_young`), and the only blocks they invalidate are
+//! young ones; a segment they take a block from is not freed by this checkpoint; what they
+//! journal follows this checkpoint's journal heads and is stamped after its stamp, and the
+//! directory records this checkpoint holds are journaled again by any fsync that depends on
+//! them, so a crash before the pack lands replays them on top of the previous checkpoint.
+//! When the snapshot moved a lane's journal head, or with region journals (emptied once the
+//! pack is durable), fsyncs wait for the whole checkpoint as before (`CpState::fence`).
 //!
 //! Records in the journals stamped at or before the checkpoint's stamp are part of it; the new
 //! journal heads are where each lane's chain stood at the snapshot.
@@ -92,10 +103,9 @@ struct Snapshot {
     found_dead: Vec<Arc<MNode>>,
     orphans: Vec<u32>,
     heads: Vec<ChainPos>,
-    /// The directory logs this checkpoint took (per core, swapped out whole): records no
-    /// journal had become journaled, and their pending counts drop, after the exclusive phase
-    /// (an fsync cannot start before then: the gate).
-    dir_ops: Vec<Vec<Arc<crate::oplog::dirlog::LoggedOp>>>,
+    /// The directories whose logs this checkpoint holds (`DirLog::hold_all`): released, their
+    /// records journaled and pending counts dropped, once it is durable.
+    held_dirs: Vec<Arc<MNode>>,
     /// Reserved blocks at the snapshot (`mem::reserve`).
     reserved: u64,
 }
@@ -115,8 +125,9 @@ pub struct ExclusiveWork {
 
 /// How long checkpoints held the foreground out, in microseconds: the exclusive phase (the
 /// snapshot, under the pass-through semaphore held exclusively: every operation waits) and the
-/// write phase (under the gate held exclusively: fsync and writeback wait). Each is timed from
-/// the request for the exclusive hold, so the wait for operations in flight to drain counts.
+/// gate's exclusive hold around it (fsync and writeback wait; the write phase no longer holds
+/// it). Each is timed from the request for the exclusive hold, so the wait for operations in
+/// flight to drain counts.
 #[derive(Debug, Default)]
 pub struct CpPauses {
     exclusive_max: AtomicU64,
@@ -160,7 +171,7 @@ impl CpPauses {
         self.exclusive_max.load(Ordering::Relaxed)
     }
 
-    /// The longest write phase (fsync and writeback held out) since mount.
+    /// The longest exclusive hold of the gate (fsync and writeback held out) since mount.
     pub fn write_max_us(&self) -> u64 {
         self.write_max.load(Ordering::Relaxed)
     }
@@ -196,11 +207,15 @@ impl Engine {
             self.cp_pauses.exclusive(asked.elapsed());
             snap
         };
-        self.settle_snapshot(&mut snap);
-        let seq = snap.seq;
-        let r = self.write_snapshot(snap, clean);
+        // fsync and writeback go on beside the write phase: they touch no inode the snapshot
+        // captured (`Engine::enter_flush`), their blocks are young (out of this checkpoint's
+        // SIT) and the segments they write to outlive it (`SegmentTable::open_epoch`).
         drop(gate);
         self.cp_pauses.write_phase(gate_asked.elapsed());
+        self.settle_snapshot(&mut snap);
+        let seq = snap.seq;
+        let held = std::mem::take(&mut snap.held_dirs);
+        let r = self.write_snapshot(snap, clean);
         let deleted = match r {
             Ok(deleted) => deleted,
             Err(e) => {
@@ -208,6 +223,7 @@ impl Engine {
                 return Err(e);
             }
         };
+        self.release_held(&held);
         // The deleted inodes' memory (their cached pages above all) is freed here, not while
         // every fsync waits at the gate: a mail spool deletes thousands of files a checkpoint.
         drop(deleted);
@@ -233,6 +249,9 @@ impl Engine {
             cp.started
         };
         let stamp = self.clock.now().ticks;
+        // From here on, blocks taken belong to the next epoch (`SegmentTable::open_epoch`).
+        self.table.open_epoch(seq);
+        self.cp.lock().snap_stamp = stamp;
         let mut sets = Vec::with_capacity(self.dirty.len());
         for d in self.dirty.iter() {
             sets.push(std::mem::take(&mut *d.lock()));
@@ -252,7 +271,7 @@ impl Engine {
         let mut inodes = Vec::with_capacity(inos.len());
         // Found dead here rather than buried (recovery's unlinks): few.
         let mut found_dead = Vec::new();
-        let mut dir_ops = Vec::new();
+        let mut held_dirs = Vec::new();
         for ino in inos {
             work.inodes += 1;
             let Some(m) = self.cells.get(ino as u64) else { continue };
@@ -300,11 +319,10 @@ impl Engine {
             };
             let mut names = Vec::new();
             if let Some(d) = m.dir() {
-                // One swap per core and per shard with changes: the records are settled, and
-                // the names sorted, after the phase.
-                let ops = d.log.take_all();
-                work.swaps += ops.len() as u64;
-                dir_ops.extend(ops);
+                // One swap per core and per shard with changes: the records are released once
+                // the checkpoint is durable, and the names sorted after the phase.
+                work.swaps += d.log.hold_all() as u64;
+                held_dirs.push(m.clone());
                 names = d.map.take_touched();
                 work.swaps += names.len() as u64;
             }
@@ -333,8 +351,15 @@ impl Engine {
         }
         let orphans = self.orphans.lock().iter().copied().collect();
         let reserved = self.cache.reserved_blocks.load(Ordering::Acquire);
-        self.reanchor_journal_heads();
+        let moved = self.reanchor_journal_heads();
         let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
+        // fsyncs wait for this checkpoint, whatever they flush, when a lane's chain left its
+        // head behind (a transaction after the new head is out of reach from the last
+        // checkpoint's, which recovery reads if this one never lands), or with region journals
+        // (emptied once the pack is durable: `Engine::apply_nat`).
+        if moved || self.nvm_log.is_some() {
+            self.cp.lock().fence = seq;
+        }
         self.journal_blocks.take();
         self.logged_ops.take();
         self.deleted_inodes.take();
@@ -349,28 +374,20 @@ impl Engine {
             found_dead,
             orphans,
             heads,
-            dir_ops,
+            held_dirs,
             reserved,
         }
     }
 
-    /// Right after the exclusive phase, the gate still held exclusively (no fsync or writeback
-    /// runs): the snapshot's work that needs no frozen moment.
+    /// Right after the exclusive phase, fsyncs and writeback running again beside it: the
+    /// snapshot's work that needs no frozen moment (none of them touches what it changes).
     ///
-    /// - Directory records the snapshot took become journaled (durable with this checkpoint),
-    ///   and their pending counts drop. Only fsyncs read these marks, and the gate holds them;
-    ///   the records are in no log any more.
     /// - Dead inodes: their pending xattr and journal state is dropped and their reservations
     ///   given back, which the reserved count taken in the phase still held. A dead inode has
     ///   no name and no open handle, so nothing changed it since the phase.
     /// - Each captured inode's cleaner moves are checked against its snapshot, and its touched
     ///   names sorted.
     fn settle_snapshot(&self, snap: &mut Snapshot) {
-        for op in std::mem::take(&mut snap.dir_ops).iter().flatten() {
-            if !op.journaled.swap(true, Ordering::AcqRel) {
-                self.count_pending(&op.record, -1);
-            }
-        }
         let buried =
             std::mem::take(&mut snap.dead).into_iter().flatten().filter_map(|ino| self.cells.get(ino as u64));
         let mut deleted: Vec<Arc<MNode>> = buried.chain(std::mem::take(&mut snap.found_dead)).collect();
@@ -405,30 +422,54 @@ impl Engine {
         }
     }
 
+    /// Once the checkpoint is durable: the directory records it held are journaled (in it),
+    /// and their pending counts drop. An fsync that journaled one meanwhile counted it down
+    /// itself. (One whose write then failed and gave the record back finds it gone from the
+    /// log: its count stays up, and later fsyncs of that inode only look at one directory more
+    /// than they need; the record itself is durable in the checkpoint.)
+    fn release_held(&self, dirs: &[Arc<MNode>]) {
+        for d in dirs {
+            let Some(dir) = d.dir() else { continue };
+            for op in dir.log.release_held().iter().flatten() {
+                if !op.journaled.swap(true, Ordering::AcqRel) {
+                    self.count_pending(&op.record, -1);
+                }
+            }
+        }
+    }
+
     /// Each lane's next journal block is reserved ahead of use. If the lane's journal log has
     /// moved on since (other blocks of that log filled the segment), the segment holding the
     /// reserved head can be emptied, freed once a checkpoint is durable and reused by another
     /// log: the lane's next fsync would then write its journal block over live data. So every
     /// checkpoint, before it takes the SIT, moves such a head into the log's current segment
     /// (active segments are never freed), and records that position as the lane's head.
-    fn reanchor_journal_heads(&self) {
+    fn reanchor_journal_heads(&self) -> bool {
         let cursors = self.lanes.cursors();
         let mtime = self.elapsed_secs();
+        let mut moved = false;
         for (l, chain) in self.chains.iter().enumerate() {
             let mut chain = chain.lock();
             let (addr, _) = chain.position();
+            // Recovery from this checkpoint starts reading there: the head's segment must
+            // outlive it (`SegmentTable::touch`).
+            self.table.touch(addr as u64);
             let active = cursors[l][JOURNAL_LOG as usize].segno;
             if self.g.seg_of(addr as u64).map(|(s, _)| s) == Some(active) {
                 continue;
             }
             let owner = SummaryEntry { kind: SummaryKind::Journal, nid: l as u32, ofs: 0 };
             match self.lanes.reserve(l as u32, JOURNAL_LOG, owner, mtime) {
-                Ok(head) => chain.restart_at(head as u32),
+                Ok(head) => {
+                    chain.restart_at(head as u32);
+                    moved = true;
+                }
                 // No block free for it: the head stays (the allocation of the next fsync's
                 // blocks would fail the same way).
                 Err(e) => tracing::warn!("lanefs: lane {l}: journal head not moved: {e}"),
             }
         }
+        moved
     }
 
     /// Writes the snapshot and commits it; returns the inodes it deleted, for the caller to
@@ -476,7 +517,8 @@ impl Engine {
         drop(writes);
 
         let nat = self.nat.take_dirty_blocks();
-        let sit: Vec<_> = self.table.take_dirty_sit_blocks().into_iter().map(|(_, b)| b).collect();
+        let taken = self.table.take_checkpoint_sit();
+        let sit: Vec<_> = taken.blocks.into_iter().map(|(_, b)| b).collect();
         let mut summaries = self.lanes.take_closed_summaries();
         summaries.extend(self.lanes.active_summaries());
         let cursors = self.lanes.cursors();
@@ -490,7 +532,7 @@ impl Engine {
         cp.flags = if clean { CP_FLAG_CLEAN } else { 0 };
         cp.stamp = snap.stamp;
         cp.reserved_blocks = snap.reserved;
-        cp.valid_blocks = self.table.total_valid();
+        cp.valid_blocks = taken.valid;
         cp.valid_nodes = self.nat.valid_nodes();
         cp.valid_inodes = self.nat.valid_inodes();
         cp.next_nid = self.nat.next_nid_hint();
@@ -524,8 +566,8 @@ impl Engine {
     }
 
     /// Allocates and queues one inode's data blocks: its dirty pages, a new symlink's target,
-    /// and the blocks the cleaner moves (read now; a valid block cannot change, and nothing
-    /// frees it while the gate is held). Nothing names the new blocks yet.
+    /// and the blocks the cleaner moves (read now; a valid block cannot change, and no segment
+    /// is freed before this checkpoint is durable). Nothing names the new blocks yet.
     fn prepare_data(
         &self,
         w: &NodeWriter,

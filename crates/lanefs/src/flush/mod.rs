@@ -48,22 +48,40 @@ struct DirOps {
 }
 
 impl Engine {
-    /// Waits until no checkpoint in progress holds changes of `m` that no journal has, then
-    /// returns holding the gate shared (so none starts until the caller is done).
-    pub(crate) fn enter_flush(&self, m: &MNode) -> Result<crate::sync::rank::RwLockReadGuard<'_, ()>> {
-        // Bounded: each round waits for a checkpoint to finish; a new one captures m only if it
-        // was changed again, and then the next round waits for that one.
+    /// Waits until no checkpoint in progress holds changes of `m` that no journal has (and,
+    /// with `fenced`, until none fences fsyncs off: see `CpState::fence`), then returns
+    /// holding the gate shared (so no checkpoint snapshot starts until the caller is done).
+    ///
+    /// A checkpoint holds the gate exclusively only for its snapshot: its write phase runs
+    /// beside the caller, which must then touch nothing the checkpoint writes. An inode the
+    /// snapshot captured is such a thing (its mapping and pages are the checkpoint's until
+    /// it is durable); one it did not capture has not changed since the previous snapshot,
+    /// so every block it maps beyond its checkpointed tree was written after this snapshot
+    /// (young: `SegmentTable::validate_young`).
+    pub(crate) fn enter_flush(
+        &self,
+        m: &MNode,
+        fenced: bool,
+    ) -> Result<crate::sync::rank::RwLockReadGuard<'_, ()>> {
+        // Bounded: each round waits for a checkpoint to finish; a new one captures m (or fences)
+        // only if it started meanwhile, and then the next round waits for that one.
         loop {
-            let need = m.captured_by.load(Ordering::Acquire);
+            let captured = m.captured_by.load(Ordering::Acquire);
+            let fence = if fenced { self.cp.lock().fence } else { 0 };
+            let need = captured.max(fence);
             {
                 let mut cp = self.cp.lock();
+                if cp.durable < need {
+                    self.io.cp_waits.add(1);
+                }
                 while cp.durable < need {
                     self.check_writable()?;
                     self.cp_done.wait(&mut cp);
                 }
             }
             let gate = self.gate.read();
-            if m.captured_by.load(Ordering::Acquire) == need {
+            let fence_now = if fenced { self.cp.lock().fence } else { 0 };
+            if m.captured_by.load(Ordering::Acquire) == captured && fence_now == fence {
                 return Ok(gate);
             }
         }
@@ -82,7 +100,7 @@ impl Engine {
             return Ok(());
         }
         self.check_writable()?;
-        let gate = self.enter_flush(m)?;
+        let gate = self.enter_flush(m, true)?;
         // An access time changed by a read is an attribute change for fsync, not for fdatasync
         // (as ext4: it dirties the inode, not its data). The gate keeps the checkpoint's
         // snapshot, which clears both marks, away meanwhile.
@@ -258,11 +276,14 @@ impl Engine {
         ops.sort_by_key(|o| o.stamp());
         // Absorption: an inode created and unlinked again, now without links and not open, never
         // reaches the journal (ScaleFS). Its operations are journaled as done all the same.
+        // Not a create that a checkpoint in progress holds (stamped at or before its snapshot):
+        // that checkpoint makes it durable, and the unlink must follow it.
+        let held_upto = self.cp.lock().snap_stamp;
         let mut created: BTreeMap<u32, usize> = BTreeMap::new();
         let mut absorbed: BTreeSet<usize> = BTreeSet::new();
         for (i, op) in ops.iter().enumerate() {
             match &op.record {
-                Record::Create { ino, .. } => {
+                Record::Create { ino, stamp, .. } if stamp.ticks > held_upto => {
                     created.insert(*ino, i);
                 }
                 Record::Unlink { ino, .. } => {
@@ -321,8 +342,10 @@ impl Engine {
         let mut map: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
         for (idx, buf) in pages.iter().filter(|_| !inline) {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
-            let addr =
-                self.lanes.alloc(lane, crate::format::LogType::WarmData, owner, mtime).map_err(nospace)?;
+            let addr = self
+                .lanes
+                .alloc_young(lane, crate::format::LogType::WarmData, owner, mtime)
+                .map_err(nospace)?;
             map.insert(*idx, (addr as u32, crc32c::crc32c(&buf[..])));
             writes.push((addr, buf.clone()));
         }
@@ -347,7 +370,8 @@ impl Engine {
                 writes.retain(|w| w.0 != addr as u64);
                 self.table.invalidate(addr as u64)?;
             }
-            // Blocks that left the mapping and are in no checkpoint: dead now (we hold the gate).
+            // Blocks that left the mapping and are in no checkpoint: dead now. (Young, if a
+            // checkpoint is being written: `enter_flush`.)
             for a in std::mem::take(&mut disk.garbage) {
                 self.table.invalidate(a as u64)?;
             }

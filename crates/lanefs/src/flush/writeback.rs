@@ -38,7 +38,9 @@ impl Engine {
     /// Writes at most `max` of `m`'s dirty or logged pages to new blocks.
     pub(crate) fn writeback_upto(&self, m: &MNode, max: usize) -> Result<()> {
         let Some((pages, _)) = m.pages() else { return Ok(()) };
-        let _gate = self.gate.read();
+        // Not while a checkpoint in progress holds the file (its pages and mapping are the
+        // checkpoint's until it is durable; the blocks placed here are young otherwise).
+        let _gate = self.enter_flush(m, false)?;
         // Placed blocks are journaled by the inode's next fsync, which must find them.
         let _order = m.fsync_order.lock();
         let dirty = pages.take_dirty_upto(max);
@@ -51,7 +53,7 @@ impl Engine {
         let mut placed = Vec::with_capacity(dirty.len());
         for (idx, buf) in &dirty {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
-            match self.lanes.alloc(lane, crate::format::LogType::WarmData, owner, mtime) {
+            match self.lanes.alloc_young(lane, crate::format::LogType::WarmData, owner, mtime) {
                 Ok(addr) => {
                     placed.push((*idx, addr as u32, crc32c::crc32c(&buf[..])));
                     writes.push(crate::device::WriteReq { addr, data: &buf[..] });

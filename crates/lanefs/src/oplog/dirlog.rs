@@ -76,16 +76,28 @@ struct Shard {
     ops: Vec<Arc<LoggedOp>>,
     /// Every record before this index is journaled (unless a rewind is pending).
     skip: usize,
+    /// The records a checkpoint in progress took ([`DirLog::hold_all`]): durable once it is,
+    /// offered to fsyncs until then ([`DirLog::release_held`]).
+    held: Vec<Arc<LoggedOp>>,
+    /// As `skip`, for `held`.
+    held_skip: usize,
+}
+
+/// The records of `ops` from the first unjournaled one on, moving the cursor `skip` up to it.
+fn tail<'a>(ops: &'a [Arc<LoggedOp>], skip: &mut usize) -> &'a [Arc<LoggedOp>] {
+    debug_assert!(*skip <= ops.len());
+    while *skip < ops.len() && ops[*skip].journaled.load(Ordering::Acquire) {
+        *skip += 1;
+    }
+    &ops[*skip..]
 }
 
 impl Shard {
-    /// The records from the first unjournaled one on, moving the cursor up to it.
-    fn tail(&mut self) -> &[Arc<LoggedOp>] {
-        debug_assert!(self.skip <= self.ops.len());
-        while self.skip < self.ops.len() && self.ops[self.skip].journaled.load(Ordering::Acquire) {
-            self.skip += 1;
-        }
-        &self.ops[self.skip..]
+    /// The records from the first unjournaled one on, held ones first.
+    fn tails(&mut self) -> impl Iterator<Item = &Arc<LoggedOp>> {
+        let held = tail(&self.held, &mut self.held_skip);
+        let ops = tail(&self.ops, &mut self.skip);
+        held.iter().chain(ops)
     }
 }
 
@@ -120,33 +132,64 @@ impl DirLog {
     pub fn unjournaled(&self) -> Vec<Arc<LoggedOp>> {
         let mut out = Vec::new();
         for s in self.shards.iter() {
-            out.extend(s.lock().tail().iter().filter(|o| !o.journaled.load(Ordering::Acquire)).cloned());
+            out.extend(s.lock().tails().filter(|o| !o.journaled.load(Ordering::Acquire)).cloned());
         }
         out
     }
 
     /// Whether any record is not yet journaled.
     pub fn has_unjournaled(&self) -> bool {
-        self.shards.iter().any(|s| s.lock().tail().iter().any(|o| !o.journaled.load(Ordering::Acquire)))
+        self.shards.iter().any(|s| s.lock().tails().any(|o| !o.journaled.load(Ordering::Acquire)))
     }
 
     /// After records of this directory went back to unjournaled (a failed fsync gave them
     /// back): the next reader looks at the whole log again.
     pub fn rewind(&self) {
         for s in self.shards.iter() {
-            s.lock().skip = 0;
+            let mut s = s.lock();
+            s.skip = 0;
+            s.held_skip = 0;
         }
     }
 
-    /// Every record, emptying the logs (the checkpoint's snapshot): each core's log is swapped
-    /// out whole, so the cost is one lock per core however long the logs are.
-    pub fn take_all(&self) -> Vec<Vec<Arc<LoggedOp>>> {
+    /// A checkpoint's snapshot: every record so far passes to the checkpoint, which writes
+    /// the names they changed. Each core's log is set aside whole (one lock per core however
+    /// long the logs are), and its unjournaled records are still offered to fsyncs until
+    /// [`DirLog::release_held`]: an fsync that runs before the checkpoint is durable must
+    /// journal what it depends on itself (those records are stamped at or before the
+    /// checkpoint's stamp, so replay on top of the checkpoint skips them). Returns how many
+    /// logs were set aside.
+    pub fn hold_all(&self) -> usize {
+        let mut n = 0;
+        for s in self.shards.iter() {
+            let mut s = s.lock();
+            if s.ops.is_empty() {
+                continue;
+            }
+            n += 1;
+            if s.held.is_empty() {
+                s.held = std::mem::take(&mut s.ops);
+                s.held_skip = s.skip;
+            } else {
+                // A checkpoint that failed never released its records (the file system stopped
+                // with it): keep them all.
+                let mut ops = std::mem::take(&mut s.ops);
+                s.held.append(&mut ops);
+            }
+            s.skip = 0;
+        }
+        n
+    }
+
+    /// The checkpoint that held the records is durable: they are handed back to it, to be
+    /// marked journaled.
+    pub fn release_held(&self) -> Vec<Vec<Arc<LoggedOp>>> {
         let mut out = Vec::new();
         for s in self.shards.iter() {
             let mut s = s.lock();
-            s.skip = 0;
-            if !s.ops.is_empty() {
-                out.push(std::mem::take(&mut s.ops));
+            s.held_skip = 0;
+            if !s.held.is_empty() {
+                out.push(std::mem::take(&mut s.held));
             }
         }
         out
@@ -154,7 +197,13 @@ impl DirLog {
 
     /// Number of records held.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().ops.len()).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                s.ops.len() + s.held.len()
+            })
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -195,10 +244,12 @@ mod tests {
         ops[4].journaled.store(false, Ordering::Release);
         log.rewind();
         assert_eq!(ticks(&log.unjournaled()), vec![1, 4]);
-        assert_eq!(log.take_all().iter().map(Vec::len).sum::<usize>(), 6);
+        assert!(log.hold_all() >= 1);
+        assert_eq!(ticks(&log.unjournaled()), vec![1, 4], "held records are still offered");
+        assert_eq!(log.release_held().iter().map(Vec::len).sum::<usize>(), 6);
         assert!(log.is_empty() && log.unjournaled().is_empty());
         log.push(op(9));
-        assert_eq!(ticks(&log.unjournaled()), vec![9], "the cursor starts again after take_all");
+        assert_eq!(ticks(&log.unjournaled()), vec![9], "the cursor starts again after hold_all");
     }
 
     #[test]

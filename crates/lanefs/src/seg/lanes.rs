@@ -13,6 +13,17 @@ use crate::format::ssa::{SegmentSummary, SummaryEntry};
 use crate::sync::rank::{Mutex, Rank};
 use std::sync::Arc;
 
+/// How a block is taken.
+#[derive(Clone, Copy)]
+enum Take {
+    /// Made valid (the checkpoint's own blocks).
+    Valid,
+    /// Made valid, young while a checkpoint is written (fsync, writeback).
+    Young,
+    /// Reserved, not valid (journal blocks).
+    Reserve,
+}
+
 /// The segment a log appends to and how far it got.
 struct ActiveLog {
     segno: u32,
@@ -77,24 +88,23 @@ impl LaneSet {
     /// Allocates the next block of `lane`'s `log` for `owner`, marking it valid. Moves to a
     /// fresh segment when the active one is full.
     pub fn alloc(&self, lane: u32, log: LogType, owner: SummaryEntry, mtime: u64) -> Result<u64> {
-        self.take_block(lane, log, owner, mtime, true)
+        self.take_block(lane, log, owner, mtime, Take::Valid)
+    }
+
+    /// [`LaneSet::alloc`] for the foreground (fsync, writeback): the block is young while a
+    /// checkpoint is being written (`SegmentTable::validate_young`).
+    pub fn alloc_young(&self, lane: u32, log: LogType, owner: SummaryEntry, mtime: u64) -> Result<u64> {
+        self.take_block(lane, log, owner, mtime, Take::Young)
     }
 
     /// Takes the next block of `lane`'s `log` without marking it valid. Journal blocks are taken
     /// this way: they are garbage once the next checkpoint is durable, so they never count as
     /// live, and their segment becomes reusable only through the prefree rule.
     pub fn reserve(&self, lane: u32, log: LogType, owner: SummaryEntry, mtime: u64) -> Result<u64> {
-        self.take_block(lane, log, owner, mtime, false)
+        self.take_block(lane, log, owner, mtime, Take::Reserve)
     }
 
-    fn take_block(
-        &self,
-        lane: u32,
-        log: LogType,
-        owner: SummaryEntry,
-        mtime: u64,
-        valid: bool,
-    ) -> Result<u64> {
+    fn take_block(&self, lane: u32, log: LogType, owner: SummaryEntry, mtime: u64, how: Take) -> Result<u64> {
         let l = self
             .lanes
             .get(lane as usize)
@@ -114,8 +124,10 @@ impl LaneSet {
         let addr = self.table.geometry().seg_start(a.segno) + off as u64;
         a.summary.entries[off as usize] = owner;
         a.next_off += 1;
-        if valid {
-            self.table.validate(addr, mtime)?;
+        match how {
+            Take::Valid => self.table.validate(addr, mtime)?,
+            Take::Young => self.table.validate_young(addr, mtime)?,
+            Take::Reserve => self.table.touch(addr),
         }
         debug_assert!(a.next_off <= BLOCKS_PER_SEG);
         Ok(addr)

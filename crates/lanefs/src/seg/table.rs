@@ -26,6 +26,14 @@ pub enum SegState {
 struct Segment {
     entry: SitEntry,
     state: SegState,
+    /// The checkpoint epoch (see [`SegmentTable::open_epoch`]) of the last block taken from
+    /// this segment, or of a journal head placed in it: emptied, it may be freed only by a
+    /// checkpoint whose snapshot came after that.
+    touched: u64,
+    /// Offsets of blocks the foreground (fsync, writeback) made valid after the snapshot of
+    /// checkpoint `young_epoch`, while that checkpoint was being written: not in its SIT.
+    young: Vec<u16>,
+    young_epoch: u64,
 }
 
 /// Validity and state of every main segment.
@@ -46,6 +54,19 @@ pub struct SegmentTable {
     valid_base: u64,
     validated: PerCpuCounter,
     invalidated: PerCpuCounter,
+    /// The number of the checkpoint whose snapshot was taken last (0: none since mount).
+    epoch: AtomicU64,
+    /// Between a checkpoint's snapshot and its taking of the SIT: foreground validations are
+    /// noted as young (left out of that SIT).
+    recording: std::sync::atomic::AtomicBool,
+}
+
+/// The SIT a checkpoint writes ([`SegmentTable::take_checkpoint_sit`]).
+pub struct CheckpointSit {
+    /// The SIT blocks changed since the last checkpoint, with their indexes.
+    pub blocks: Vec<(u32, SitBlock)>,
+    /// Valid blocks in the checkpoint's picture (young blocks left out).
+    pub valid: u64,
 }
 
 /// How the cleaner ranks victims.
@@ -96,7 +117,7 @@ impl SegmentTable {
             .into_iter()
             .map(|entry| {
                 let state = if entry.valid_blocks == 0 { SegState::Free } else { SegState::Dirty };
-                Segment { entry, state }
+                Segment { entry, state, touched: 0, young: Vec::new(), young_epoch: 0 }
             })
             .collect();
         for &(segno, lane, log) in active {
@@ -136,6 +157,8 @@ impl SegmentTable {
             valid_base,
             validated: PerCpuCounter::new(),
             invalidated: PerCpuCounter::new(),
+            epoch: AtomicU64::new(0),
+            recording: std::sync::atomic::AtomicBool::new(false),
         })
         .inspect(|t| t.publish(&t.free.lock()))
     }
@@ -200,20 +223,63 @@ impl SegmentTable {
 
     /// Marks a newly written block valid. The segment must be active.
     pub fn validate(&self, addr: u64, mtime: u64) -> Result<()> {
+        self.mark_valid(addr, mtime, false)
+    }
+
+    /// Marks a block the foreground (fsync, writeback) wrote valid. While a checkpoint is
+    /// between its snapshot and its taking of the SIT, the block is young: left out of the SIT
+    /// that checkpoint writes, whose trees cannot name it (recovery claims it again if a
+    /// journal record after that checkpoint's stamp maps it).
+    pub fn validate_young(&self, addr: u64, mtime: u64) -> Result<()> {
+        self.mark_valid(addr, mtime, true)
+    }
+
+    fn mark_valid(&self, addr: u64, mtime: u64, young: bool) -> Result<()> {
         let (s, off) = self
             .geometry
             .seg_of(addr)
             .ok_or_else(|| Error::InvalidArgument(format!("block {addr} outside the main area")))?;
+        let epoch = self.epoch.load(Ordering::Acquire);
         let mut seg = self.seg(s).lock();
         debug_assert!(matches!(seg.state, SegState::Active { .. }), "write into non-active segment {s}");
         if !seg.entry.set_valid(off) {
             return Err(Error::InvalidArgument(format!("block {addr} written twice")));
         }
         seg.entry.mtime = seg.entry.mtime.max(mtime);
+        seg.touched = seg.touched.max(epoch);
+        if young && self.recording.load(Ordering::Acquire) {
+            if seg.young_epoch != epoch {
+                seg.young.clear();
+                seg.young_epoch = epoch;
+            }
+            seg.young.push(off as u16);
+        }
         drop(seg);
         self.validated.add(1);
         self.mark_sit_dirty(s);
         Ok(())
+    }
+
+    /// Notes that block `addr` was taken now without being made valid (a journal block), or
+    /// holds a lane's journal head at a checkpoint's snapshot: its segment, once empty, waits
+    /// for a checkpoint whose snapshot comes after this moment (recovery from the checkpoint
+    /// being written reads it).
+    pub fn touch(&self, addr: u64) {
+        if let Some((s, _)) = self.geometry.seg_of(addr) {
+            let epoch = self.epoch.load(Ordering::Acquire);
+            let mut seg = self.seg(s).lock();
+            seg.touched = seg.touched.max(epoch);
+        }
+    }
+
+    /// A checkpoint (number `n`, counted from 1 since mount) takes its snapshot: what is
+    /// taken from segments from now on belongs to the next epoch, and foreground validations
+    /// are young until [`SegmentTable::take_checkpoint_sit`]. Called in the exclusive phase,
+    /// with fsync and writeback held out.
+    pub fn open_epoch(&self, n: u64) {
+        debug_assert!(n > self.epoch.load(Ordering::Acquire), "epochs only grow");
+        self.epoch.store(n, Ordering::Release);
+        self.recording.store(true, Ordering::Release);
     }
 
     /// Marks a block dead (its owner was overwritten or deleted). A full segment whose last
@@ -541,26 +607,88 @@ impl SegmentTable {
         self.segs.iter().map(|s| s.lock().entry.valid_blocks as u64).sum()
     }
 
-    /// SIT blocks changed since the last call, with their indexes; clears the marks. This is the
-    /// moment a checkpoint takes the SIT: segments emptied so far are handed to that checkpoint
-    /// (free once it is durable).
+    /// A checkpoint's snapshot and its taking of the SIT at once (nothing written between):
+    /// the SIT blocks changed since the last call, with their indexes; clears the marks (see
+    /// [`SegmentTable::take_checkpoint_sit`]).
     pub fn take_dirty_sit_blocks(&self) -> Vec<(u32, SitBlock)> {
+        self.open_epoch(self.epoch.load(Ordering::Acquire) + 1);
+        self.take_checkpoint_sit().blocks
+    }
+
+    /// The moment a checkpoint takes the SIT: the SIT blocks changed since the last call, as
+    /// the checkpoint's picture has them, and its valid count; clears the marks.
+    ///
+    /// - Segments emptied so far are handed to this checkpoint (free once it is durable),
+    ///   except those a block was taken from since its snapshot (see `touched`): a journal
+    ///   block or a data block written after the snapshot is read by recovery from this very
+    ///   checkpoint, so its segment waits for the next one.
+    /// - Young blocks (foreground writes since the snapshot) are left out of the blocks: the
+    ///   checkpoint's trees do not name them. Their SIT blocks are marked changed again, for
+    ///   the next checkpoint to write as they are then. Recording stops.
+    pub fn take_checkpoint_sit(&self) -> CheckpointSit {
+        let epoch = self.epoch.load(Ordering::Acquire);
         {
             let mut fm = self.free.lock();
             let pre = std::mem::take(&mut fm.prefree);
-            fm.committing.extend(pre);
+            for s in pre {
+                if self.seg(s).lock().touched < epoch {
+                    fm.committing.push(s);
+                } else {
+                    fm.prefree.push(s);
+                }
+            }
         }
+        let recording = self.recording.load(Ordering::Acquire);
         let mut out = Vec::new();
+        let mut redirty = Vec::new();
         for (w, word) in self.dirty_sit.iter().enumerate() {
             let mut bits = word.swap(0, Ordering::AcqRel);
             while bits != 0 {
                 let b = bits.trailing_zeros();
                 bits &= bits - 1;
                 let idx = (w * 64) as u32 + b;
-                out.push((idx, self.sit_block(idx)));
+                let (blk, young) = self.sit_block_as_of(idx, recording.then_some(epoch));
+                if young {
+                    redirty.push(idx);
+                }
+                out.push((idx, blk));
             }
         }
-        out
+        // Segments whose SIT block did not change hold no young block (a validation marks it).
+        let mut valid = 0u64;
+        for s in &self.segs {
+            let s = s.lock();
+            valid += s.entry.valid_blocks as u64;
+            if recording && s.young_epoch == epoch {
+                valid -= s.young.iter().filter(|&&o| s.entry.is_valid(o as u32)).count() as u64;
+            }
+        }
+        self.recording.store(false, Ordering::Release);
+        for idx in redirty {
+            self.dirty_sit[idx as usize / 64].fetch_or(1 << (idx % 64), Ordering::Relaxed);
+        }
+        CheckpointSit { blocks: out, valid }
+    }
+
+    /// SIT block `index` as the checkpoint of `epoch` sees it (its young blocks left out), and
+    /// whether any was; with `None`, as it is now.
+    fn sit_block_as_of(&self, index: u32, epoch: Option<u64>) -> (SitBlock, bool) {
+        let mut blk = SitBlock::empty(index);
+        let mut any = false;
+        let first = index * SIT_ENTRIES_PER_BLOCK;
+        for (i, e) in blk.entries.iter_mut().enumerate() {
+            let segno = first + i as u32;
+            if segno < self.geometry.main_segments {
+                let seg = self.seg(segno).lock();
+                *e = seg.entry.clone();
+                if epoch == Some(seg.young_epoch) {
+                    for &o in &seg.young {
+                        any |= e.clear_valid(o as u32);
+                    }
+                }
+            }
+        }
+        (blk, any)
     }
 
     /// The current contents of SIT block `index`.

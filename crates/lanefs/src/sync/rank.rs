@@ -39,7 +39,7 @@ pub enum Rank {
     /// One checkpoint at a time (`Engine::cp_serial`).
     CpSerial,
     /// The checkpoint gate: shared by fsync and writeback while they place blocks, exclusive
-    /// for a checkpoint's write phase (so the SIT it writes matches its trees).
+    /// for a checkpoint's snapshot (its write phase runs beside them: `Engine::enter_flush`).
     Gate,
 
     // fsync: what one transaction holds while it decides and writes.

@@ -1,0 +1,305 @@
+//! fsync and writeback beside a checkpoint's write phase (issue 18).
+//!
+//! A checkpoint holds the gate exclusively only for its snapshot; fsyncs of files it did not
+//! capture go on while it writes. Here a device holds the checkpoint's first metadata write
+//! (its NAT, SIT or pack: nothing else writes below the main area) while threads create,
+//! write and fsync files in directories the checkpoint captured, and unlink files it captured.
+//! Those fsyncs must complete while the checkpoint is held, and two crash images must recover
+//! every fsynced byte: one taken while the checkpoint is held (recovery from the previous
+//! checkpoint replays them), one taken after it committed while more fsyncs ran (recovery from
+//! it). A second test runs fsyncs against checkpoints taken back to back, then checks a crash
+//! image and a clean remount. Every recovered image passes fsck.
+
+use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq};
+use lanefs::fsck::{check, FsckOptions};
+use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum Hold {
+    #[default]
+    Off,
+    Armed,
+    Holding,
+    Released,
+}
+
+/// A `MemDevice` that holds the first write batch below the main area (checkpoint metadata)
+/// once armed, until released.
+struct MetaHoldDevice {
+    inner: MemDevice,
+    main_start: AtomicU64,
+    hold: Mutex<Hold>,
+    cv: Condvar,
+}
+
+impl MetaHoldDevice {
+    fn set(&self, h: Hold) {
+        *self.hold.lock().unwrap() = h;
+        self.cv.notify_all();
+    }
+
+    fn wait_for(&self, want: Hold) {
+        let g = self.hold.lock().unwrap();
+        let (_g, t) = self.cv.wait_timeout_while(g, Duration::from_secs(30), |h| *h != want).unwrap();
+        assert!(!t.timed_out(), "the device never reached {want:?}");
+    }
+}
+
+impl BlockDevice for MetaHoldDevice {
+    fn block_count(&self) -> u64 {
+        self.inner.block_count()
+    }
+    fn read_batch(&self, reqs: &mut [ReadReq<'_>]) -> std::io::Result<()> {
+        self.inner.read_batch(reqs)
+    }
+    fn write_batch(&self, reqs: &[WriteReq<'_>]) -> std::io::Result<()> {
+        let main = self.main_start.load(Ordering::Acquire);
+        let mut g = self.hold.lock().unwrap();
+        if *g == Hold::Armed && reqs.iter().any(|r| r.addr < main) {
+            *g = Hold::Holding;
+            self.cv.notify_all();
+            let (_g, t) =
+                self.cv.wait_timeout_while(g, Duration::from_secs(60), |h| *h != Hold::Released).unwrap();
+            assert!(!t.timed_out(), "the test never released the checkpoint");
+        } else {
+            drop(g);
+        }
+        self.inner.write_batch(reqs)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn io_mode(&self) -> IoMode {
+        self.inner.io_mode()
+    }
+}
+
+/// No background checkpoint: the test takes them.
+fn opts() -> FsOptions {
+    FsOptions { checkpoint_interval: None, journal_blocks_limit: u64::MAX / 4, ..Default::default() }
+}
+
+/// The bytes of version `v` of file `name` (`len` bytes: not page-aligned, so sizes count).
+fn content(name: &str, v: u32, len: usize) -> Vec<u8> {
+    let seed = name.bytes().fold(v.wrapping_mul(2_654_435_761), |a, b| a.rotate_left(5) ^ b as u32);
+    (0..len).map(|i| (seed.wrapping_add(i as u32).wrapping_mul(0x9E37_79B1) >> 13) as u8).collect()
+}
+
+/// What a thread made durable: path -> bytes its last acknowledged fsync covered.
+type Durable = BTreeMap<String, Vec<u8>>;
+
+/// Creates `dir/name`, writes it and fsyncs it; records it as durable.
+fn create_synced(fs: &Fs, dir: u64, dpath: &str, name: &str, v: u32, durable: &mut Durable) {
+    let ino = fs.create(dir, name.as_bytes(), 0o644, 0, 0).unwrap().ino;
+    let bytes = content(name, v, 5000 + (v as usize % 7) * 3000);
+    fs.write_at(ino, 0, &bytes).unwrap();
+    fs.fsync(ino, false).unwrap();
+    durable.insert(format!("{dpath}/{name}"), bytes);
+}
+
+/// Mounts the crash image `img` (recovery runs), checks every durable file, unmounts and
+/// runs fsck.
+fn check_image(img: Vec<u8>, durable: &Durable, what: &str) {
+    let mem = Arc::new(MemDevice::from_bytes(img));
+    let fs = Fs::open(mem.clone(), opts()).unwrap();
+    for (path, want) in durable {
+        let ino =
+            fs.resolve(path).unwrap_or_else(|e| panic!("{what}: {path} is gone after recovery: {e}")).ino;
+        let mut got = vec![0u8; want.len() + 4096];
+        let n = fs.read_at(ino, 0, &mut got).unwrap();
+        assert_eq!(n, want.len(), "{what}: {path}: size after recovery");
+        assert!(got[..n] == want[..], "{what}: {path}: contents after recovery differ from its last fsync");
+    }
+    fs.unmount().unwrap();
+    let report = check(&*mem, &FsckOptions::default()).unwrap();
+    assert!(report.is_clean(), "{what}: fsck after recovery: {:?}", report.problems);
+}
+
+#[test]
+fn fsyncs_complete_while_a_checkpoint_writes_and_survive_a_crash_on_either_side_of_it() {
+    let dev = Arc::new(MetaHoldDevice {
+        inner: MemDevice::new(256 << 20),
+        main_start: AtomicU64::new(0),
+        hold: Mutex::default(),
+        cv: Condvar::new(),
+    });
+    Fs::format(&*dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
+    let g = lanefs::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
+    dev.main_start.store(g.main_blkaddr, Ordering::Release);
+    let fs = Arc::new(Fs::open(dev.clone(), opts()).unwrap());
+    const THREADS: usize = 3;
+    let dirs: Vec<u64> =
+        (0..THREADS).map(|k| fs.mkdir(ROOT, format!("t{k}").as_bytes(), 0o755, 0, 0).unwrap().ino).collect();
+    fs.sync().unwrap();
+
+    // Phase A: each thread's directory and files change, so the checkpoint captures them.
+    let mut durable: Vec<Durable> = vec![Durable::new(); THREADS];
+    for (k, d) in dirs.iter().enumerate() {
+        for i in 0..12 {
+            create_synced(&fs, *d, &format!("/t{k}"), &format!("a{i}"), i, &mut durable[k]);
+        }
+    }
+    // A file written but not fsynced: the checkpoint takes its pages (it is captured).
+    let lazy = fs.create(dirs[0], b"lazy", 0o644, 0, 0).unwrap().ino;
+    fs.write_at(lazy, 0, &content("lazy", 1, 9000)).unwrap();
+
+    // The checkpoint, held at its first metadata write: its data and nodes are written.
+    dev.set(Hold::Armed);
+    let cp = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.sync().unwrap())
+    };
+    dev.wait_for(Hold::Holding);
+
+    // Phase B, while it is held: new files in the captured directories, files it captured
+    // unlinked (their records go out with the next fsync of the directory's closure).
+    let done_during = Arc::new(AtomicU64::new(0));
+    let phase_b: Vec<_> = dirs
+        .iter()
+        .enumerate()
+        .map(|(k, &d)| {
+            let (fs, done) = (fs.clone(), done_during.clone());
+            let mut mine = durable[k].clone();
+            std::thread::spawn(move || {
+                for i in 0..10u32 {
+                    if i % 3 == 0 {
+                        fs.unlink(d, format!("a{i}").as_bytes()).unwrap();
+                        mine.remove(&format!("/t{k}/a{i}"));
+                    }
+                    create_synced(&fs, d, &format!("/t{k}"), &format!("b{i}"), 100 + i, &mut mine);
+                    done.fetch_add(1, Ordering::AcqRel);
+                }
+                mine
+            })
+        })
+        .collect();
+    // Bounded: every fsync above is of a file the held checkpoint did not capture, so none
+    // waits for it; a thread stuck past the deadline is the failure this test looks for.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done_during.load(Ordering::Acquire) < (THREADS * 10) as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let done = done_during.load(Ordering::Acquire);
+    if done < (THREADS * 10) as u64 {
+        dev.set(Hold::Released);
+        panic!("only {done} of {} fsyncs completed while the checkpoint was held", THREADS * 10);
+    }
+    durable = phase_b.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(fs.io_stats().cp_waits, 0, "no fsync waited for the checkpoint");
+    assert!(!cp.is_finished() && *dev.hold.lock().unwrap() == Hold::Holding, "the checkpoint was still held");
+    // Crash 1: the checkpoint's pack never landed; recovery starts from the previous one.
+    let before_commit = dev.inner.snapshot();
+
+    dev.set(Hold::Released);
+    cp.join().unwrap();
+    assert_eq!(fs.cp_exclusive_work().phases, 2, "two snapshots since mount, both counted");
+
+    // Phase C, after the commit: rewrites of files written during the write phase.
+    for (k, d) in dirs.iter().enumerate() {
+        for i in [1u32, 4, 7] {
+            let name = format!("b{i}");
+            let ino = fs.lookup(*d, name.as_bytes()).unwrap().ino;
+            let bytes = content(&name, 200 + i, 7000);
+            fs.truncate(ino, 0).unwrap();
+            fs.write_at(ino, 0, &bytes).unwrap();
+            fs.fsync(ino, true).unwrap();
+            durable[k].insert(format!("/t{k}/{name}"), bytes);
+        }
+    }
+    // Crash 2: recovery from the new checkpoint replays what came after its stamp.
+    let after_commit = dev.inner.snapshot();
+    let all: Durable = durable.iter().flat_map(|d| d.clone()).collect();
+    // Crash 1 holds everything fsynced before it: phase A and B, not C.
+    let upto_b: Durable = all
+        .iter()
+        .filter(|(p, _)| !["/b1", "/b4", "/b7"].iter().any(|s| p.ends_with(s)))
+        .map(|(p, b)| (p.clone(), b.clone()))
+        .collect();
+    check_image(before_commit, &upto_b, "crash during the checkpoint's write phase");
+    check_image(after_commit, &all, "crash after the checkpoint");
+    drop(fs);
+}
+
+#[test]
+fn fsyncs_against_back_to_back_checkpoints_keep_every_fsynced_byte() {
+    let mem = Arc::new(MemDevice::new(256 << 20));
+    Fs::format(&*mem, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
+    // A small cache: writeback runs beside the checkpoints too.
+    let fs = Arc::new(Fs::open(mem.clone(), FsOptions { cache_bytes: 1 << 20, ..opts() }).unwrap());
+    const THREADS: usize = 4;
+    let dirs: Vec<u64> =
+        (0..THREADS).map(|k| fs.mkdir(ROOT, format!("w{k}").as_bytes(), 0o755, 0, 0).unwrap().ino).collect();
+    fs.sync().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let checkpoints = {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            // Bounded by the workers, which set `stop` when done.
+            while !stop.load(Ordering::Acquire) {
+                fs.sync().unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let workers: Vec<_> = dirs
+        .iter()
+        .enumerate()
+        .map(|(k, &d)| {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let mut mine = Durable::new();
+                let dpath = format!("/w{k}");
+                for i in 0..300u32 {
+                    let name = format!("f{}", i % 40);
+                    match i % 5 {
+                        // Replace a file (varmail's delete and create).
+                        0 if mine.contains_key(&format!("{dpath}/{name}")) => {
+                            fs.unlink(d, name.as_bytes()).unwrap();
+                            mine.remove(&format!("{dpath}/{name}"));
+                            create_synced(&fs, d, &dpath, &name, i, &mut mine);
+                        }
+                        // Append to a file and fdatasync it.
+                        1 | 2 if mine.contains_key(&format!("{dpath}/{name}")) => {
+                            let path = format!("{dpath}/{name}");
+                            let ino = fs.lookup(d, name.as_bytes()).unwrap().ino;
+                            let more = content(&name, i, 3000);
+                            let old = mine.get_mut(&path).unwrap();
+                            fs.write_at(ino, old.len() as u64, &more).unwrap();
+                            fs.fsync(ino, true).unwrap();
+                            old.extend_from_slice(&more);
+                        }
+                        _ if !mine.contains_key(&format!("{dpath}/{name}")) => {
+                            create_synced(&fs, d, &dpath, &name, i, &mut mine)
+                        }
+                        // A large unsynced write: writeback and the checkpoint carry it.
+                        _ => {
+                            let big = fs.create(d, format!("big{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+                            fs.write_at(big, 0, &content("big", i, 256 << 10)).unwrap();
+                        }
+                    }
+                }
+                mine
+            })
+        })
+        .collect();
+    let durable: Durable = workers.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    stop.store(true, Ordering::Release);
+    let n = checkpoints.join().unwrap();
+    assert!(n >= 3, "only {n} checkpoints ran beside the fsyncs");
+    // One more fsynced change after the last checkpoint, then the crash.
+    let last = fs.create(dirs[0], b"last", 0o644, 0, 0).unwrap().ino;
+    fs.write_at(last, 0, b"after every checkpoint").unwrap();
+    fs.fsync(last, false).unwrap();
+    let mut with_last = durable.clone();
+    with_last.insert("/w0/last".into(), b"after every checkpoint".to_vec());
+    check_image(mem.snapshot(), &with_last, "crash after fsyncs beside back-to-back checkpoints");
+    // And a clean remount of the image as the run left it.
+    Arc::into_inner(fs).expect("the only handle").unmount().unwrap();
+    check_image(mem.snapshot(), &with_last, "clean remount");
+}
