@@ -392,6 +392,7 @@ impl Target for MountTarget {
             segments_cleaned: e.get("segments_cleaned")?,
             checkpoints: e.get("checkpoints")?,
             cp_exclusive_us_max: e.get("cp_exclusive_us_max")?,
+            cp_waits: e.get("cp_waits")?,
         })
     }
 

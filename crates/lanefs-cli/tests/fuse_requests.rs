@@ -110,9 +110,14 @@ fn engine_counters_are_published_on_the_root_and_by_inspect() {
     assert!(grew("user_bytes") >= 1 << 20, "{after:?}");
     assert!(grew("device_bytes") >= 1 << 20, "fsync wrote the data: {after:?}");
     assert!(grew("fsync_flushes") >= 1, "{after:?}");
-    for k in
-        ["checkpoints", "cp_exclusive_us_max", "cp_write_phase_us_max", "cleaning_bytes", "segments_cleaned"]
-    {
+    for k in [
+        "checkpoints",
+        "cp_exclusive_us_max",
+        "cp_write_phase_us_max",
+        "cp_waits",
+        "cleaning_bytes",
+        "segments_cleaned",
+    ] {
         assert!(after.get(k).is_some(), "{k} missing: {after:?}");
     }
     let classes = after.values.iter().filter(|(k, _)| k.starts_with("contended.")).count();

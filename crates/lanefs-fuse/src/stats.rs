@@ -20,7 +20,7 @@
 //! A second attribute, `lanefs.engine`, holds what the engine counts since the mount, as
 //! `key value` lines in a fixed order: checkpoints made durable, the longest time a
 //! checkpoint's exclusive phase held every operation out and its write phase held fsync out
-//! (µs), bytes by cause, device flushes for fsync, and per lock class the acquisitions that
+//! (µs), fsyncs and writebacks that waited for a checkpoint, bytes by cause, device flushes for fsync, and per lock class the acquisitions that
 //! found the lock held (`contended.CLASS`, the contention census of `lanefs::sync::census`,
 //! every class, zeros included). Reading it changes nothing.
 
@@ -115,6 +115,7 @@ pub fn format_engine(io: &IoStats, census: &Census) -> String {
         ("checkpoints", io.checkpoints_durable),
         ("cp_exclusive_us_max", io.cp_exclusive_us_max),
         ("cp_write_phase_us_max", io.cp_write_phase_us_max),
+        ("cp_waits", io.cp_waits),
         ("user_bytes", io.user_bytes),
         ("device_bytes", device),
         ("cleaning_bytes", io.cleaning_bytes),
@@ -203,6 +204,7 @@ mod tests {
             checkpoints_durable: 7,
             cp_exclusive_us_max: 640,
             cp_write_phase_us_max: 9000,
+            cp_waits: 4,
             fsync_flushes: 5,
             ..Default::default()
         };
@@ -211,6 +213,7 @@ mod tests {
         assert_eq!(back.get("checkpoints"), Some(7));
         assert_eq!(back.get("cp_exclusive_us_max"), Some(640));
         assert_eq!(back.get("cp_write_phase_us_max"), Some(9000));
+        assert_eq!(back.get("cp_waits"), Some(4));
         assert_eq!(back.get("device_bytes"), Some(123));
         assert_eq!(back.get("fsync_flushes"), Some(5));
         assert_eq!(back.get("contended.Meta"), Some(12));

@@ -208,10 +208,11 @@ fn say_engine(
     let v = |k: &str| e.get(k).map_or("?".to_string(), |n| n.to_string());
     say!(
         out,
-        "checkpoints   {} since the mount; longest exclusive phase {} µs (every operation held out), longest write phase {} µs (fsync held out)",
+        "checkpoints   {} since the mount; longest exclusive phase {} µs (every operation held out), longest write phase {} µs; {} fsyncs or writebacks waited for one",
         v("checkpoints"),
         v("cp_exclusive_us_max"),
-        v("cp_write_phase_us_max")
+        v("cp_write_phase_us_max"),
+        v("cp_waits")
     );
     say!(
         out,
