@@ -15,7 +15,8 @@ use super::xattr::XattrState;
 use crate::format::node::{Timespec, NEW_ADDR, S_IFMT};
 use crate::node::{BlockMap, InodeTree};
 use crate::oplog::dirlog::DirLog;
-use crate::sync::rank::{Mutex, Rank};
+use crate::sync::rank::{Mutex, MutexGuard, Rank};
+use crate::sync::seqlock::SeqWords;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,6 +38,118 @@ pub struct Meta {
     pub xattrs: XattrState,
     /// A symlink's target.
     pub symlink: Vec<u8>,
+}
+
+/// The attributes stat(2) reports from [`Meta`], as a reader gets them without the mutex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatMeta {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub generation: u32,
+    pub crtime: Timespec,
+    pub rdev: u64,
+}
+
+impl StatMeta {
+    fn of(m: &Meta) -> StatMeta {
+        StatMeta {
+            mode: m.mode,
+            uid: m.uid,
+            gid: m.gid,
+            nlink: m.nlink,
+            generation: m.generation,
+            crtime: m.crtime,
+            rdev: m.rdev,
+        }
+    }
+
+    fn encode(&self) -> [u64; 5] {
+        let pair = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+        [
+            pair(self.mode, self.uid),
+            pair(self.gid, self.nlink),
+            pair(self.generation, self.crtime.nsec),
+            self.crtime.sec as u64,
+            self.rdev,
+        ]
+    }
+
+    fn decode(w: [u64; 5]) -> StatMeta {
+        let (lo, hi) = (|x: u64| x as u32, |x: u64| (x >> 32) as u32);
+        StatMeta {
+            mode: lo(w[0]),
+            uid: hi(w[0]),
+            gid: lo(w[1]),
+            nlink: hi(w[1]),
+            generation: lo(w[2]),
+            crtime: Timespec { sec: w[3] as i64, nsec: hi(w[2]) },
+            rdev: w[4],
+        }
+    }
+}
+
+/// An inode's [`Meta`] behind its mutex, with the fields stat reports mirrored in a sequence
+/// lock (`sync::seqlock`): [`MetaLock::stat`] reads them without writing a shared line, so
+/// threads that stat or walk through one directory do not bounce its lock between cores.
+///
+/// Invariant: whenever the mutex is free, the mirror equals `StatMeta::of(&meta)`. A guard that
+/// was dereferenced mutably publishes the mirror as it drops, still holding the mutex (so
+/// publications are serialised and in the order of the changes).
+pub struct MetaLock {
+    inner: Mutex<Meta>,
+    mirror: SeqWords<5>,
+}
+
+/// A held [`MetaLock`].
+pub struct MetaGuard<'a> {
+    guard: MutexGuard<'a, Meta>,
+    mirror: &'a SeqWords<5>,
+    changed: bool,
+}
+
+impl MetaLock {
+    pub fn new(meta: Meta) -> MetaLock {
+        let mirror = SeqWords::new(StatMeta::of(&meta).encode());
+        MetaLock { inner: Mutex::new(Rank::Meta, meta), mirror }
+    }
+
+    pub fn lock(&self) -> MetaGuard<'_> {
+        MetaGuard { guard: self.inner.lock(), mirror: &self.mirror, changed: false }
+    }
+
+    /// What stat reports, as of the last change: lock-free unless a change keeps overlapping
+    /// the read, then under the mutex.
+    #[inline]
+    pub fn stat(&self) -> StatMeta {
+        match self.mirror.read() {
+            Some(w) => StatMeta::decode(w),
+            None => StatMeta::of(&self.inner.lock()),
+        }
+    }
+}
+
+impl std::ops::Deref for MetaGuard<'_> {
+    type Target = Meta;
+    fn deref(&self) -> &Meta {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for MetaGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Meta {
+        self.changed = true;
+        &mut self.guard
+    }
+}
+
+impl Drop for MetaGuard<'_> {
+    fn drop(&mut self) {
+        if self.changed {
+            self.mirror.write(StatMeta::of(&self.guard).encode());
+        }
+    }
 }
 
 /// Where an mnode's data lives on disk. Only fsync, writeback, truncate and the checkpoint
@@ -196,7 +309,7 @@ pub struct MNode {
     pub ino: u32,
     /// `S_IFMT` bits; fixed for the inode's life.
     pub file_type: u32,
-    pub meta: Mutex<Meta>,
+    pub meta: MetaLock,
     pub size: AtomicU64,
     /// Nanoseconds since the epoch. The access time is an atomic like the others so that a
     /// read decides whether to update it without a lock (`mem::atime`).
@@ -288,7 +401,7 @@ impl MNode {
         MNode {
             ino,
             file_type,
-            meta: Mutex::new(Rank::Meta, meta),
+            meta: MetaLock::new(meta),
             size: AtomicU64::new(size),
             mtime: AtomicI64::new(ts_to_ns(st.mtime)),
             ctime: AtomicI64::new(ts_to_ns(st.ctime)),
