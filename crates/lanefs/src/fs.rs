@@ -318,11 +318,11 @@ impl Fs {
     /// the handle's to tell a reused number from the inode the handle was made for.
     pub fn lookup_ino(&self, ino: Ino) -> Result<Attr> {
         let _g = self.engine.pass.shared();
-        let m = self.engine.mnode(ino32(ino)?)?;
-        if m.meta.lock().nlink == 0 {
+        let a = self.engine.with_mnode(ino32(ino)?, |m| self.attr(m))?;
+        if a.nlink == 0 {
             return Err(Error::errno(libc::ENOENT, format!("inode {ino} was removed")));
         }
-        Ok(self.attr(&m))
+        Ok(a)
     }
 
     /// Looks up an absolute path such as `/a/b/c`.

@@ -56,6 +56,15 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// What a value does when the table lets go of it. A removed value is freed only once the
+/// readers pinned before its removal are gone, which may be a while (reclamation runs in
+/// batches): whatever its drop would give back that others count (cached dirty pages, for a
+/// dead mnode) it gives back here, at once.
+pub trait Resident {
+    /// Called once per removal, after the value left the table.
+    fn removed(&self) {}
+}
+
 type Cell<T> = CachePadded<papaya::HashMap<u64, Arc<T>, BuildHasherDefault<InoHasher>>>;
 
 /// The mnode table: inode number -> `Arc<T>`, sharded into cells.
@@ -65,7 +74,7 @@ pub struct Cells<T> {
     mask: usize,
 }
 
-impl<T> Cells<T> {
+impl<T: Resident> Cells<T> {
     /// A table with the next power of two at or above `4 * possible_cpus()` cells.
     pub fn new() -> Self {
         Self::with_cells(4 * crate::sync::percpu::possible_cpus())
@@ -130,13 +139,22 @@ impl<T> Cells<T> {
 
     /// Removes and returns the mnode for `ino`.
     pub fn remove(&self, ino: u64) -> Option<Arc<T>> {
-        self.cell(ino).pin().remove(&ino).cloned()
+        let v = self.cell(ino).pin().remove(&ino).cloned();
+        if let Some(v) = &v {
+            v.removed();
+        }
+        v
     }
 
     /// Removes `ino` only if it still maps to `expected` (the same allocation). For eviction:
     /// a mnode replaced since the caller looked it up is left alone.
     pub fn remove_if_same(&self, ino: u64, expected: &Arc<T>) -> bool {
-        matches!(self.cell(ino).pin().remove_if(&ino, |_, v| Arc::ptr_eq(v, expected)), Ok(Some(_)))
+        let gone =
+            matches!(self.cell(ino).pin().remove_if(&ino, |_, v| Arc::ptr_eq(v, expected)), Ok(Some(_)));
+        if gone {
+            expected.removed();
+        }
+        gone
     }
 
     /// Calls `f` for every mnode, one cell at a time. Each cell's entries are copied out (as
@@ -163,13 +181,13 @@ impl<T> Cells<T> {
     }
 }
 
-impl<T> Default for Cells<T> {
+impl<T: Resident> Default for Cells<T> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<T> std::fmt::Debug for Cells<T> {
+impl<T: Resident> std::fmt::Debug for Cells<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cells").field("cells", &self.cells.len()).field("len", &self.len()).finish()
     }
@@ -180,6 +198,12 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     use std::sync::Barrier;
+
+    impl Resident for u32 {}
+    impl Resident for u64 {}
+    impl Resident for usize {}
+    impl Resident for String {}
+    impl Resident for Counted {}
 
     #[test]
     fn cell_count_is_power_of_two_and_at_least_4x_cpus() {

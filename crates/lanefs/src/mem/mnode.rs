@@ -439,6 +439,19 @@ impl Stamps {
     }
 }
 
+impl super::cells::Resident for MNode {
+    /// A dead mnode leaving the table gives its cached pages back now: its memory may be
+    /// reclaimed later, but the dirty-page count that space accounting and writeback read must
+    /// not wait for that (the checkpoint already gave back its reservations).
+    fn removed(&self) {
+        if self.dead.load(Ordering::Acquire) {
+            if let Some((pages, _)) = self.pages() {
+                pages.truncate(0);
+            }
+        }
+    }
+}
+
 impl MNode {
     /// A new mnode of `meta.mode`'s type.
     pub fn new(ino: u32, meta: Meta, size: u64, st: Stamps, stats: &Arc<CacheStats>) -> MNode {
