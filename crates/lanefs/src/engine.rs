@@ -433,6 +433,19 @@ impl Engine {
     }
 
     /// The mnode of `ino`, loading it from disk on first use.
+    /// Runs `f` on the mnode of `ino` without taking a reference (no shared store when it is
+    /// cached: `Cells::with`); loads it first if it is not. `f` runs pinned: keep it short and
+    /// lock-free.
+    #[inline]
+    pub(crate) fn with_mnode<R>(&self, ino: u32, f: impl FnOnce(&MNode) -> R) -> Result<R> {
+        let mut f = Some(f);
+        if let Some(r) = self.cells.with(ino as u64, |m| (f.take().expect("called once"))(m)) {
+            return Ok(r);
+        }
+        let m = self.mnode(ino)?;
+        Ok((f.take().expect("not called"))(&m))
+    }
+
     pub(crate) fn mnode(&self, ino: u32) -> Result<Arc<MNode>> {
         if let Some(m) = self.cells.get(ino as u64) {
             return Ok(m);

@@ -284,8 +284,10 @@ impl Fs {
         self.engine.nvm.as_ref()
     }
 
+    /// What stat reports of `m`. Reads the attributes' lock-free mirror (`MetaLock::stat`):
+    /// no lock, and no store to a line other threads read.
     pub(crate) fn attr(&self, m: &MNode) -> Attr {
-        let meta = m.meta.lock().clone();
+        let meta = m.meta.stat();
         let blocks = self.engine.allocated_blocks(m);
         Attr {
             ino: m.ino as Ino,
@@ -311,8 +313,7 @@ impl Fs {
 
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         self.engine.check_live()?;
-        let m = self.engine.lookup(ino32(parent)?, name)?;
-        Ok(self.attr(&m))
+        self.engine.lookup_with(ino32(parent)?, name, |m| self.attr(m))
     }
 
     /// The inode numbered `ino`, as a file handle names it: any type, and ENOENT once it has
@@ -320,11 +321,11 @@ impl Fs {
     /// the handle's to tell a reused number from the inode the handle was made for.
     pub fn lookup_ino(&self, ino: Ino) -> Result<Attr> {
         let _g = self.engine.pass.shared();
-        let m = self.engine.mnode(ino32(ino)?)?;
-        if m.meta.lock().nlink == 0 {
+        let a = self.engine.with_mnode(ino32(ino)?, |m| self.attr(m))?;
+        if a.nlink == 0 {
             return Err(Error::errno(libc::ENOENT, format!("inode {ino} was removed")));
         }
-        Ok(self.attr(&m))
+        Ok(a)
     }
 
     /// Looks up an absolute path such as `/a/b/c`.
@@ -346,8 +347,7 @@ impl Fs {
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         self.engine.check_live()?;
         let _g = self.engine.pass.shared();
-        let m = self.engine.mnode(ino32(ino)?)?;
-        Ok(self.attr(&m))
+        self.engine.with_mnode(ino32(ino)?, |m| self.attr(m))
     }
 
     pub fn setattr(&self, ino: Ino, a: &SetAttr) -> Result<Attr> {

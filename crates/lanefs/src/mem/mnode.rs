@@ -15,7 +15,8 @@ use super::xattr::XattrState;
 use crate::format::node::{Timespec, NEW_ADDR, S_IFMT};
 use crate::node::{BlockMap, InodeTree};
 use crate::oplog::dirlog::DirLog;
-use crate::sync::rank::{Mutex, Rank};
+use crate::sync::rank::{Mutex, MutexGuard, Rank};
+use crate::sync::seqlock::SeqWords;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,6 +38,118 @@ pub struct Meta {
     pub xattrs: XattrState,
     /// A symlink's target.
     pub symlink: Vec<u8>,
+}
+
+/// The attributes stat(2) reports from [`Meta`], as a reader gets them without the mutex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatMeta {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub generation: u32,
+    pub crtime: Timespec,
+    pub rdev: u64,
+}
+
+impl StatMeta {
+    fn of(m: &Meta) -> StatMeta {
+        StatMeta {
+            mode: m.mode,
+            uid: m.uid,
+            gid: m.gid,
+            nlink: m.nlink,
+            generation: m.generation,
+            crtime: m.crtime,
+            rdev: m.rdev,
+        }
+    }
+
+    fn encode(&self) -> [u64; 5] {
+        let pair = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+        [
+            pair(self.mode, self.uid),
+            pair(self.gid, self.nlink),
+            pair(self.generation, self.crtime.nsec),
+            self.crtime.sec as u64,
+            self.rdev,
+        ]
+    }
+
+    fn decode(w: [u64; 5]) -> StatMeta {
+        let (lo, hi) = (|x: u64| x as u32, |x: u64| (x >> 32) as u32);
+        StatMeta {
+            mode: lo(w[0]),
+            uid: hi(w[0]),
+            gid: lo(w[1]),
+            nlink: hi(w[1]),
+            generation: lo(w[2]),
+            crtime: Timespec { sec: w[3] as i64, nsec: hi(w[2]) },
+            rdev: w[4],
+        }
+    }
+}
+
+/// An inode's [`Meta`] behind its mutex, with the fields stat reports mirrored in a sequence
+/// lock (`sync::seqlock`): [`MetaLock::stat`] reads them without writing a shared line, so
+/// threads that stat or walk through one directory do not bounce its lock between cores.
+///
+/// Invariant: whenever the mutex is free, the mirror equals `StatMeta::of(&meta)`. A guard that
+/// was dereferenced mutably publishes the mirror as it drops, still holding the mutex (so
+/// publications are serialised and in the order of the changes).
+pub struct MetaLock {
+    inner: Mutex<Meta>,
+    mirror: SeqWords<5>,
+}
+
+/// A held [`MetaLock`].
+pub struct MetaGuard<'a> {
+    guard: MutexGuard<'a, Meta>,
+    mirror: &'a SeqWords<5>,
+    changed: bool,
+}
+
+impl MetaLock {
+    pub fn new(meta: Meta) -> MetaLock {
+        let mirror = SeqWords::new(StatMeta::of(&meta).encode());
+        MetaLock { inner: Mutex::new(Rank::Meta, meta), mirror }
+    }
+
+    pub fn lock(&self) -> MetaGuard<'_> {
+        MetaGuard { guard: self.inner.lock(), mirror: &self.mirror, changed: false }
+    }
+
+    /// What stat reports, as of the last change: lock-free unless a change keeps overlapping
+    /// the read, then under the mutex.
+    #[inline]
+    pub fn stat(&self) -> StatMeta {
+        match self.mirror.read() {
+            Some(w) => StatMeta::decode(w),
+            None => StatMeta::of(&self.inner.lock()),
+        }
+    }
+}
+
+impl std::ops::Deref for MetaGuard<'_> {
+    type Target = Meta;
+    fn deref(&self) -> &Meta {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for MetaGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Meta {
+        self.changed = true;
+        &mut self.guard
+    }
+}
+
+impl Drop for MetaGuard<'_> {
+    fn drop(&mut self) {
+        if self.changed {
+            self.mirror.write(StatMeta::of(&self.guard).encode());
+        }
+    }
 }
 
 /// Where an mnode's data lives on disk. Only fsync, writeback, truncate and the checkpoint
@@ -158,6 +271,61 @@ impl DiskState {
     }
 }
 
+/// An inode's [`DiskState`] behind its mutex, with the number of mapped blocks mirrored in an
+/// atomic: stat's `st_blocks` of a file with nothing dirty reads it without the lock that
+/// fsync, writeback and the checkpoint take.
+///
+/// Invariant: whenever the mutex is free, `mapped == cur_map.len()`. Every guard publishes it
+/// as it drops, still holding the mutex (a store only when the count changed).
+pub struct DiskLock {
+    inner: Mutex<DiskState>,
+    mapped: AtomicU64,
+}
+
+/// A held [`DiskLock`].
+pub struct DiskGuard<'a> {
+    guard: MutexGuard<'a, DiskState>,
+    mapped: &'a AtomicU64,
+}
+
+impl DiskLock {
+    pub fn new(d: DiskState) -> DiskLock {
+        let mapped = AtomicU64::new(d.cur_map.len() as u64);
+        DiskLock { inner: Mutex::new(Rank::Disk, d), mapped }
+    }
+
+    pub fn lock(&self) -> DiskGuard<'_> {
+        DiskGuard { guard: self.inner.lock(), mapped: &self.mapped }
+    }
+
+    /// Blocks in the current mapping as of the last unlock (lock-free).
+    pub fn mapped_blocks(&self) -> u64 {
+        self.mapped.load(Ordering::Acquire)
+    }
+}
+
+impl std::ops::Deref for DiskGuard<'_> {
+    type Target = DiskState;
+    fn deref(&self) -> &DiskState {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for DiskGuard<'_> {
+    fn deref_mut(&mut self) -> &mut DiskState {
+        &mut self.guard
+    }
+}
+
+impl Drop for DiskGuard<'_> {
+    fn drop(&mut self) {
+        let n = self.guard.cur_map.len() as u64;
+        if self.mapped.load(Ordering::Relaxed) != n {
+            self.mapped.store(n, Ordering::Release);
+        }
+    }
+}
+
 /// Where an inode's xattrs live in the checkpoint (`format::xattr`).
 #[derive(Default)]
 pub struct XattrDisk {
@@ -196,7 +364,7 @@ pub struct MNode {
     pub ino: u32,
     /// `S_IFMT` bits; fixed for the inode's life.
     pub file_type: u32,
-    pub meta: Mutex<Meta>,
+    pub meta: MetaLock,
     pub size: AtomicU64,
     /// Nanoseconds since the epoch. The access time is an atomic like the others so that a
     /// read decides whether to update it without a lock (`mem::atime`).
@@ -207,7 +375,7 @@ pub struct MNode {
     /// changed under the file's whole range lock, so a write checks what holds until it ends.
     pub flags: AtomicU32,
     pub content: Content,
-    pub disk: Mutex<DiskState>,
+    pub disk: DiskLock,
     /// Open handles.
     pub open: AtomicU32,
     /// For directories: the parent directory (the root is its own parent).
@@ -271,6 +439,19 @@ impl Stamps {
     }
 }
 
+impl super::cells::Resident for MNode {
+    /// A dead mnode leaving the table gives its cached pages back now: its memory may be
+    /// reclaimed later, but the dirty-page count that space accounting and writeback read must
+    /// not wait for that (the checkpoint already gave back its reservations).
+    fn removed(&self) {
+        if self.dead.load(Ordering::Acquire) {
+            if let Some((pages, _)) = self.pages() {
+                pages.truncate(0);
+            }
+        }
+    }
+}
+
 impl MNode {
     /// A new mnode of `meta.mode`'s type.
     pub fn new(ino: u32, meta: Meta, size: u64, st: Stamps, stats: &Arc<CacheStats>) -> MNode {
@@ -288,14 +469,14 @@ impl MNode {
         MNode {
             ino,
             file_type,
-            meta: Mutex::new(Rank::Meta, meta),
+            meta: MetaLock::new(meta),
             size: AtomicU64::new(size),
             mtime: AtomicI64::new(ts_to_ns(st.mtime)),
             ctime: AtomicI64::new(ts_to_ns(st.ctime)),
             atime: AtomicI64::new(ts_to_ns(st.atime)),
             flags: AtomicU32::new(st.flags),
             content,
-            disk: Mutex::new(Rank::Disk, DiskState::new(stats.clone())),
+            disk: DiskLock::new(DiskState::new(stats.clone())),
             open: AtomicU32::new(0),
             parent: AtomicU32::new(0),
             pending: Mutex::new(Rank::Pending, BTreeMap::new()),
@@ -400,5 +581,120 @@ impl MNode {
     pub fn touch_ctime(&self, now: Timespec) {
         self.ctime.store(ts_to_ns(now), Ordering::Relaxed);
         self.attr_dirty.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    fn meta(mode: u32, uid: u32) -> Meta {
+        Meta {
+            mode,
+            uid,
+            gid: uid,
+            nlink: 1,
+            crtime: Timespec { sec: 1, nsec: 2 },
+            rdev: 0,
+            generation: 7,
+            xattrs: XattrState::default(),
+            symlink: Vec::new(),
+        }
+    }
+
+    /// Writers change mode, uid, gid and nlink together under the mutex (each to a value
+    /// derived from one counter); stat readers on other threads, lock-free, must only ever see
+    /// the four from one change, never going back, and the last change at the end.
+    #[test]
+    fn stat_readers_see_each_change_whole_and_in_order() {
+        const WRITES: u32 = 20_000;
+        let m = MetaLock::new(meta(S_IFREG, 0));
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let readers: Vec<_> = (0..3)
+                .map(|_| {
+                    let (m, stop) = (&m, &stop);
+                    s.spawn(move || {
+                        let mut last = 0;
+                        while !stop.load(Ordering::Relaxed) {
+                            let st = m.stat();
+                            let k = st.uid;
+                            assert_eq!(st.mode, S_IFREG | (k & 0o7777), "mode of another change");
+                            assert_eq!((st.gid, st.nlink), (k, k + 1), "torn stat {st:?}");
+                            assert_eq!((st.generation, st.crtime), (7, Timespec { sec: 1, nsec: 2 }));
+                            assert!(k >= last, "went back from {last} to {k}");
+                            last = k;
+                        }
+                    })
+                })
+                .collect();
+            let writers: Vec<_> = (0..2)
+                .map(|_| {
+                    let m = &m;
+                    s.spawn(move || {
+                        for _ in 0..WRITES {
+                            let mut g = m.lock();
+                            let k = g.uid + 1;
+                            g.mode = S_IFREG | (k & 0o7777);
+                            g.uid = k;
+                            g.gid = k;
+                            g.nlink = k + 1;
+                        }
+                    })
+                })
+                .collect();
+            writers.into_iter().for_each(|w| w.join().unwrap());
+            stop.store(true, Ordering::Relaxed);
+            readers.into_iter().for_each(|r| r.join().unwrap());
+        });
+        let st = m.stat();
+        assert_eq!((st.uid, st.nlink), (2 * WRITES, 2 * WRITES + 1));
+        assert_eq!(st, StatMeta::of(&m.lock()));
+    }
+
+    /// Threads remap and truncate blocks under `disk` while others read the lock-free count:
+    /// every count read is one the mapping had, and once all guards are gone it is the
+    /// mapping's length.
+    #[test]
+    fn mapped_block_mirror_matches_the_mapping_after_every_unlock() {
+        let d = DiskLock::new(DiskState::new(Arc::new(CacheStats::default())));
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let mut reads = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    assert!(d.mapped_blocks() <= 4 * 256, "more blocks than ever mapped");
+                    reads += 1;
+                }
+                reads
+            });
+            let writers: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let d = &d;
+                    s.spawn(move || {
+                        for round in 0..200u64 {
+                            let mut g = d.lock();
+                            for i in 0..256 {
+                                g.remap(t * 256 + i, (round * 1000 + i) as u32 + 1);
+                            }
+                            drop(g);
+                            assert!(d.mapped_blocks() >= 256 || t != 0 || round == 0);
+                            if round % 3 == 0 {
+                                let mut g = d.lock();
+                                for i in 0..256 {
+                                    g.remap(t * 256 + i, 0);
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            writers.into_iter().for_each(|w| w.join().unwrap());
+            stop.store(true, Ordering::Relaxed);
+            assert!(reader.join().unwrap() > 0);
+        });
+        assert_eq!(d.mapped_blocks(), d.lock().cur_map.len() as u64);
+        assert_eq!(d.mapped_blocks(), 4 * 256, "round 199 left every thread's blocks mapped");
     }
 }

@@ -123,6 +123,28 @@ impl Engine {
         Ok(m)
     }
 
+    /// Looks `name` up in directory `parent` and runs `f` on its mnode: the path walk's step.
+    /// Neither mnode's reference count is touched, and no lock is taken that a writer of
+    /// another name takes (the directory map's read is lock-free, `mem::dir`).
+    pub fn lookup_with<R>(&self, parent: u32, name: &[u8], f: impl FnOnce(&MNode) -> R) -> Result<R> {
+        let _g = self.pass.shared();
+        // The checks and their order are `Engine::lookup`'s: ENOTDIR, then the name.
+        let child = self.with_mnode(parent, |d| {
+            let Some(dir) = d.dir() else {
+                return Err(Error::errno(libc::ENOTDIR, format!("inode {parent}")));
+            };
+            Ok(match name {
+                b"." => d.ino,
+                b".." => d.parent.load(Ordering::Acquire),
+                _ => {
+                    check_name(name)?;
+                    dir.map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?.ino
+                }
+            })
+        })??;
+        self.with_mnode(child, f)
+    }
+
     pub fn lookup(&self, parent: u32, name: &[u8]) -> Result<Arc<MNode>> {
         let _g = self.pass.shared();
         let d = self.dir_mnode(parent)?;
@@ -1411,6 +1433,12 @@ impl Engine {
     pub(crate) fn allocated_blocks(&self, m: &MNode) -> u64 {
         match &m.content {
             Content::File { pages, .. } => {
+                // Most files have nothing dirty: their count is the mapping's, which the disk
+                // lock's mirror holds, so stat takes no lock fsync and writeback take. A page
+                // dirtied concurrently may or may not be counted, as under the lock.
+                if pages.dirty_count() == 0 && pages.logged_count() == 0 {
+                    return m.disk.mapped_blocks();
+                }
                 let disk = m.disk.lock();
                 let mapped = disk.cur_map.len() as u64;
                 mapped + pages.dirty_unmapped(|i| disk.cur_map.contains_key(&i))

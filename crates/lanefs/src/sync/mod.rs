@@ -7,12 +7,15 @@
 //!   operation enters in shared mode and a checkpoint takes exclusively.
 //! - [`rank`]: the engine's lock hierarchy, ranked mutexes and reader-writer locks, and the
 //!   checker that fails a test build on the first out-of-order acquisition.
+//! - [`seqlock`]: a few words published together, read without writing a shared line (the
+//!   attributes stat reports).
 //! - [`census`]: per lock class, how many acquisitions had to wait (per-CPU counters).
 
 pub mod census;
 pub mod pass_sem;
 pub mod percpu;
 pub mod rank;
+pub mod seqlock;
 
 pub use census::Census;
 pub use pass_sem::{ExclusiveGuard, PassSem, SharedGuard};

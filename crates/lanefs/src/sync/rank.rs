@@ -79,8 +79,6 @@ pub enum Rank {
     OplogShard,
     /// An operation-log timestamp slot.
     ClockSlot,
-    /// A file cell: one shard of the inode table (held for one map operation).
-    Cell,
     /// Inodes unlinked while open.
     Orphans,
     /// Per-CPU list of dirty inodes.
@@ -170,7 +168,6 @@ impl Rank {
         Rank::Pending,
         Rank::OplogShard,
         Rank::ClockSlot,
-        Rank::Cell,
         Rank::Orphans,
         Rank::DirtySet,
         Rank::DeadList,
