@@ -208,7 +208,7 @@ mod tests {
             fsync_flushes: 5,
             ..Default::default()
         };
-        let census = Census::from_counts([(Rank::Meta, 12), (Rank::Cell, 1)]);
+        let census = Census::from_counts([(Rank::Meta, 12), (Rank::DirShard, 1)]);
         let back = parse_engine(&format_engine(&io, &census)).unwrap();
         assert_eq!(back.get("checkpoints"), Some(7));
         assert_eq!(back.get("cp_exclusive_us_max"), Some(640));
@@ -219,7 +219,7 @@ mod tests {
         assert_eq!(back.get("contended.Meta"), Some(12));
         assert_eq!(back.get("nothing"), None);
         let c = back.census();
-        assert_eq!((c.get(Rank::Meta), c.get(Rank::Cell), c.total()), (12, 1, 13));
+        assert_eq!((c.get(Rank::Meta), c.get(Rank::DirShard), c.total()), (12, 1, 13));
         // Every class is listed, zeros included, so that a reader sees which classes exist.
         assert_eq!(back.values.iter().filter(|(k, _)| k.starts_with(CONTENDED)).count(), Rank::COUNT);
         for bad in ["checkpoints", "checkpoints x", "Checkpoints 1", "contended. 1", "a b c", "cp -1"] {
