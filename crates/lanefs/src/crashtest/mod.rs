@@ -56,7 +56,7 @@
 //! behind and goes on with a new one.
 //!
 //! A real-process crash (SIGKILL of the FUSE daemon, round after round on one image) is tested
-//! through the mount, in `crates/lanefs-cli/tests/fuse_sigkill.rs`.
+//! through the mount, in `crates/lanefs-cli/tests/fuse_sigkill/`.
 
 pub mod corrupt;
 pub mod exec;
