@@ -115,13 +115,8 @@ impl File for LibFile {
         self.fs.truncate(self.h.ino(), len).map_err(err)
     }
     fn set_times(&self, atime: std::time::SystemTime, mtime: std::time::SystemTime) -> io::Result<()> {
-        let ts = |t: std::time::SystemTime| -> io::Result<lanefs::format::node::Timespec> {
-            let d = t
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_err(|_| io::Error::other("a time before 1970"))?;
-            Ok(lanefs::format::node::Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() })
-        };
-        let a = lanefs::SetAttr { atime: Some(ts(atime)?), mtime: Some(ts(mtime)?), ..Default::default() };
+        let a =
+            lanefs::SetAttr { atime: Some(atime.into()), mtime: Some(mtime.into()), ..Default::default() };
         self.fs.setattr(self.h.ino(), &a).map(drop).map_err(err)
     }
 }
@@ -211,7 +206,7 @@ impl Target for LibTarget {
         let s = self.fs.io_stats();
         Some(IoCounters {
             user_bytes: s.user_bytes,
-            device_bytes: s.journal_bytes + s.writeback_bytes + s.checkpoint_bytes + s.cleaning_bytes,
+            device_bytes: s.device_bytes(),
             cleaning_bytes: s.cleaning_bytes,
             segments_cleaned: s.segments_cleaned,
             checkpoints: s.checkpoints_durable,

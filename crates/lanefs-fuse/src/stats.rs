@@ -109,7 +109,6 @@ impl EngineCounters {
 
 /// The [`ENGINE_XATTR`] value for the engine's `io` statistics and `census`.
 pub fn format_engine(io: &IoStats, census: &Census) -> String {
-    let device = io.journal_bytes + io.writeback_bytes + io.checkpoint_bytes + io.cleaning_bytes;
     let mut out = String::new();
     for (k, v) in [
         ("checkpoints", io.checkpoints_durable),
@@ -117,7 +116,7 @@ pub fn format_engine(io: &IoStats, census: &Census) -> String {
         ("cp_write_phase_us_max", io.cp_write_phase_us_max),
         ("cp_waits", io.cp_waits),
         ("user_bytes", io.user_bytes),
-        ("device_bytes", device),
+        ("device_bytes", io.device_bytes()),
         ("cleaning_bytes", io.cleaning_bytes),
         ("segments_cleaned", io.segments_cleaned),
         ("fsync_flushes", io.fsync_flushes),

@@ -207,9 +207,14 @@ pub struct IoStats {
 }
 
 impl IoStats {
+    /// Bytes written to the device for any cause: journal, writeback, checkpoints, cleaning.
+    pub fn device_bytes(&self) -> u64 {
+        self.journal_bytes + self.writeback_bytes + self.checkpoint_bytes + self.cleaning_bytes
+    }
+
     /// Device bytes written per user byte (0 when users wrote nothing).
     pub fn write_amplification(&self) -> f64 {
-        let dev = self.journal_bytes + self.writeback_bytes + self.checkpoint_bytes + self.cleaning_bytes;
+        let dev = self.device_bytes();
         if self.user_bytes == 0 {
             0.0
         } else {

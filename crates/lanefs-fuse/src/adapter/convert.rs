@@ -37,24 +37,10 @@ pub(super) fn system_time(t: Timespec) -> SystemTime {
     }
 }
 
-pub(super) fn timespec(t: SystemTime) -> Timespec {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
-        Err(e) => {
-            let d = e.duration();
-            if d.subsec_nanos() == 0 {
-                Timespec { sec: -(d.as_secs() as i64), nsec: 0 }
-            } else {
-                Timespec { sec: -(d.as_secs() as i64) - 1, nsec: 1_000_000_000 - d.subsec_nanos() }
-            }
-        }
-    }
-}
-
 pub(super) fn time_or_now(t: TimeOrNow) -> Timespec {
     match t {
-        TimeOrNow::SpecificTime(t) => timespec(t),
-        TimeOrNow::Now => timespec(SystemTime::now()),
+        TimeOrNow::SpecificTime(t) => Timespec::from(t),
+        TimeOrNow::Now => Timespec::from(SystemTime::now()),
     }
 }
 
@@ -125,7 +111,7 @@ mod tests {
             Timespec { sec: -1, nsec: 500_000_000 },
             Timespec { sec: -86_400, nsec: 0 },
         ] {
-            assert_eq!(timespec(system_time(t)), t);
+            assert_eq!(Timespec::from(system_time(t)), t);
         }
     }
 }

@@ -35,7 +35,7 @@ pub use convert::file_attr;
 pub use init::{max_write, Ttl, DEFAULT_TTL, MAX_WRITE};
 
 use crate::inflight::{Inflight, Op};
-use convert::{errno, generation, name, time_or_now, timespec, NO_ENTRY};
+use convert::{errno, generation, name, time_or_now, NO_ENTRY};
 use dir::DirHandles;
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
@@ -43,6 +43,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use lanefs::format::node::Timespec;
 use lanefs::fs_seek::Seek;
 use lanefs::{Attr, FileKind, Fs, SetAttr};
 use process::ReqCaller;
@@ -273,7 +274,7 @@ impl Filesystem for LaneFuse {
             times_now: now(&atime) && now(&mtime),
             atime: atime.map(time_or_now),
             mtime: mtime.map(time_or_now),
-            ctime: ctime.map(timespec),
+            ctime: ctime.map(Timespec::from),
         };
         // The kernel asks us to drop set-ID bits on a truncate by a caller without CAP_FSETID and
         // on every chown (FATTR_KILL_SUIDGID, which fuser does not pass on: the engine applies

@@ -44,6 +44,24 @@ pub struct Timespec {
     pub nsec: u32,
 }
 
+impl From<std::time::SystemTime> for Timespec {
+    /// Seconds and nanoseconds since the epoch; before it, `sec` is negative and `nsec` counts
+    /// forward from it, as in a `struct timespec`.
+    fn from(t: std::time::SystemTime) -> Timespec {
+        match t.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+            Err(e) => {
+                let d = e.duration();
+                if d.subsec_nanos() == 0 {
+                    Timespec { sec: -(d.as_secs() as i64), nsec: 0 }
+                } else {
+                    Timespec { sec: -(d.as_secs() as i64) - 1, nsec: 1_000_000_000 - d.subsec_nanos() }
+                }
+            }
+        }
+    }
+}
+
 /// Node identity and recovery metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NodeFooter {
