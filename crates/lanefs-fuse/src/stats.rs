@@ -15,13 +15,12 @@
 //! counted either: INIT, DESTROY and INTERRUPT, and the opcodes fuser 0.18 answers with
 //! ENOSYS itself before the adapter sees them (STATX, TMPFILE, SYNCFS, ...: the kernel then
 //! stops sending most of them).
-
 //!
 //! A second attribute, `lanefs.engine`, holds what the engine counts since the mount, as
 //! `key value` lines in a fixed order: checkpoints made durable, the longest time a
 //! checkpoint's exclusive phase held every operation out and its write phase held fsync out
-//! (µs), fsyncs and writebacks that waited for a checkpoint, bytes by cause, device flushes for fsync, and per lock class the acquisitions that
-//! found the lock held (`contended.CLASS`, the contention census of `lanefs::sync::census`,
+//! (µs), fsyncs and writebacks that waited for a checkpoint, bytes by cause, device flushes
+//! for fsync, and per lock class the acquisitions that found the lock held (`contended.CLASS`, the contention census of `lanefs::sync::census`,
 //! every class, zeros included). Reading it changes nothing.
 
 use crate::inflight::Op;
@@ -48,18 +47,24 @@ pub fn format(counts: &[(Op, u64)]) -> String {
 
 /// Reads a value made by [`format`](fn@format): every line `NAME COUNT`, NAME upper case.
 pub fn parse(text: &str) -> Result<Counts, String> {
+    key_counts(text, "opcode name", |name| name.bytes().all(|c| c.is_ascii_uppercase() || c == b'_'))
+}
+
+/// The `KEY COUNT` lines of `text` (blank lines skipped), each key accepted by `valid`; an
+/// error names the line and what is wrong with it (`what` for a refused key).
+fn key_counts(text: &str, what: &str, valid: impl Fn(&str) -> bool) -> Result<Counts, String> {
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let mut w = l.split_whitespace();
-            let (Some(name), Some(n), None) = (w.next(), w.next(), w.next()) else {
+            let (Some(key), Some(n), None) = (w.next(), w.next(), w.next()) else {
                 return Err(format!("bad counter line {l:?}"));
             };
-            if !name.bytes().all(|c| c.is_ascii_uppercase() || c == b'_') {
-                return Err(format!("bad opcode name in {l:?}"));
+            if !valid(key) {
+                return Err(format!("bad {what} in {l:?}"));
             }
             let n = n.parse::<u64>().map_err(|_| format!("bad count in {l:?}"))?;
-            Ok((name.to_string(), n))
+            Ok((key.to_string(), n))
         })
         .collect()
 }
@@ -130,27 +135,15 @@ pub fn format_engine(io: &IoStats, census: &Census) -> String {
 }
 
 /// Reads a value made by [`format_engine`]: every line `KEY COUNT`, KEY of lower-case letters,
-/// digits, `_` and `.`, or a census key (`contended.` and a class name).
+/// digits and `_`, or a census key (`contended.` and a class name).
 pub fn parse_engine(text: &str) -> Result<EngineCounters, String> {
-    let values = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let mut w = l.split_whitespace();
-            let (Some(key), Some(n), None) = (w.next(), w.next(), w.next()) else {
-                return Err(format!("bad counter line {l:?}"));
-            };
-            let plain = key.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
-            let class = key
-                .strip_prefix(CONTENDED)
-                .is_some_and(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_alphanumeric()));
-            if !(plain || class) {
-                return Err(format!("bad key in {l:?}"));
-            }
-            let n = n.parse::<u64>().map_err(|_| format!("bad count in {l:?}"))?;
-            Ok((key.to_string(), n))
-        })
-        .collect::<Result<_, _>>()?;
+    let values = key_counts(text, "key", |key| {
+        let plain = key.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_');
+        let class = key
+            .strip_prefix(CONTENDED)
+            .is_some_and(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_alphanumeric()));
+        plain || class
+    })?;
     Ok(EngineCounters { values })
 }
 
