@@ -56,7 +56,7 @@ pub struct DirEntry {
     pub cookie: u64,
 }
 
-/// Longest name stored inline in a [`Name`].
+/// Longest name the directory index stores inline, without a heap allocation.
 pub const INLINE_NAME: usize = 22;
 
 /// A name as the lookup map's key: inline up to [`INLINE_NAME`] bytes, boxed beyond. Hashes
