@@ -486,7 +486,7 @@ mod tests {
 
     #[test]
     fn mount_target_outside_lanefs_fails_cleanly() {
-        if std::env::var_os(crate::mount_target::BIN_ENV).is_some() {
+        if std::env::var_os(crate::target::mount::BIN_ENV).is_some() {
             return;
         }
         let d = tempfile::tempdir().unwrap();

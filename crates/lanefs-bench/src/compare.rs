@@ -129,7 +129,7 @@ impl Lanefs {
         }
         if self == Lanefs::Mount {
             if let Some(why) =
-                crate::mount_target::unavailable().or_else(|| crate::mount_target::lanefs_bin().err())
+                crate::target::mount::unavailable().or_else(|| crate::target::mount::lanefs_bin().err())
             {
                 return Some(format!("{}: skipped ({why})", self.label()));
             }
@@ -236,7 +236,7 @@ impl Setup {
     /// Creates a fresh `/tmp/lanefs-bench-PID-XXXXXXXX` for the mount points; image files
     /// will go in `images_in`.
     pub fn new(images_in: &Path) -> Result<Setup, String> {
-        let base = crate::mount_target::fresh_dir(Path::new("/tmp"), "lanefs-bench")?;
+        let base = crate::target::mount::fresh_dir(Path::new("/tmp"), "lanefs-bench")?;
         Ok(Setup { undo: vec![Undo::RemoveDir(base.clone())], base, images_in: images_in.into(), seq: 0 })
     }
 
@@ -289,9 +289,11 @@ impl Setup {
         // Recorded before it exists, so that an interrupted creation is cleaned up too.
         let undo_img = Undo::RemoveFile(img.clone());
         let opened: Result<Box<dyn Target>, String> = match k {
-            Lanefs::Lib => crate::lib_target::LibTarget::open(&img).map(|t| Box::new(t) as Box<dyn Target>),
+            Lanefs::Lib => {
+                crate::target::library::LibTarget::open(&img).map(|t| Box::new(t) as Box<dyn Target>)
+            }
             Lanefs::Mount => {
-                crate::mount_target::MountTarget::open(&img).map(|t| Box::new(t) as Box<dyn Target>)
+                crate::target::mount::MountTarget::open(&img).map(|t| Box::new(t) as Box<dyn Target>)
             }
         };
         match opened {

@@ -5,8 +5,8 @@
 //!
 //! - [`target`]: the [`Target`] trait, a POSIX-shaped file interface (open, read_at, write_at,
 //!   fsync, mkdir, readdir, rename, unlink, stat). `dir:PATH` measures any directory through the
-//!   kernel; [`lib_target`] (`lib:IMAGE`) is lanefs through its library API in process, and
-//!   [`mount_target`] (`mount:IMAGE`) lanefs mounted through FUSE by the harness for the run.
+//!   kernel; [`target::library`] (`lib:IMAGE`) is lanefs through its library API in process, and
+//!   [`target::mount`] (`mount:IMAGE`) lanefs mounted through FUSE by the harness for the run.
 //! - [`workload`]: FxMark's micro-benchmarks (DWOL ... MWRM) and the filebench personalities
 //!   varmail, fileserver and oltp, written once against [`Target`].
 //! - [`runner`]: one run (warm-up, timed phase, per-op latency into [`hist::Histogram`]s,
@@ -22,8 +22,6 @@ pub mod cli;
 pub mod compare;
 pub mod fill;
 pub mod hist;
-pub mod lib_target;
-pub mod mount_target;
 pub mod plot;
 pub mod progress;
 pub mod report;

@@ -6,7 +6,7 @@
 //! cargo built next to this test, as `cargo test --workspace` does); skipped with a note without
 //! them.
 
-use lanefs_bench::mount_target::{is_lanefs_mount, unavailable, MountTarget, BIN_ENV};
+use lanefs_bench::target::mount::{is_lanefs_mount, unavailable, MountTarget, BIN_ENV};
 use lanefs_bench::target::Target;
 use lanefs_bench::{run_one, RunConfig, Workload};
 use std::path::{Path, PathBuf};

@@ -255,3 +255,49 @@ pub fn image_path(p: &Path) -> PathBuf {
         p.to_path_buf()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::{open_target, open_target_with};
+
+    #[test]
+    fn lib_target_with_a_region_commits_fsync_there() {
+        let d = tempfile::tempdir().unwrap();
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap());
+        let img = d.path().join("lib.img");
+        let region = shm.path().join("lib.nvm");
+        let opts = TargetOptions { nvm: Some(region.clone()), ..Default::default() };
+        let t = open_target_with(&format!("lib:{}", img.display()).parse().unwrap(), &opts).unwrap();
+        let f = t.open(Path::new("f"), OpenOptions::create()).unwrap();
+        f.write_all_at(b"hello", 0).unwrap();
+        f.fsync().unwrap();
+        assert!(region.exists(), "the region is created by the first mount with it");
+        drop((f, t));
+        // The image needs its region from then on.
+        assert!(open_target(&format!("lib:{}", img.display()).parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn lib_target_works() {
+        // lib: creates and formats a missing image, then serves the Target calls.
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path().join("lib.img");
+        let t = open_target(&format!("lib:{}", img.display()).parse().unwrap()).unwrap();
+        t.mkdir(Path::new("a")).unwrap();
+        let f = t.open(Path::new("a/f"), OpenOptions::create()).unwrap();
+        f.write_all_at(b"hello", 4096).unwrap();
+        f.fsync().unwrap();
+        assert_eq!(t.stat(Path::new("a/f")).unwrap().size, 4101);
+        assert!(t.stat(Path::new("a")).unwrap().is_dir);
+        assert_eq!(t.readdir(Path::new("a")).unwrap(), vec![std::ffi::OsString::from("f")]);
+        t.rename(Path::new("a/f"), Path::new("g")).unwrap();
+        let mut buf = [0u8; 5];
+        t.open(Path::new("g"), OpenOptions::read()).unwrap().read_at(&mut buf, 4096).unwrap();
+        assert_eq!(&buf, b"hello");
+        assert!(t.open(Path::new("g"), OpenOptions::create_new()).is_err());
+        t.unlink(Path::new("g")).unwrap();
+        t.rmdir(Path::new("a")).unwrap();
+        assert!(t.readdir(Path::new("")).unwrap().is_empty());
+    }
+}

@@ -276,7 +276,7 @@ impl MountTarget {
         if !bin.is_file() {
             return Err(e(format!("lanefs executable {} not found", bin.display())));
         }
-        crate::lib_target::create_if_missing(image).map_err(e)?;
+        crate::target::library::create_if_missing(image).map_err(e)?;
         let made = fresh_dir(&std::env::temp_dir(), "lanefs-bench-mnt").map_err(e)?;
         // From here on the mount point (and soon the daemon) is undone on every way out.
         let mut m = Mounted { bin: bin.to_path_buf(), mp: made.clone(), child: None, stderr: None };
@@ -410,6 +410,29 @@ impl Target for MountTarget {
             Ok(())
         } else {
             Err(format!("{}: {}", self.spec, errors.join("; ")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::open_target;
+
+    #[test]
+    fn mount_target_without_lanefs_executable_fails_in_one_line() {
+        let d = tempfile::tempdir().unwrap();
+        let img = d.path().join("m.img");
+        let e = crate::target::mount::MountTarget::open_with(&img, Path::new("/nonexistent/lanefs"))
+            .err()
+            .unwrap();
+        assert!(e.starts_with(&format!("mount:{}: ", img.display())) && !e.contains('\n'), "{e}");
+        assert!(!img.exists(), "no image is made for a mount that cannot happen");
+        if std::env::var_os(crate::target::mount::BIN_ENV).is_none() {
+            // This test binary is not `lanefs`: the error says how to name it.
+            let e = open_target(&format!("mount:{}", img.display()).parse().unwrap()).err().unwrap();
+            assert!(e.contains(crate::target::mount::BIN_ENV) && !e.contains('\n'), "{e}");
+            assert!(!img.exists());
         }
     }
 }
