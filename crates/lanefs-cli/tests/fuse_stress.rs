@@ -29,7 +29,7 @@ mod stress_data;
 mod watchdog;
 
 use common::*;
-use lanefs::crashtest::rng::{derive, Rng};
+use lanefs::rng::{derive, Rng};
 use rustix::fs::{fallocate, FallocateFlags};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

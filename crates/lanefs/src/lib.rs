@@ -42,6 +42,7 @@ pub mod oplog;
 pub mod perm;
 pub mod pmem;
 pub mod recovery;
+pub mod rng;
 pub mod seg;
 pub mod sync;
 

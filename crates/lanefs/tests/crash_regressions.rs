@@ -249,7 +249,7 @@ fn failed_flush_is_reported_and_later_fsyncs_hold() {
 
 #[test]
 fn two_threads_rename_and_fsync() {
-    let mut rng = lanefs::crashtest::rng::Rng::new(5);
+    let mut rng = lanefs::rng::Rng::new(5);
     let w = gen::mt_rename_workload("mt-rename:test".into(), &mut rng);
     assert_clean(check_workload(w, true));
 }

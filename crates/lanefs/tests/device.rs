@@ -1,5 +1,6 @@
 //! Device layer tests against real files: both back ends, the crash recorder, concurrency.
 
+use lanefs::rng::Rng;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,21 +11,6 @@ use lanefs::device::{
 };
 
 const B: usize = BLOCK_SIZE;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn image(dir: &Path, name: &str, blocks: u64) -> PathBuf {
     let p = dir.join(name);
@@ -38,8 +24,8 @@ fn open(p: &Path, io: IoChoice) -> FileDevice {
 
 /// A block whose every byte depends on (tag, addr), so misplaced blocks are caught.
 fn pattern(tag: u64, addr: u64) -> Vec<u8> {
-    let mut r = Rng(tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ addr.wrapping_add(1) ^ 0xABCDEF);
-    (0..B).map(|_| r.next() as u8).collect()
+    let mut r = Rng::new(tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ addr.wrapping_add(1) ^ 0xABCDEF);
+    (0..B).map(|_| r.next_u64() as u8).collect()
 }
 
 /// Backing storage whose slices start 1 byte past an allocation: never 4096-aligned.
@@ -169,7 +155,7 @@ fn bad_requests_are_rejected_and_change_nothing() {
 /// Applies random 64-request batches (single blocks, multi-block requests, adjacent runs,
 /// aligned and unaligned buffers) to `dev` and to a model; returns the model.
 fn random_batches(dev: &dyn BlockDevice, seed: u64, rounds: usize) -> BTreeMap<u64, Vec<u8>> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let blocks = dev.block_count();
     let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
     for round in 0..rounds as u64 {
@@ -317,7 +303,7 @@ fn crash_log_replays_to_the_snapshot_at_every_flush() {
     let mem = MemDevice::new(64 * B as u64);
     let base = mem.snapshot();
     let dev = CrashDevice::new(mem);
-    let mut rng = Rng(99);
+    let mut rng = Rng::new(99);
     let mut snapshots = Vec::new();
     for step in 0..200u64 {
         if rng.below(5) == 0 {

@@ -12,13 +12,13 @@
 
 mod nvm_mode;
 
-use lanefs::crashtest::rng::Rng;
 use lanefs::device::{
     flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, IoMode, MemDevice, ReadReq,
     WriteReq,
 };
 use lanefs::fsck::{check, FsckOptions};
 use lanefs::pmem::{PmemRegion, RegionOptions, MIN_REGION_SIZE};
+use lanefs::rng::Rng;
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};

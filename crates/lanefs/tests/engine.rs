@@ -7,10 +7,10 @@
 
 mod nvm_mode;
 
-use lanefs::crashtest::rng::Rng;
 use lanefs::device::{BlockDevice, MemDevice};
 use lanefs::fs::{FileKind, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use lanefs::fsck::{check, FsckOptions};
+use lanefs::rng::Rng;
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -10,10 +10,10 @@
 
 mod nvm_mode;
 
-use lanefs::crashtest::rng::Rng;
 use lanefs::device::{flush_points, state_at, BlockDevice, CrashDevice, MemDevice};
 use lanefs::fs::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use lanefs::fsck::{check, FsckOptions};
+use lanefs::rng::Rng;
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::sync::Arc;
 

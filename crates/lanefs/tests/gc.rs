@@ -6,10 +6,10 @@
 
 mod nvm_mode;
 
-use lanefs::crashtest::rng::Rng;
 use lanefs::device::BlockDevice;
 use lanefs::device::{create_image, DeviceOptions, FileDevice};
 use lanefs::fsck::{check, FsckOptions};
+use lanefs::rng::Rng;
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::sync::Arc;
 

@@ -11,6 +11,8 @@ use std::path::Path;
 const LAYERS: &[(&str, u32)] = &[
     // Primitives every layer uses: per-CPU slots, the lock hierarchy.
     ("sync", 0),
+    // Deterministic pseudo-random numbers for the harnesses and tests (crashtest, the bench).
+    ("rng", 0),
     ("device", 1),
     // The error type names device errors (a shut-down device's EIO).
     ("error", 2),

@@ -13,6 +13,7 @@ use lanefs::format::tree::{NodePos, MAX_FILE_BLOCKS};
 use lanefs::format::{Dentry, DentryBlock, SummaryEntry, SummaryKind};
 use lanefs::fsck::{check, FsckOptions};
 use lanefs::node::{drop_inode, read_inode, write_inode, BlockMap, InodeTree};
+use lanefs::rng::Rng;
 use lanefs::Error;
 use mounted::{mkfs, write_all, Mounted, MIB};
 use std::collections::{BTreeMap, BTreeSet};
@@ -207,27 +208,14 @@ fn rewrites_touch_only_changed_nodes() {
     }
 }
 
-/// xorshift64*: deterministic test randomness.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// A logical block index, biased to the boundaries of the tree shape.
-    fn index(&mut self) -> u64 {
-        let edges = [0, I - 1, I, I + N - 1, I + N, I + 2 * N - 1, I + 2 * N, I + 2 * N + N * N, DIND];
-        match self.below(4) {
-            0 => (edges[self.below(edges.len() as u64) as usize] + self.below(3)).min(MAX_FILE_BLOCKS - 1),
-            1 => self.below(I + 2 * N + 3 * N),
-            2 => DIND + self.below(4 * N * N),
-            _ => self.below(MAX_FILE_BLOCKS),
-        }
+/// A logical block index, biased to the boundaries of the tree shape.
+fn tree_index(rng: &mut Rng) -> u64 {
+    let edges = [0, I - 1, I, I + N - 1, I + N, I + 2 * N - 1, I + 2 * N, I + 2 * N + N * N, DIND];
+    match rng.below(4) {
+        0 => (*rng.pick(&edges) + rng.below(3)).min(MAX_FILE_BLOCKS - 1),
+        1 => rng.below(I + 2 * N + 3 * N),
+        2 => DIND + rng.below(4 * N * N),
+        _ => rng.below(MAX_FILE_BLOCKS),
     }
 }
 
@@ -236,7 +224,7 @@ fn random_sparse_maps_round_trip_and_rewrite_minimally() {
     let dev = mkfs(256 * MIB, 2);
     let mut m = Mounted::load(&dev);
     let g = m.g;
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     let mut files: Vec<(u32, BlockMap, InodeTree)> = Vec::new();
     for _ in 0..4 {
         let ino = new_ino(&m);
@@ -248,7 +236,7 @@ fn random_sparse_maps_round_trip_and_rewrite_minimally() {
         let (ino, mut map, old) = files[f].clone();
         // A few inserts, overwrites and removals.
         for _ in 0..1 + rng.below(12) {
-            let idx = rng.index();
+            let idx = tree_index(&mut rng);
             match rng.below(5) {
                 0 => {
                     map.remove(&idx);
@@ -263,7 +251,7 @@ fn random_sparse_maps_round_trip_and_rewrite_minimally() {
                     map.insert(idx, NEW_ADDR);
                 }
                 _ => {
-                    map.insert(idx, data_addr(&g, rng.next()));
+                    map.insert(idx, data_addr(&g, rng.next_u64()));
                 }
             }
         }
@@ -637,11 +625,12 @@ fn threads_on_different_lanes_write_inodes_concurrently() {
             .map(|t| {
                 let (m, dev) = (&m, &dev);
                 s.spawn(move || {
-                    let mut rng = Rng(0x1234_5678 + t as u64);
+                    let mut rng = Rng::new(0x1234_5678 + t as u64);
                     let mut out = Vec::new();
                     for k in 0..6 {
                         let ino = m.nat.alloc_nid(t as usize).unwrap();
-                        let idx: BTreeSet<u64> = (0..1 + rng.below(40)).map(|_| rng.index()).collect();
+                        let idx: BTreeSet<u64> =
+                            (0..1 + rng.below(40)).map(|_| tree_index(&mut rng)).collect();
                         let idx: Vec<u64> = idx.into_iter().collect();
                         let mut inode = file(idx.last().map_or(0, |l| l + 1));
                         inode.name = format!("t{t}-{k}").into_bytes();

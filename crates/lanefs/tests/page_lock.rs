@@ -17,9 +17,9 @@
 
 mod nvm_mode;
 
-use lanefs::crashtest::rng::Rng;
 use lanefs::device::{create_image, BlockDevice, DeviceOptions, FileDevice};
 use lanefs::fsck::{check, FsckOptions};
+use lanefs::rng::Rng;
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -86,7 +86,7 @@ fn read_pages(fs: &Fs, ino: Ino, first: u64, last: u64, what: &str) -> Vec<u64> 
 }
 
 fn worker(fs: &Fs, ino: Ino, t: u64, clock: &AtomicU64, log: &Mutex<Vec<Done>>) {
-    let mut rng = Rng::new(lanefs::crashtest::rng::derive(0x7061_6765, t));
+    let mut rng = Rng::new(lanefs::rng::derive(0x7061_6765, t));
     let mut done = Vec::new();
     for seq in 0..OPS {
         let roll = rng.below(100);

@@ -5,9 +5,9 @@
 
 mod nvm_mode;
 
-use lanefs::crashtest::rng::Rng;
 use lanefs::device::{BlockDevice, MemDevice};
 use lanefs::fs::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+use lanefs::rng::Rng;
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

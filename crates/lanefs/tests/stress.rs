@@ -35,10 +35,10 @@ mod nvm_mode;
 mod stress_data;
 mod watchdog;
 
-use lanefs::crashtest::rng::Rng;
 use lanefs::device::{create_image, BlockDevice, DeviceOptions, FileDevice};
 use lanefs::fsck::{check, FsckOptions};
 use lanefs::mem::ops::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+use lanefs::rng::Rng;
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -180,7 +180,7 @@ fn pick_range(rng: &mut Rng, lo: u64, hi: u64, max: u64) -> (u64, u64) {
 
 fn writer(ctx: &Ctx, w: u64, t: &Tracker, mut model: WriterModel) -> WriterModel {
     let _g = StopOnPanic(ctx.stop.clone(), t.clone());
-    let mut rng = Rng::new(lanefs::crashtest::rng::derive(ctx.seed, w));
+    let mut rng = Rng::new(lanefs::rng::derive(ctx.seed, w));
     let (fs, ino) = (&*ctx.fs, ctx.ino);
     // Half the calls go through an open handle (as FUSE file handles do), half by inode.
     let h = fs.open_file(ino).unwrap();
@@ -270,7 +270,7 @@ fn writer(ctx: &Ctx, w: u64, t: &Tracker, mut model: WriterModel) -> WriterModel
 /// Owns the bytes from `TAIL` on and the size.
 fn tail(ctx: &Ctx, t: &Tracker, mut model: TailModel) -> TailModel {
     let _g = StopOnPanic(ctx.stop.clone(), t.clone());
-    let mut rng = Rng::new(lanefs::crashtest::rng::derive(ctx.seed, 100));
+    let mut rng = Rng::new(lanefs::rng::derive(ctx.seed, 100));
     let (fs, ino) = (&*ctx.fs, ctx.ino);
     let end = TAIL + TAIL_ZONE;
     let what = |op: &str, off: u64, len: u64| format!("tail (seed {}): {op} [{off}, +{len})", ctx.seed);
@@ -357,7 +357,7 @@ fn tail(ctx: &Ctx, t: &Tracker, mut model: TailModel) -> TailModel {
 /// tail may read short (the size never drops below it).
 fn reader(ctx: &Ctx, r: u64, t: &Tracker) -> u64 {
     let _g = StopOnPanic(ctx.stop.clone(), t.clone());
-    let mut rng = Rng::new(lanefs::crashtest::rng::derive(ctx.seed, 200 + r));
+    let mut rng = Rng::new(lanefs::rng::derive(ctx.seed, 200 + r));
     let (fs, ino) = (&*ctx.fs, ctx.ino);
     let h = fs.open_file(ino).unwrap();
     let stable_lo = WRITERS * REGION;
@@ -384,7 +384,7 @@ fn reader(ctx: &Ctx, r: u64, t: &Tracker) -> u64 {
 
 fn fsyncer(ctx: &Ctx, t: &Tracker) -> u64 {
     let _g = StopOnPanic(ctx.stop.clone(), t.clone());
-    let mut rng = Rng::new(lanefs::crashtest::rng::derive(ctx.seed, 300));
+    let mut rng = Rng::new(lanefs::rng::derive(ctx.seed, 300));
     let mut ops = 0;
     while ctx.running() {
         // Mostly the file; sometimes the root directory (a namespace fsync racing data ones).
@@ -403,7 +403,7 @@ fn fsyncer(ctx: &Ctx, t: &Tracker) -> u64 {
 /// moves the file's blocks under partial-page loads.)
 fn checkpointer(ctx: &Ctx, t: &Tracker) -> u64 {
     let _g = StopOnPanic(ctx.stop.clone(), t.clone());
-    let mut rng = Rng::new(lanefs::crashtest::rng::derive(ctx.seed, 400));
+    let mut rng = Rng::new(lanefs::rng::derive(ctx.seed, 400));
     let mut ops = 0;
     while ctx.running() {
         t.step("sync (checkpoint)", || ctx.fs.sync().unwrap_or_else(|e| panic!("sync: {e}")));

@@ -10,12 +10,12 @@
 mod nvm_mode;
 
 use lanefs::checkpoint::{read_checkpoint, read_sit, read_summary, read_superblock};
-use lanefs::crashtest::rng::Rng;
 use lanefs::device::{flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, MemDevice};
 use lanefs::format::xattr::{MAX_XATTR_STREAM, XATTR_SIZE_MAX};
 use lanefs::format::SummaryKind;
 use lanefs::fs::{XATTR_CREATE, XATTR_REPLACE};
 use lanefs::fsck::{check, FsckOptions};
+use lanefs::rng::Rng;
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -306,30 +306,9 @@ pub(crate) struct Plan {
     members: Vec<Member>,
 }
 
-/// Deterministic per-thread pseudo-random numbers (xorshift64*): cheap, and the same sequence
-/// on every target.
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
+/// Per-thread pseudo-random numbers: lanefs's one deterministic generator, so every target
+/// sees the same sequence of operations.
+pub(crate) use lanefs::rng::Rng;
 
 fn is_unsupported(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported)

@@ -260,7 +260,7 @@ fn sigkill_at_random_moments_loses_nothing_fsynced() {
 
     for round in 0..rounds {
         let _ctx = Ctx { seed, round, rounds, dir: dir.clone() };
-        let mut rng = Rng::new(mix(seed, round));
+        let mut rng = Rng::new(splitmix(mix(seed, round)));
         let delay = rng.below(KILL_MAX_MS + 1);
         let logdir = dir.join(format!("logs/r{round}"));
         fs::create_dir_all(&logdir).unwrap();
@@ -332,7 +332,7 @@ fn sigkill_at_random_moments_loses_nothing_fsynced() {
         );
 
         // Now and then a crash during recovery: a mount killed before or just after it is up.
-        if rng.percent(RECOVERY_KILL_PERCENT) {
+        if rng.chance(RECOVERY_KILL_PERCENT, 100) {
             let delay = rng.below(mount_ms + 1);
             let mut r = Mounted::start_foreground(&img, &mp, &[]);
             std::thread::sleep(Duration::from_millis(delay));
@@ -385,7 +385,7 @@ fn sigkill_at_random_moments_loses_nothing_fsynced() {
         // The mount the next round's writer works on. Most take a checkpoint every second, so
         // that kills land in checkpoints too. It must show what the read-only mount showed.
         let opts: &[&str] =
-            if rng.percent(FAST_CHECKPOINT_PERCENT) { &["-o", "checkpoint_secs=1"] } else { &[] };
+            if rng.chance(FAST_CHECKPOINT_PERCENT, 100) { &["-o", "checkpoint_secs=1"] } else { &[] };
         m = Mounted::foreground_with(&img, &mp, opts);
         up_version = checkpoint_version(&img);
         let rw = observe(&m.mp).unwrap_or_else(|e| panic!("round {round}: walking the remounted tree: {e}"));

@@ -3,42 +3,10 @@
 
 use super::*;
 
-pub(crate) fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub(crate) use lanefs::rng::{splitmix64 as splitmix, Rng};
 
 pub(crate) fn mix(a: u64, b: u64) -> u64 {
     splitmix(a ^ splitmix(b))
-}
-
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(splitmix(seed))
-    }
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        splitmix(self.0)
-    }
-    /// 0..n (0 when n is 0).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    /// lo..=hi
-    pub(crate) fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-    pub(crate) fn percent(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
 }
 
 /// The byte that write `generation` puts at file offset `pos`: it depends on both, so a block
@@ -218,7 +186,7 @@ impl Writer<'_> {
 
     /// A directory for a file: one of the thread's own, or the shared one.
     pub(crate) fn file_dir(&mut self) -> String {
-        if self.rng.percent(25) {
+        if self.rng.chance(25, 100) {
             SHARED.to_string()
         } else {
             self.any_dir()
@@ -328,11 +296,11 @@ impl Writer<'_> {
                 let dir = self.file_dir();
                 let rel = self.new_name(&dir, 'f');
                 self.create(&rel)?;
-                if self.rng.percent(80) {
+                if self.rng.chance(80, 100) {
                     let len = self.draw_len();
                     self.write(&rel, 0, len, false)?;
                 }
-                if self.rng.percent(40) {
+                if self.rng.chance(40, 100) {
                     self.fsync_file(&rel, false)?;
                 }
             }
@@ -365,7 +333,7 @@ impl Writer<'_> {
             Op::Truncate => {
                 let rel = self.any_file();
                 let size = self.view.files[&rel];
-                let len = if self.rng.percent(70) {
+                let len = if self.rng.chance(70, 100) {
                     self.rng.below(size + 1)
                 } else {
                     (size + self.rng.range(1, 20_000)).min(MAX_FILE)
@@ -384,7 +352,7 @@ impl Writer<'_> {
             }
             Op::RenameFile => {
                 let from = self.any_file();
-                let to = if self.view.files.len() > 1 && self.rng.percent(30) {
+                let to = if self.view.files.len() > 1 && self.rng.chance(30, 100) {
                     // Over another file: the target's inode goes.
                     loop {
                         let t = self.any_file();
@@ -412,7 +380,7 @@ impl Writer<'_> {
                 self.log.line(&format!("M {rel}"));
                 fs::create_dir(self.p(&rel))?;
                 self.view.dirs.push(rel);
-                if self.rng.percent(70) {
+                if self.rng.chance(70, 100) {
                     self.fsync_dir(&parent)?;
                 }
             }
@@ -512,7 +480,7 @@ pub(crate) fn writer_thread(root: &Path, logdir: &Path, seed: u64, round: u64, t
         root,
         sub,
         view,
-        rng: Rng::new(mix(mix(seed, round), t as u64 + 1)),
+        rng: Rng::new(splitmix(mix(mix(seed, round), t as u64 + 1))),
         log,
         tag: format!("{round}x{t}"),
         names: 0,

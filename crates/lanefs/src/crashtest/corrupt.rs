@@ -16,7 +16,6 @@
 use super::ops::parse_script;
 use super::oracle::walk;
 use super::overlay::Overlay;
-use super::rng::{derive, Rng};
 use super::states::panic_text;
 use super::workload::{record, Bases, Knobs, Setup, Workload};
 use crate::checkpoint;
@@ -25,6 +24,7 @@ use crate::format::codec::crc_skipping;
 use crate::format::node::FOOTER_AT;
 use crate::fs::{Fs, FsOptions};
 use crate::fsck::{self, FsckOptions};
+use crate::rng::{derive, Rng};
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};

@@ -6,8 +6,8 @@
 //! really happened, so a generated operation that fails is harmless.
 
 use super::ops::{split, FallocMode, Op};
-use super::rng::Rng;
 use super::workload::{Knobs, Setup, Workload};
+use crate::rng::Rng;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

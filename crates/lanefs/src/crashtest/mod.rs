@@ -65,12 +65,11 @@ pub mod nvm;
 pub mod ops;
 pub mod oracle;
 pub mod overlay;
-pub mod rng;
 pub mod states;
 pub mod workload;
 
+use crate::rng::{derive, Rng};
 use parking_lot::Mutex;
-use rng::{derive, Rng};
 use states::{Density, Prepared};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

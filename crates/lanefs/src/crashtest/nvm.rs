@@ -38,13 +38,13 @@
 
 use super::oracle::{check, walk, Recovered};
 use super::overlay::{Overlay, WriteLog};
-use super::rng::{derive, Rng};
 use super::states::{panic_text, Density, StateSpec};
 use super::workload::RegionRun;
 use crate::device::{BlockDevice, EventClock};
 use crate::fs::{Fs, FsOptions};
 use crate::fsck::{self, FsckOptions};
 use crate::pmem::{RegionEvent, RegionOptions, MIN_REGION_SIZE};
+use crate::rng::{derive, Rng};
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};

@@ -10,12 +10,12 @@
 
 use super::oracle::{check, walk};
 use super::overlay::{BlockMap, Overlay};
-use super::rng::{derive, Rng};
 use super::workload::{Recording, RegionRun};
 use crate::device::BlockDevice;
 use crate::fs::{Fs, FsOptions};
 use crate::fsck::{self, FsckOptions};
 use crate::pmem::PmemCrash;
+use crate::rng::{derive, Rng};
 use parking_lot::Mutex;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;

@@ -63,20 +63,6 @@ impl std::fmt::Display for BatchBenchReport {
     }
 }
 
-/// xorshift64*: enough randomness for addresses, no dependency.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
-
 /// Compares, on the image file or block device at `path`, (a) one [`BlockDevice::write_batch`]
 /// of `batch_blocks` discontiguous random blocks with (b) one `pwrite` (`FileExt::write_all_at`)
 /// per block on a descriptor opened with the same O_DIRECT-or-not flag, `iterations` times each,
@@ -132,13 +118,13 @@ pub fn batch_bench(
         bufs.push(b);
     }
     let mut slots: Vec<u64> = (0..region / 2).collect();
-    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut rng = crate::rng::Rng::new(0x9E37_79B9_7F4A_7C15);
     let (mut t_batch, mut t_plain) = (Duration::ZERO, Duration::ZERO);
 
     for it in 0..iterations {
         // Partial Fisher-Yates: the first batch_blocks slots become a fresh random distinct set.
         for k in 0..batch_blocks {
-            let j = k + (rng.next() % (slots.len() - k) as u64) as usize;
+            let j = k + (rng.below((slots.len() - k) as u64)) as usize;
             slots.swap(k, j);
         }
         let addrs: Vec<u64> = slots[..batch_blocks].iter().map(|s| s * 2).collect();

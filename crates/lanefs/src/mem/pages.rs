@@ -523,9 +523,9 @@ mod tests {
             .map(|t| {
                 let m = m.clone();
                 std::thread::spawn(move || {
-                    let mut x = t * 7919 + 1;
+                    let mut rng = crate::rng::Rng::new(t * 7919 + 1);
                     for _ in 0..3000 {
-                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        let x = rng.next_u64();
                         let idx = (x >> 33) % 200;
                         match (x >> 20) % 11 {
                             10 => {
@@ -536,7 +536,7 @@ mod tests {
                             0 => {
                                 let taken = m.take_dirty();
                                 assert!(taken.windows(2).all(|w| w[0].0 < w[1].0), "index order, each once");
-                                if (x >> 40) % 2 == 0 {
+                                if x & (1 << 40) == 0 {
                                     m.restore_dirty(&taken);
                                 } else {
                                     taken.iter().for_each(|(i, _)| {

@@ -357,19 +357,7 @@ mod tests {
         }
     }
 
-    struct XorShift(u64);
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        /// A value in `0..n`.
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::rng::Rng;
 
     #[test]
     fn conflict_rules() {
@@ -453,7 +441,7 @@ mod tests {
                 let (l, shadow, grants) = (&l, &shadow, &grants);
                 s.spawn(move || {
                     crate::sync::rank::exempt_this_thread();
-                    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ ((t + 1) * 0x1234_5678_9ABC));
+                    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ ((t + 1) * 0x1234_5678_9ABC));
                     for i in 0..ITERS {
                         let start = rng.below(1000);
                         let end = if rng.below(16) == 0 { u64::MAX } else { start + 1 + rng.below(64) };
@@ -517,7 +505,7 @@ mod tests {
                 s.spawn(move || {
                     crate::sync::rank::exempt_this_thread();
                     start.wait();
-                    let mut rng = XorShift(0xD1B5_4A32_D192_ED03 ^ ((t + 1) * 0x9E37_79B9));
+                    let mut rng = Rng::new(0xD1B5_4A32_D192_ED03 ^ ((t + 1) * 0x9E37_79B9));
                     for _ in 0..ITERS {
                         let excl = rng.below(2) == 0;
                         let mode = if excl { LockMode::Exclusive } else { LockMode::Shared };

@@ -2,7 +2,7 @@
 //! share besides the watchdog: the set-up pattern their stable zones are checked against, random
 //! write payloads, and the run time from `LANEFS_STRESS_SECS`.
 
-use lanefs::crashtest::rng::Rng;
+use lanefs::rng::Rng;
 
 fn word(i: u64) -> [u8; 8] {
     let w = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
