@@ -8,6 +8,10 @@ use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
 use super::layout::{Geometry, BLOCK_SIZE, NAT_ENTRIES_PER_BLOCK};
 use crate::error::{Result, Structure};
 
+/// Bytes of one encoded entry: block address and owning inode, a `u32` each.
+const NAT_ENTRY_LEN: usize = 8;
+const _: () = assert!(HEADER_LEN + NAT_ENTRY_LEN * NAT_ENTRIES_PER_BLOCK as usize <= BLOCK_SIZE);
+
 pub const NAT_MAGIC: u32 = u32::from_le_bytes(*b"LNNT");
 
 /// Where a node lives and which inode owns it.
@@ -74,6 +78,8 @@ impl NatBlock {
             e.u32(en.block_addr);
             e.u32(en.ino);
         }
+        // Paired with decode's end position: both sides walk the same NAT_ENTRY_LEN entries.
+        debug_assert_eq!(e.pos(), HEADER_LEN + NAT_ENTRY_LEN * NAT_ENTRIES_PER_BLOCK as usize);
         seal(&mut b, 4);
         b
     }
@@ -92,6 +98,7 @@ impl NatBlock {
             en.check(nid, g).map_err(|why| d.err(why))?;
             entries.push(en);
         }
+        debug_assert_eq!(d.pos(), HEADER_LEN + NAT_ENTRY_LEN * NAT_ENTRIES_PER_BLOCK as usize);
         Ok(NatBlock { index, entries })
     }
 }

@@ -23,6 +23,8 @@ pub const ADDRS_PER_NODE: usize = BODY_LEN / 4;
 /// Node ids in an inode: two direct, two indirect, one double indirect.
 pub const INODE_NIDS: usize = 5;
 const INODE_ATTR_LEN: usize = 512;
+const _: () = assert!(INODE_ATTR_LEN + 4 * INODE_NIDS + 4 * INODE_ADDRS <= BODY_LEN);
+const _: () = assert!(FOOTER_AT + FOOTER_LEN == BLOCK_SIZE);
 /// Longest name a directory entry (and an inode's name record) holds.
 pub const MAX_NAME_LEN: usize = 255;
 /// Address of a block allocated but never written (fallocate): reads as zeros.

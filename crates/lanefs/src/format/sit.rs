@@ -10,6 +10,10 @@ use crate::error::{Result, Structure};
 
 pub const SIT_MAGIC: u32 = u32::from_le_bytes(*b"LNST");
 const BITMAP_BYTES: usize = BLOCKS_PER_SEG as usize / 8;
+const _: () = assert!(BITMAP_BYTES * 8 == BLOCKS_PER_SEG as usize, "one bit per block of a segment");
+/// Bytes of one encoded entry: valid count, log type, pad, mtime, bitmap.
+const SIT_ENTRY_LEN: usize = 2 + 1 + 1 + 8 + BITMAP_BYTES;
+const _: () = assert!(HEADER_LEN + SIT_ENTRY_LEN * SIT_ENTRIES_PER_BLOCK as usize <= BLOCK_SIZE);
 /// Log type byte of a segment no log has written since it was last free.
 pub const NO_LOG: u8 = 0xFF;
 
@@ -82,6 +86,8 @@ impl SitBlock {
             e.u64(en.mtime);
             e.bytes(&en.bitmap);
         }
+        // Paired with decode's end position: both sides walk the same SIT_ENTRY_LEN entries.
+        debug_assert_eq!(e.pos(), HEADER_LEN + SIT_ENTRY_LEN * SIT_ENTRIES_PER_BLOCK as usize);
         seal(&mut b, 4);
         b
     }
@@ -110,6 +116,7 @@ impl SitBlock {
             }
             entries.push(SitEntry { valid_blocks, log_type, mtime, bitmap });
         }
+        debug_assert_eq!(d.pos(), HEADER_LEN + SIT_ENTRY_LEN * SIT_ENTRIES_PER_BLOCK as usize);
         Ok(SitBlock { index, entries })
     }
 }

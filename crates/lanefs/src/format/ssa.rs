@@ -16,6 +16,10 @@ pub const SSA_MAGIC: u32 = u32::from_le_bytes(*b"LNSS");
 /// SSA blocks per segment.
 pub const SSA_BLOCKS_PER_SEG: u32 = 2;
 const PER_BLOCK: usize = BLOCKS_PER_SEG as usize / SSA_BLOCKS_PER_SEG as usize;
+const _: () = assert!(PER_BLOCK * SSA_BLOCKS_PER_SEG as usize == BLOCKS_PER_SEG as usize);
+/// Bytes of one encoded entry: node id, offset, kind.
+const SUMMARY_ENTRY_LEN: usize = 4 + 4 + 1;
+const _: () = assert!(HEADER_LEN + SUMMARY_ENTRY_LEN * PER_BLOCK <= BLOCK_SIZE);
 
 /// What a summarised block is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +72,8 @@ impl SegmentSummary {
                 e.u32(en.ofs);
                 e.u8(en.kind as u8);
             }
+            // Paired with decode's per-block end position.
+            debug_assert_eq!(e.pos(), HEADER_LEN + SUMMARY_ENTRY_LEN * entries.len());
             seal(b, 4);
         }
         out
@@ -106,6 +112,7 @@ impl SegmentSummary {
                 }
                 entries.push(SummaryEntry { kind, nid, ofs });
             }
+            debug_assert_eq!(d.pos(), HEADER_LEN + SUMMARY_ENTRY_LEN * PER_BLOCK);
         }
         Ok(SegmentSummary { segno, entries })
     }

@@ -31,6 +31,7 @@ pub const PAGE_SIZE: usize = 4096;
 const SHARDS: usize = 16;
 const _: () = assert!(SHARDS <= 32, "one bit per shard in PageMap::dirty_shards");
 const _: () = assert!(SHARDS == 16, "shard_of folds nibbles");
+const _: () = assert!(PAGE_SIZE == crate::device::BLOCK_SIZE, "a cached page is one block on disk");
 
 /// The shard of page `idx`: the XOR of its 16 nibbles. Sixteen pages `b + x * 2^k` (`x` in
 /// `0..16`, `b`'s bits disjoint from `x`'s: a base aligned to `2^(k+4)` plus an offset below
