@@ -6,6 +6,8 @@ use crate::size;
 use lanefs::device::{BlockDevice, IoChoice};
 use std::path::Path;
 
+mod json;
+
 pub fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result<(), String> {
     let dev = open(image, io)?;
     let info = lanefs::inspect::inspect(&dev).map_err(|e| format!("{}: {e}", image.display()))?;
@@ -13,68 +15,45 @@ pub fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Re
         Some(p) => Some(lanefs::inspect::inspect_region(&dev, p).map_err(|e| e.to_string())?),
         None => None,
     };
-    let g = &info.geometry;
-    let mut out = String::new();
-    let names = lanefs::inspect::ImageInfo::log_names();
     // A mounted image: its mount's request counters too.
     let mounted = image.canonicalize().ok().and_then(|img| lanefs_fuse::mount::mounted_at(&img)).map(|mp| {
         let counts = lanefs_fuse::stats::read(&mp);
         let engine = lanefs_fuse::stats::read_engine(&mp);
         (mp, counts, engine)
     });
+    let mut out = String::new();
     if json {
-        let lanes: Vec<serde_json::Value> = info
-            .lanes
-            .iter()
-            .enumerate()
-            .map(|(i, logs)| {
-                let m: serde_json::Map<String, serde_json::Value> = logs
-                    .iter()
-                    .zip(names)
-                    .map(|(c, n)| {
-                        (n.to_string(), serde_json::json!({"segment": c.segno, "next_block": c.next_off}))
-                    })
-                    .collect();
-                serde_json::json!({"lane": i, "logs": m})
-            })
-            .collect();
-        let v = serde_json::json!({
-            "uuid": info.uuid, "label": info.label, "created": info.created, "format_version": info.format_version,
-            "io_mode": dev.io_mode().to_string(), "io_detail": dev.describe(),
-            "geometry": {
-                "block_size": 4096, "segment_blocks": 512, "total_blocks": g.total_blocks, "lanes": g.lanes,
-                "cp_blkaddr": g.cp_blkaddr, "cp_pack_blocks": g.cp_pack_blocks,
-                "nat_blkaddr": g.nat_blkaddr, "nat_blocks": g.nat_blocks,
-                "sit_blkaddr": g.sit_blkaddr, "sit_blocks": g.sit_blocks,
-                "ssa_blkaddr": g.ssa_blkaddr, "main_blkaddr": g.main_blkaddr,
-                "main_segments": g.main_segments, "max_nid": g.max_nid, "reserved_segments": g.reserved_segments,
-            },
-            "superblock_copies_ok": info.superblock_copies_ok,
-            "checkpoint": {"version": info.checkpoint_version, "pack": info.checkpoint_pack,
-                           "clean_unmount": info.clean_unmount, "other_pack": info.other_pack, "orphans": info.orphans,
-                           "next_generation": info.next_generation},
-            "segments": {"free": info.usage.free, "active": info.usage.active, "dirty": info.usage.dirty,
-                         "valid_blocks": info.usage.valid_blocks},
-            "valid_blocks_by_kind": {"data": info.usage.kinds.data, "node": info.usage.kinds.node,
-                                     "xattr": info.usage.kinds.xattr, "other": info.usage.kinds.other},
-            "free_bytes": info.free_bytes,
-            "reserved_bytes": info.reserved_bytes,
-            "bytes_written": {"user": info.user_bytes_written, "gc": info.gc_bytes_written, "checkpoint": info.cp_bytes_written},
-            "write_amplification": write_amplification(&info),
-            "lanes": lanes,
-            "nat_in_region": info.nat_in_region,
-            "region": region.as_ref().map(|r| serde_json::json!({
-                "path": r.path, "region": r.region, "nat": r.nat, "journals": r.journals,
-                "journal_transactions": r.journal_transactions,
-            })),
-            "mount": mounted.as_ref().map(|(mp, counts, engine)| serde_json::json!({
-                "mountpoint": mp, "requests": counts.as_ref().map(|c| requests_json(c)).ok(),
-                "engine": engine.as_ref().map(|e| engine_json(e, counts.as_ref().ok())).ok(),
-            })),
+        let mount = mounted.as_ref().map(|(mp, counts, engine)| {
+            json::Mount::new(mp, None, counts.as_ref().ok(), engine.as_ref().ok())
         });
-        say!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        say!(out, "{}", json::to_string(&json::Image::new(&info, &dev, region.as_ref(), mount))?);
         return emit(&out);
     }
+    say_image(&mut out, image, &info, &dev, region.as_ref());
+    if let Some((mp, counts, engine)) = &mounted {
+        say!(out, "mounted at    {} (what follows is the mount's; the lines above are the image's last checkpoint and journals)", mp.display());
+        match counts {
+            Ok(c) => say_requests(&mut out, c),
+            Err(e) => say!(out, "requests      unknown: {e}"),
+        }
+        match engine {
+            Ok(e) => say_engine(&mut out, e, counts.as_ref().ok()),
+            Err(e) => say!(out, "engine        unknown: {e}"),
+        }
+    }
+    emit(&out)
+}
+
+/// The text report of an image: superblocks, checkpoint, areas, space, lanes, region.
+fn say_image(
+    out: &mut String,
+    image: &Path,
+    info: &lanefs::inspect::ImageInfo,
+    dev: &dyn BlockDevice,
+    region: Option<&lanefs::inspect::RegionInfo>,
+) {
+    let g = &info.geometry;
+    let names = lanefs::inspect::ImageInfo::log_names();
     say!(out, "image         {}", image.display());
     say!(out, "uuid          {}", info.uuid);
     if !info.label.is_empty() {
@@ -135,7 +114,7 @@ pub fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Re
         size::show(info.user_bytes_written),
         size::show(info.cp_bytes_written),
         size::show(info.gc_bytes_written),
-        write_amplification(&info).map_or("-".to_string(), |w| format!("{w:.2}"))
+        write_amplification(info).map_or("-".to_string(), |w| format!("{w:.2}"))
     );
     say!(out, "orphans       {}", info.orphans);
     say!(out, "generations   next {}", info.next_generation);
@@ -150,7 +129,7 @@ pub fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Re
             }
         );
     }
-    if let Some(r) = &region {
+    if let Some(r) = region {
         say!(out, "region        {}: {}", r.path, r.region);
         say!(out, "region NAT    {}", r.nat);
         say!(out, "region log    {}", r.journals);
@@ -164,18 +143,6 @@ pub fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Re
             logs.iter().zip(names).map(|(c, n)| format!("{n} {}+{}", c.segno, c.next_off)).collect();
         say!(out, "lane {i:<8} {}", s.join(", "));
     }
-    if let Some((mp, counts, engine)) = &mounted {
-        say!(out, "mounted at    {} (what follows is the mount's; the lines above are the image's last checkpoint and journals)", mp.display());
-        match counts {
-            Ok(c) => say_requests(&mut out, c),
-            Err(e) => say!(out, "requests      unknown: {e}"),
-        }
-        match engine {
-            Ok(e) => say_engine(&mut out, e, counts.as_ref().ok()),
-            Err(e) => say!(out, "engine        unknown: {e}"),
-        }
-    }
-    emit(&out)
 }
 
 /// The lanefs mount at `mp` (canonical) and its image, if it is one.
@@ -243,32 +210,6 @@ fn say_engine(
     }
 }
 
-fn engine_json(
-    e: &lanefs_fuse::stats::EngineCounters,
-    counts: Option<&lanefs_fuse::stats::Counts>,
-) -> serde_json::Value {
-    let total = request_total(counts);
-    let census = e.census();
-    let contended: serde_json::Map<String, serde_json::Value> =
-        census.nonzero().map(|(r, n)| (format!("{r:?}"), serde_json::json!(n))).collect();
-    let per_request: Option<serde_json::Map<String, serde_json::Value>> = total.map(|t| {
-        census.nonzero().map(|(r, n)| (format!("{r:?}"), serde_json::json!(n as f64 / t as f64))).collect()
-    });
-    let plain: serde_json::Map<String, serde_json::Value> = e
-        .values
-        .iter()
-        .filter(|(k, _)| !k.starts_with("contended."))
-        .map(|(k, n)| (k.clone(), serde_json::json!(n)))
-        .collect();
-    serde_json::json!({"counters": plain, "contended": contended, "contended_per_request": per_request})
-}
-
-fn requests_json(counts: &[(String, u64)]) -> serde_json::Value {
-    let by_op: serde_json::Map<String, serde_json::Value> =
-        counts.iter().map(|(k, n)| (k.clone(), serde_json::json!(n))).collect();
-    serde_json::json!({"total": counts.iter().map(|(_, n)| n).sum::<u64>(), "by_opcode": by_op})
-}
-
 /// `lanefs inspect MNT`: what the daemon of a lanefs mount served.
 pub fn inspect_mount(mp: &Path, json: bool) -> Result<(), String> {
     let canon = mp.canonicalize().map_err(|e| format!("{}: {e}", mp.display()))?;
@@ -279,11 +220,8 @@ pub fn inspect_mount(mp: &Path, json: bool) -> Result<(), String> {
     let engine = lanefs_fuse::stats::read_engine(&canon)?;
     let mut out = String::new();
     if json {
-        let v = serde_json::json!({
-            "mountpoint": canon, "image": entry.source, "requests": requests_json(&counts),
-            "engine": engine_json(&engine, Some(&counts)),
-        });
-        say!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        let m = json::Mount::new(&canon, Some(&entry.source), Some(&counts), Some(&engine));
+        say!(out, "{}", json::to_string(&m)?);
     } else {
         say!(out, "mount         {}", canon.display());
         say!(out, "image         {}", entry.source);
