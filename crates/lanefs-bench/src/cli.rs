@@ -8,7 +8,7 @@ use crate::progress::{say, Progress};
 use crate::report::{json_line, markdown_table, Machine};
 use crate::runner::{install_signal_handlers, interrupted, RunConfig};
 use crate::session::{
-    aggregate, compare_table, ratio_table, requests_table, run_matrix, Entry, Matrix, Role,
+    aggregate, compare_table, ratio_table, requests_table, run_matrix, Cell, Entry, Matrix, Role,
 };
 use crate::target::{open_target_with, Target, TargetOptions, TargetSpec};
 use crate::workload::WorkloadList;
@@ -197,85 +197,14 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
 
     // Setup is declared before the entries so that it is dropped (and unmounts) after them.
     let mut setup: Option<Setup> = None;
-    let mut entries: Vec<Entry> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
-    if a.compare {
-        if a.images_in != Path::new("/dev/shm") {
-            notes.push(format!("images of the references and lanefs rows in {}", a.images_in.display()));
-        }
-        for &r in &a.references {
-            if interrupted() {
-                return Err("interrupted".into());
-            }
-            if let Some(why) = Setup::unavailable(r, &a.images_in) {
-                say(&format!("note: {why}"));
-                notes.push(why);
-                continue;
-            }
-            if setup.is_none() {
-                setup = Some(Setup::new(&a.images_in)?);
-            }
-            let s = setup.as_mut().ok_or("setup vanished")?;
-            match s.add(r) {
-                Ok(target) => entries.push(Entry { label: r.name().into(), role: Role::Reference, target }),
-                Err(e) => {
-                    let why = format!("{e} (skipped)");
-                    say(&format!("note: {why}"));
-                    notes.push(why);
-                }
-            }
-        }
-        // The lanefs rows: subjects, divided by every reference in the ratio table.
-        for &k in &a.lanefs.0 {
-            if interrupted() {
-                return Err("interrupted".into());
-            }
-            if let Some(why) = k.unavailable(&a.images_in) {
-                say(&format!("note: {why}"));
-                notes.push(why);
-                continue;
-            }
-            if setup.is_none() {
-                setup = Some(Setup::new(&a.images_in)?);
-            }
-            let s = setup.as_mut().ok_or("setup vanished")?;
-            match s.add_lanefs(k) {
-                Ok(target) => entries.push(Entry { label: k.label().into(), role: Role::Subject, target }),
-                Err(e) => {
-                    let why = format!("{e} (skipped)");
-                    say(&format!("note: {why}"));
-                    notes.push(why);
-                }
-            }
-        }
-    }
-    for spec in &a.targets {
-        let role = if a.compare { Role::Subject } else { Role::Reference };
-        let nvm = a.nvm.clone().filter(|_| matches!(spec, TargetSpec::Lib(_)));
-        let label = match (&nvm, a.nvm_inline) {
-            (Some(_), None) => format!("{spec}+nvm"),
-            (Some(_), Some(n)) => format!("{spec}+nvm-inline{n}"),
-            (None, _) => spec.to_string(),
-        };
-        let opts = TargetOptions { lib_cache: a.lib_cache, nvm, nvm_inline_pages: a.nvm_inline };
-        let target = open_target_with(spec, &opts)?;
-        entries.push(Entry { label, role, target });
-    }
+    let mut entries = if a.compare { compare_entries(a, &mut setup, &mut notes)? } else { Vec::new() };
+    entries.extend(given_entries(a)?);
     if entries.is_empty() {
         return Err("no target to run: every reference was skipped".into());
     }
     if a.fill > 0.0 {
-        // Each target in turn; a failure leaves none filled (the filled ones are dropped, which
-        // removes their filler) and closes the rest as every other error does.
-        let mut filled = Vec::with_capacity(entries.len());
-        for e in entries.drain(..) {
-            if interrupted() {
-                return Err("interrupted".into());
-            }
-            let target: Box<dyn Target> = Box::new(Filled::new(e.target, a.fill)?);
-            filled.push(Entry { target, ..e });
-        }
-        entries = filled;
+        entries = fill_entries(entries, a.fill)?;
     }
 
     let progress = Progress::new(m.runs(entries.len()));
@@ -297,39 +226,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
 
     if !matches!(json, JsonOut::Stdout) && !outcome.results.is_empty() {
         if a.compare {
-            let labels: Vec<&str> = entries.iter().map(|e| e.label.as_str()).collect();
-            let subjects: Vec<&str> =
-                entries.iter().filter(|e| e.role == Role::Subject).map(|e| e.label.as_str()).collect();
-            let references: Vec<&str> =
-                entries.iter().filter(|e| e.role == Role::Reference).map(|e| e.label.as_str()).collect();
-            emit(&format!(
-                "Measured {} on {} cores, kernel {}, commit {}: {} s per run after {} s warm-up, {} round(s), \
-                 runs interleaved across targets.\n\n",
-                machine.date, machine.cores, machine.kernel, machine.commit, m.cfg.seconds, m.cfg.warmup, m.rounds
-            ));
-            emit(&compare_table(&cells, &labels, &m.workloads, &m.threads));
-            let ratios = ratio_table(&cells, &subjects, &references, &m.workloads, &m.threads);
-            if ratios.is_empty() {
-                emit("\n(no lanefs target in this run: no ratio table)\n");
-            } else {
-                emit(&format!("\nThroughput ratios (subject / reference):\n\n{ratios}"));
-            }
-            let requests = requests_table(&cells, &m.workloads, &m.threads);
-            if !requests.is_empty() {
-                emit(&format!("\nFUSE requests per operation, timed phase:\n\n{requests}"));
-            }
-            let mut all = notes.clone();
-            for c in &cells {
-                all.extend(
-                    c.notes.iter().map(|n| format!("{} {} {}T: {n}", c.target, c.workload, c.threads)),
-                );
-            }
-            if !all.is_empty() {
-                emit("\n");
-            }
-            for n in &all {
-                emit(&format!("note: {n}\n"));
-            }
+            report_compare(&entries, &cells, &m, &machine, &notes);
         } else {
             let runs: Vec<_> = outcome.results.iter().map(|(_, r)| r.clone()).collect();
             emit(&markdown_table(&runs));
@@ -371,6 +268,123 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The targets given with `--target`: subjects of a `--compare` run, else rows of their own.
+fn given_entries(a: &BenchArgs) -> Result<Vec<Entry>, String> {
+    let mut entries = Vec::new();
+    for spec in &a.targets {
+        let role = if a.compare { Role::Subject } else { Role::Reference };
+        let nvm = a.nvm.clone().filter(|_| matches!(spec, TargetSpec::Lib(_)));
+        let label = match (&nvm, a.nvm_inline) {
+            (Some(_), None) => format!("{spec}+nvm"),
+            (Some(_), Some(n)) => format!("{spec}+nvm-inline{n}"),
+            (None, _) => spec.to_string(),
+        };
+        let opts = TargetOptions { lib_cache: a.lib_cache, nvm, nvm_inline_pages: a.nvm_inline };
+        let target = open_target_with(spec, &opts)?;
+        entries.push(Entry { label, role, target });
+    }
+    Ok(entries)
+}
+
+/// Each target in turn filled to `fill` of its capacity. A failure leaves none filled (the
+/// filled ones are dropped, which removes their filler) and closes the rest as every other
+/// error does.
+fn fill_entries(mut entries: Vec<Entry>, fill: f64) -> Result<Vec<Entry>, String> {
+    let mut filled = Vec::with_capacity(entries.len());
+    for e in entries.drain(..) {
+        if interrupted() {
+            return Err("interrupted".into());
+        }
+        let target: Box<dyn Target> = Box::new(Filled::new(e.target, fill)?);
+        filled.push(Entry { target, ..e });
+    }
+    Ok(filled)
+}
+
+/// How `--compare` makes one of its rows in the setup.
+type MakeRow<'a> = dyn Fn(&mut Setup) -> Result<Box<dyn Target>, String> + 'a;
+
+/// The references and lanefs rows of `--compare`, each made by `setup` (created on first use).
+/// One that cannot be made is skipped with a note, in `notes` and on the terminal.
+fn compare_entries(
+    a: &BenchArgs,
+    setup: &mut Option<Setup>,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Entry>, String> {
+    if a.images_in != Path::new("/dev/shm") {
+        notes.push(format!("images of the references and lanefs rows in {}", a.images_in.display()));
+    }
+    let mut entries = Vec::new();
+    let mut add =
+        |label: &str, role: Role, unavailable: Option<String>, make: &MakeRow| -> Result<(), String> {
+            if interrupted() {
+                return Err("interrupted".into());
+            }
+            let made = match unavailable {
+                Some(why) => Err(why),
+                None => {
+                    let s = match setup {
+                        Some(s) => s,
+                        None => setup.insert(Setup::new(&a.images_in)?),
+                    };
+                    make(s).map_err(|e| format!("{e} (skipped)"))
+                }
+            };
+            match made {
+                Ok(target) => entries.push(Entry { label: label.into(), role, target }),
+                Err(why) => {
+                    say(&format!("note: {why}"));
+                    notes.push(why);
+                }
+            }
+            Ok(())
+        };
+    for &r in &a.references {
+        add(r.name(), Role::Reference, Setup::unavailable(r, &a.images_in), &|s| s.add(r))?;
+    }
+    // The lanefs rows: subjects, divided by every reference in the ratio table.
+    for &k in &a.lanefs.0 {
+        add(k.label(), Role::Subject, k.unavailable(&a.images_in), &|s| s.add_lanefs(k))?;
+    }
+    Ok(entries)
+}
+
+/// The tables of a `--compare` run: every target side by side, the ratios of subjects to
+/// references, FUSE requests per operation, and the notes.
+fn report_compare(entries: &[Entry], cells: &[Cell], m: &Matrix, machine: &Machine, notes: &[String]) {
+    let labels: Vec<&str> = entries.iter().map(|e| e.label.as_str()).collect();
+    let subjects: Vec<&str> =
+        entries.iter().filter(|e| e.role == Role::Subject).map(|e| e.label.as_str()).collect();
+    let references: Vec<&str> =
+        entries.iter().filter(|e| e.role == Role::Reference).map(|e| e.label.as_str()).collect();
+    emit(&format!(
+        "Measured {} on {} cores, kernel {}, commit {}: {} s per run after {} s warm-up, {} round(s), \
+         runs interleaved across targets.\n\n",
+        machine.date, machine.cores, machine.kernel, machine.commit, m.cfg.seconds, m.cfg.warmup, m.rounds
+    ));
+    emit(&compare_table(cells, &labels, &m.workloads, &m.threads));
+    let ratios = ratio_table(cells, &subjects, &references, &m.workloads, &m.threads);
+    if ratios.is_empty() {
+        emit("\n(no lanefs target in this run: no ratio table)\n");
+    } else {
+        emit(&format!("\nThroughput ratios (subject / reference):\n\n{ratios}"));
+    }
+    let requests = requests_table(cells, &m.workloads, &m.threads);
+    if !requests.is_empty() {
+        emit(&format!("\nFUSE requests per operation, timed phase:\n\n{requests}"));
+    }
+    let mut all = notes.to_vec();
+    for c in cells {
+        all.extend(c.notes.iter().map(|n| format!("{} {} {}T: {n}", c.target, c.workload, c.threads)));
+    }
+    if !all.is_empty() {
+        emit("\n");
+    }
+    for n in &all {
+        emit(&format!("note: {n}\n"));
+    }
 }
 
 #[cfg(test)]

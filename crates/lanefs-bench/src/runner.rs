@@ -15,7 +15,7 @@
 use crate::hist::Histogram;
 use crate::progress::say;
 use crate::target::{remove_tree, IoCounters, Target};
-use crate::workload::{prepare, Env, Step, Workload};
+use crate::workload::{prepare, Env, Plan, Step, Workload};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Barrier, Mutex};
@@ -166,6 +166,84 @@ fn make_run_dir(t: &dyn Target) -> Result<PathBuf, String> {
     Err(format!("{}: cannot find a free run directory name", t.spec()))
 }
 
+/// One benchmark thread: builds its worker, meets the others at `barrier`, then runs
+/// operations until `phase` says stop, timing those of the timed phase. Any error stops every
+/// thread.
+fn worker_thread(
+    plan: &Plan,
+    env: &Env,
+    tid: usize,
+    phase: &AtomicU8,
+    barrier: &Barrier,
+) -> std::io::Result<ThreadOut> {
+    let worker = plan.worker(env, tid);
+    // Every thread reaches the barrier, even one whose setup failed, so that
+    // nobody waits forever; the failure stops the others right after.
+    barrier.wait();
+    let mut worker = match worker {
+        Ok(wk) => wk,
+        Err(e) => {
+            phase.store(STOP, Ordering::SeqCst);
+            return Err(e);
+        }
+    };
+    let mut out = ThreadOut::default();
+    let mut scratch = Histogram::new();
+    loop {
+        let p = phase.load(Ordering::Relaxed);
+        if p == STOP {
+            break;
+        }
+        let timed = p == TIMED;
+        let t0 = Instant::now();
+        let step = match worker.op(if timed { &mut out.fsync } else { &mut scratch }) {
+            Ok(s) => s,
+            Err(e) => {
+                phase.store(STOP, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
+        if timed && step != Step::Uncounted {
+            out.latency.record(t0.elapsed());
+            out.ops += 1;
+        }
+        if step == Step::Maintain {
+            let m0 = Instant::now();
+            if let Err(e) = worker.maintain() {
+                phase.store(STOP, Ordering::SeqCst);
+                return Err(e);
+            }
+            if phase.load(Ordering::Relaxed) != WARM {
+                out.maintained.push((m0, Instant::now()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The threads' results as one: merged histograms, operations, and the throughput (each
+/// thread's operations over the time it was not maintaining its files, summed). The first
+/// failed thread's error, with its index, instead.
+fn merge_threads(
+    outs: Vec<std::io::Result<ThreadOut>>,
+    t0: Instant,
+    elapsed: Duration,
+) -> Result<(Histogram, Histogram, u64, f64), (usize, std::io::Error)> {
+    let mut latency = Histogram::new();
+    let mut fsync = Histogram::new();
+    let (mut ops, mut rate) = (0u64, 0.0f64);
+    for (tid, o) in outs.into_iter().enumerate() {
+        let o = o.map_err(|e| (tid, e))?;
+        latency.merge(&o.latency);
+        fsync.merge(&o.fsync);
+        ops += o.ops;
+        let active =
+            elapsed.saturating_sub(overlap(&o.maintained, t0, t0 + elapsed)).max(Duration::from_micros(100));
+        rate += o.ops as f64 / active.as_secs_f64();
+    }
+    Ok((latency, fsync, ops, rate))
+}
+
 /// Runs `w` with `threads` threads against `t`. `label` names the target in the result.
 pub fn run_one(
     t: &dyn Target,
@@ -200,51 +278,7 @@ pub fn run_one(
         let handles: Vec<_> = (0..threads)
             .map(|tid| {
                 let (plan, env, phase, barrier) = (&plan, &env, &phase, &barrier);
-                s.spawn(move || -> std::io::Result<ThreadOut> {
-                    let worker = plan.worker(env, tid);
-                    // Every thread reaches the barrier, even one whose setup failed, so that
-                    // nobody waits forever; the failure stops the others right after.
-                    barrier.wait();
-                    let mut worker = match worker {
-                        Ok(wk) => wk,
-                        Err(e) => {
-                            phase.store(STOP, Ordering::SeqCst);
-                            return Err(e);
-                        }
-                    };
-                    let mut out = ThreadOut::default();
-                    let mut scratch = Histogram::new();
-                    loop {
-                        let p = phase.load(Ordering::Relaxed);
-                        if p == STOP {
-                            break;
-                        }
-                        let timed = p == TIMED;
-                        let t0 = Instant::now();
-                        let step = match worker.op(if timed { &mut out.fsync } else { &mut scratch }) {
-                            Ok(s) => s,
-                            Err(e) => {
-                                phase.store(STOP, Ordering::SeqCst);
-                                return Err(e);
-                            }
-                        };
-                        if timed && step != Step::Uncounted {
-                            out.latency.record(t0.elapsed());
-                            out.ops += 1;
-                        }
-                        if step == Step::Maintain {
-                            let m0 = Instant::now();
-                            if let Err(e) = worker.maintain() {
-                                phase.store(STOP, Ordering::SeqCst);
-                                return Err(e);
-                            }
-                            if phase.load(Ordering::Relaxed) != WARM {
-                                out.maintained.push((m0, Instant::now()));
-                            }
-                        }
-                    }
-                    Ok(out)
-                })
+                s.spawn(move || worker_thread(plan, env, tid, phase, barrier))
             })
             .collect();
         barrier.wait();
@@ -285,18 +319,8 @@ pub fn run_one(
     });
     let (t0, elapsed, io, requests, census) = elapsed;
 
-    let mut latency = Histogram::new();
-    let mut fsync = Histogram::new();
-    let (mut ops, mut rate) = (0u64, 0.0f64);
-    for (tid, o) in outs.into_iter().enumerate() {
-        let o = o.map_err(|e| format!("{label} {w} {threads}T, thread {tid}: {e}"))?;
-        latency.merge(&o.latency);
-        fsync.merge(&o.fsync);
-        ops += o.ops;
-        let active =
-            elapsed.saturating_sub(overlap(&o.maintained, t0, t0 + elapsed)).max(Duration::from_micros(100));
-        rate += o.ops as f64 / active.as_secs_f64();
-    }
+    let (latency, fsync, ops, rate) = merge_threads(outs, t0, elapsed)
+        .map_err(|(tid, e)| format!("{label} {w} {threads}T, thread {tid}: {e}"))?;
     if interrupted() {
         return Err("interrupted".into());
     }
