@@ -64,157 +64,135 @@ pub struct Parsed {
 /// mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
-    let mut fuse = Vec::new();
-    let mut acl = SessionACL::Owner;
-    let mut threads = None;
-    let mut nvm = None;
+    let mut p = Parsed {
+        fuse: Vec::new(),
+        acl: SessionACL::Owner,
+        threads: None,
+        nvm: None,
+        writeback_cache: WRITEBACK_CACHE_DEFAULT,
+        checkpoint_interval: None,
+        stuck_request: Some(STUCK_REQUEST),
+        no_recovery: false,
+        atime: AtimePolicy::default(),
+        ttl: Ttl::default(),
+    };
     let mut default_permissions = true;
-    let mut writeback_cache = WRITEBACK_CACHE_DEFAULT;
-    let mut checkpoint_interval = None;
-    let mut stuck_request = Some(STUCK_REQUEST);
-    let mut no_recovery = false;
-    let mut atime = AtimePolicy::default();
-    let mut ttl = Ttl::default();
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
-        let opt = match o {
-            "ro" => MountOption::RO,
-            "rw" => MountOption::RW,
-            "dev" => MountOption::Dev,
-            "nodev" => MountOption::NoDev,
-            "suid" => MountOption::Suid,
-            "nosuid" => MountOption::NoSuid,
-            "exec" => MountOption::Exec,
-            "noexec" => MountOption::NoExec,
-            "atime" | "noatime" | "relatime" | "norelatime" | "strictatime" | "nostrictatime"
-            | "lazytime" | "nolazytime" | "diratime" | "nodiratime" => {
-                match o {
-                    "noatime" => atime.mode = AtimeMode::Never,
-                    // The kernel's default is relatime: "atime" and "norelatime" come back to it.
-                    "atime" | "relatime" | "norelatime" | "nostrictatime" => atime.mode = AtimeMode::Relative,
-                    "strictatime" => atime.mode = AtimeMode::Always,
-                    "lazytime" => atime.lazy = true,
-                    "nolazytime" => atime.lazy = false,
-                    "diratime" => atime.dirs = true,
-                    _ => atime.dirs = false,
+        match o {
+            "default_permissions" => default_permissions = true,
+            "no_default_permissions" => default_permissions = false,
+            o if p.take_atime(o) || p.take_own(o)? => {}
+            o => {
+                if let Some(opt) = kernel_option(o) {
+                    if !p.fuse.contains(&opt) {
+                        p.fuse.push(opt);
+                    }
                 }
-                continue;
             }
-            "dirsync" => MountOption::DirSync,
-            "sync" => MountOption::Sync,
-            "async" => MountOption::Async,
-            "auto_unmount" => MountOption::AutoUnmount,
-            "default_permissions" => {
-                default_permissions = true;
-                continue;
-            }
-            "no_default_permissions" => {
-                default_permissions = false;
-                continue;
-            }
-            "allow_other" => {
-                acl = SessionACL::All;
-                continue;
-            }
-            "allow_root" => {
-                acl = SessionACL::RootAndOwner;
-                continue;
-            }
-            "writeback_cache" | "writeback_cache=on" => {
-                writeback_cache = true;
-                continue;
-            }
-            "writeback_cache=off" | "nowriteback_cache" => {
-                writeback_cache = false;
-                continue;
-            }
-            "norecovery" => {
-                no_recovery = true;
-                continue;
-            }
-            // mount(8) and fstab words that are not mount options.
-            "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "nofail" | "_netdev" => continue,
-            o if o.starts_with("x-") || o.starts_with("comment=") => continue,
-            o if o.starts_with("threads=") => {
-                let n = o["threads=".len()..]
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&n| (1..=1024).contains(&n))
-                    .ok_or_else(|| format!("option {o}: give a thread count from 1 to 1024"))?;
-                threads = Some(n);
-                continue;
-            }
-            o if o.starts_with("checkpoint_secs=") => {
-                let n = o["checkpoint_secs=".len()..]
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|&n| n <= 86_400)
-                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no timer) to 86400"))?;
-                checkpoint_interval = Some((n > 0).then(|| Duration::from_secs(n)));
-                continue;
-            }
-            o if o.starts_with("stuck_request_secs=") => {
-                let n = o["stuck_request_secs=".len()..]
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|&n| n <= 86_400)
-                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no log) to 86400"))?;
-                stuck_request = (n > 0).then(|| Duration::from_secs(n));
-                continue;
-            }
-            o if o.starts_with("cache_timeout=") || o.starts_with("negative_timeout=") => {
-                let (key, v) = o.split_once('=').unwrap_or((o, ""));
-                let secs = v
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|&n| n <= 86_400)
-                    .ok_or_else(|| format!("option {o}: give seconds from 0 (no caching) to 86400"))?;
-                let d = Duration::from_secs(secs);
-                if key == "cache_timeout" {
-                    ttl.cache = d;
-                } else {
-                    ttl.negative = d;
-                }
-                continue;
-            }
-            o if o.starts_with("nvm=") => {
-                nvm = Some(PathBuf::from(&o["nvm=".len()..]));
-                continue;
-            }
-            // lanefs names its own subtype (fuse.lanefs).
-            o if o.starts_with("subtype=") => continue,
-            o if o.starts_with("fsname=") => MountOption::FSName(o["fsname=".len()..].to_string()),
-            o => MountOption::CUSTOM(o.to_string()),
-        };
-        if !fuse.contains(&opt) {
-            fuse.push(opt);
         }
     }
     if default_permissions {
-        fuse.push(MountOption::DefaultPermissions);
+        p.fuse.push(MountOption::DefaultPermissions);
     }
     // What the mount table shows. noatime is a flag fuser passes; lazytime a superblock flag the
     // kernel takes as a mount option from root's mount(2) (fusermount3 3.14, which mounts for a
     // user, refuses it). strictatime and nodiratime have no fuser option: `show_atime_flags`
     // sets them once the mount is up.
-    if atime.mode == AtimeMode::Never {
-        fuse.push(MountOption::NoAtime);
+    if p.atime.mode == AtimeMode::Never {
+        p.fuse.push(MountOption::NoAtime);
     }
-    if atime.lazy && rustix::process::geteuid().is_root() {
-        fuse.push(MountOption::CUSTOM("lazytime".into()));
+    if p.atime.lazy && rustix::process::geteuid().is_root() {
+        p.fuse.push(MountOption::CUSTOM("lazytime".into()));
     }
     // The kernel's own subtype option: /proc/mounts shows the type as fuse.lanefs.
-    fuse.push(MountOption::CUSTOM("subtype=lanefs".into()));
-    Ok(Parsed {
-        fuse,
-        acl,
-        threads,
-        nvm,
-        writeback_cache,
-        checkpoint_interval,
-        stuck_request,
-        no_recovery,
-        atime,
-        ttl,
+    p.fuse.push(MountOption::CUSTOM("subtype=lanefs".into()));
+    Ok(p)
+}
+
+impl Parsed {
+    /// Takes `o` if it is an access-time word (the daemon applies them, the last one winning).
+    fn take_atime(&mut self, o: &str) -> bool {
+        let atime = &mut self.atime;
+        match o {
+            "noatime" => atime.mode = AtimeMode::Never,
+            // The kernel's default is relatime: "atime" and "norelatime" come back to it.
+            "atime" | "relatime" | "norelatime" | "nostrictatime" => atime.mode = AtimeMode::Relative,
+            "strictatime" => atime.mode = AtimeMode::Always,
+            "lazytime" => atime.lazy = true,
+            "nolazytime" => atime.lazy = false,
+            "diratime" => atime.dirs = true,
+            "nodiratime" => atime.dirs = false,
+            _ => return false,
+        }
+        true
+    }
+
+    /// Takes `o` if it is one of lanefs's own options; an error for one with a bad value.
+    fn take_own(&mut self, o: &str) -> Result<bool, String> {
+        let (key, value) = o.split_once('=').unwrap_or((o, ""));
+        match (key, o) {
+            (_, "allow_other") => self.acl = SessionACL::All,
+            (_, "allow_root") => self.acl = SessionACL::RootAndOwner,
+            (_, "writeback_cache" | "writeback_cache=on") => self.writeback_cache = true,
+            (_, "writeback_cache=off" | "nowriteback_cache") => self.writeback_cache = false,
+            (_, "norecovery") => self.no_recovery = true,
+            ("threads", _) => {
+                let n = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| (1..=1024).contains(&n))
+                    .ok_or_else(|| format!("option {o}: give a thread count from 1 to 1024"))?;
+                self.threads = Some(n);
+            }
+            ("checkpoint_secs", _) => {
+                let n = seconds(o, value, "no timer")?;
+                self.checkpoint_interval = Some((n > 0).then(|| Duration::from_secs(n)));
+            }
+            ("stuck_request_secs", _) => {
+                let n = seconds(o, value, "no log")?;
+                self.stuck_request = (n > 0).then(|| Duration::from_secs(n));
+            }
+            ("cache_timeout", _) => self.ttl.cache = Duration::from_secs(seconds(o, value, "no caching")?),
+            ("negative_timeout", _) => {
+                self.ttl.negative = Duration::from_secs(seconds(o, value, "no caching")?)
+            }
+            ("nvm", _) if o.contains('=') => self.nvm = Some(PathBuf::from(value)),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// The value of option `o` as seconds from 0 (meaning `zero`) to a day.
+fn seconds(o: &str, value: &str, zero: &str) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n <= 86_400)
+        .ok_or_else(|| format!("option {o}: give seconds from 0 ({zero}) to 86400"))
+}
+
+/// The kernel's (fuser's) form of a standard option, or anything else passed on for the kernel
+/// to judge; None for the words mount(8) and fstab use that are no mount option, and for
+/// `subtype=` (lanefs names its own: fuse.lanefs).
+fn kernel_option(o: &str) -> Option<MountOption> {
+    Some(match o {
+        "ro" => MountOption::RO,
+        "rw" => MountOption::RW,
+        "dev" => MountOption::Dev,
+        "nodev" => MountOption::NoDev,
+        "suid" => MountOption::Suid,
+        "nosuid" => MountOption::NoSuid,
+        "exec" => MountOption::Exec,
+        "noexec" => MountOption::NoExec,
+        "dirsync" => MountOption::DirSync,
+        "sync" => MountOption::Sync,
+        "async" => MountOption::Async,
+        "auto_unmount" => MountOption::AutoUnmount,
+        "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "nofail" | "_netdev" => return None,
+        o if o.starts_with("x-") || o.starts_with("comment=") || o.starts_with("subtype=") => return None,
+        o if o.starts_with("fsname=") => MountOption::FSName(o["fsname=".len()..].to_string()),
+        o => MountOption::CUSTOM(o.to_string()),
     })
 }
 
