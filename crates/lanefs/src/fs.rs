@@ -335,11 +335,28 @@ impl Fs {
 
     /// Looks up an absolute path such as `/a/b/c`.
     pub fn resolve(&self, path: &str) -> Result<Attr> {
-        let mut cur = ROOT;
-        for part in path.split('/').filter(|p| !p.is_empty()) {
-            cur = self.lookup(cur, part.as_bytes())?.ino;
-        }
-        self.getattr(cur)
+        self.walk(ROOT, path.split('/').filter(|p| !p.is_empty()).map(str::as_bytes))
+    }
+
+    /// The attributes of what `names` lead to from directory `dir`, one component each (none:
+    /// `dir` itself). The whole walk is one step of the engine: the directories passed
+    /// through are read, not stat'ed. Symbolic links are not followed; one on the way, or any
+    /// other non-directory, is ENOTDIR, and a missing name ENOENT.
+    ///
+    /// ```
+    /// # use lanefs::{device::MemDevice, Fs, FsOptions, MkfsOptions, ROOT};
+    /// # use std::sync::Arc;
+    /// # let dev = Arc::new(MemDevice::new(64 << 20));
+    /// # Fs::format(&*dev, &MkfsOptions::default()).unwrap();
+    /// # let fs = Fs::open(dev, FsOptions::default()).unwrap();
+    /// let a = fs.mkdir(ROOT, b"a", 0o755, 0, 0).unwrap();
+    /// let b = fs.mkdir(a.ino, b"b", 0o755, 0, 0).unwrap();
+    /// assert_eq!(fs.walk(ROOT, [&b"a"[..], b"b"]).unwrap().ino, b.ino);
+    /// ```
+    pub fn walk<'n>(&self, dir: Ino, names: impl IntoIterator<Item = &'n [u8]>) -> Result<Attr> {
+        self.engine.check_live()?;
+        let a = self.engine.walk_with(ino32(dir)?, names, |m| self.attr(m))?;
+        Ok(a)
     }
 
     /// The mnode of `ino` (kept alive by the caller's reference however it is unlinked).

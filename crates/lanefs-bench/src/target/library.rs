@@ -78,12 +78,26 @@ impl LibTarget {
 
     /// The attributes of what `path` names: the walk's last step returns them, as a kernel's
     /// stat(2) takes them from the inode its walk ends on.
+    /// The attributes of what `path` names, in one walk of the library (as a kernel's stat(2)
+    /// walks the path and takes the attributes of the inode it ends on).
     fn attr_of(&self, path: &Path) -> io::Result<lanefs::Attr> {
-        if path.components().all(|c| matches!(c, Component::RootDir | Component::CurDir)) {
-            return self.fs.getattr(ROOT).map_err(err);
+        let mut bad = None;
+        let names = path.components().filter_map(|c| match c {
+            Component::Normal(n) => Some(n.as_encoded_bytes()),
+            Component::RootDir | Component::CurDir => None,
+            _ => {
+                bad = Some(c);
+                None
+            }
+        });
+        let a = self.fs.walk(ROOT, names);
+        if bad.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: unsupported path", path.display()),
+            ));
         }
-        let (d, name) = self.parent_of(path)?;
-        self.fs.lookup(d, name).map_err(err)
+        a.map_err(err)
     }
 
     fn ino_of(&self, path: &Path) -> io::Result<Ino> {

@@ -127,22 +127,42 @@ impl Engine {
     /// Neither mnode's reference count is touched, and no lock is taken that a writer of
     /// another name takes (the directory map's read is lock-free, `mem::dir`).
     pub fn lookup_with<R>(&self, parent: u32, name: &[u8], f: impl FnOnce(&MNode) -> R) -> Result<R> {
+        self.walk_with(parent, [name], f)
+    }
+
+    /// Looks each of `names` up in turn from directory `dir` and runs `f` on the mnode the walk
+    /// ends on (`dir`'s own for no names): a whole path walk in one entry of the pass-through
+    /// semaphore, computing nothing for the directories it passes through and touching no
+    /// reference count, as a kernel's RCU walk. Symbolic links are not followed (one on the
+    /// way is ENOTDIR). Each step is one mnode-table read and one directory-map read.
+    pub fn walk_with<'n, R>(
+        &self,
+        dir: u32,
+        names: impl IntoIterator<Item = &'n [u8]>,
+        f: impl FnOnce(&MNode) -> R,
+    ) -> Result<R> {
         let _g = self.pass.shared();
-        // The checks and their order are `Engine::lookup`'s: ENOTDIR, then the name.
-        let child = self.with_mnode(parent, |d| {
-            let Some(dir) = d.dir() else {
-                return Err(Error::errno(libc::ENOTDIR, format!("inode {parent}")));
-            };
-            Ok(match name {
-                b"." => d.ino,
-                b".." => d.parent.load(Ordering::Acquire),
-                _ => {
-                    check_name(name)?;
-                    dir.map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?.ino
-                }
-            })
-        })??;
-        self.with_mnode(child, f)
+        let mut cur = dir;
+        for name in names {
+            cur = self.with_mnode(cur, |d| Self::step(d, name))??;
+        }
+        self.with_mnode(cur, f)
+    }
+
+    /// The inode `name` names in directory `d`. The checks and their order are
+    /// `Engine::lookup`'s: ENOTDIR, then the name.
+    fn step(d: &MNode, name: &[u8]) -> Result<u32> {
+        let Some(dir) = d.dir() else {
+            return Err(Error::errno(libc::ENOTDIR, format!("inode {}", d.ino)));
+        };
+        Ok(match name {
+            b"." => d.ino,
+            b".." => d.parent.load(Ordering::Acquire),
+            _ => {
+                check_name(name)?;
+                dir.map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?.ino
+            }
+        })
     }
 
     pub fn lookup(&self, parent: u32, name: &[u8]) -> Result<Arc<MNode>> {
