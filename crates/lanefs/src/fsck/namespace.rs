@@ -11,6 +11,13 @@ use crate::format::layout::{Geometry, ROOT_INO};
 use crate::format::node::{NEW_ADDR, S_IFMT};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
+/// What the walk of the tree counted: names per inode and subdirectories per directory.
+#[derive(Default)]
+struct Counts {
+    refs: HashMap<u32, u32>,
+    subdirs: HashMap<u32, u32>,
+}
+
 impl Fsck<'_> {
     /// 6-7. The directory tree from the root, names and parents, entry types, link counts,
     /// and orphans.
@@ -21,23 +28,35 @@ impl Fsck<'_> {
         dir_blocks: &HashMap<u32, Vec<u32>>,
         orphans: &[u32],
     ) -> Result<()> {
-        let inode_of = |ino: u32| nodes.get(&ino).and_then(|n| n.inode.as_ref());
-        match inode_of(ROOT_INO) {
-            Some(i) if i.mode & S_IFMT == 0o040000 => {}
-            _ => {
-                self.problem(Structure::Node, "the root inode is missing or not a directory", false);
-                return Ok(());
-            }
+        let is_dir = |ino: u32| {
+            nodes.get(&ino).and_then(|n| n.inode.as_ref()).is_some_and(|i| i.mode & S_IFMT == 0o040000)
+        };
+        if !is_dir(ROOT_INO) {
+            self.problem(Structure::Node, "the root inode is missing or not a directory", false);
+            return Ok(());
         }
-        let mut refs: HashMap<u32, u32> = HashMap::new();
-        let mut subdirs: HashMap<u32, u32> = HashMap::new();
-        let mut seen_dirs: HashSet<u32> = HashSet::from([ROOT_INO]);
+        let counts = self.walk_names(g, nodes, dir_blocks)?;
+        self.check_links(nodes, &counts, orphans);
+        Ok(())
+    }
+
+    /// Phase 6, breadth-first from the root: every directory's entries are unique, point at inodes
+    /// of the type they claim, and each subdirectory has this one name and names it its
+    /// parent. Bounded: a directory is queued once (`seen`), so at most once per inode.
+    fn walk_names(
+        &mut self,
+        g: &Geometry,
+        nodes: &BTreeMap<u32, NodeInfo>,
+        dir_blocks: &HashMap<u32, Vec<u32>>,
+    ) -> Result<Counts> {
+        let mut counts = Counts::default();
+        let mut seen: HashSet<u32> = HashSet::from([ROOT_INO]);
         let mut queue: VecDeque<u32> = VecDeque::from([ROOT_INO]);
         let mut dirs = 0u64;
         while let Some(dir) = queue.pop_front() {
             dirs += 1;
             if dirs.is_multiple_of(256) {
-                (self.progress)("directories", dirs, seen_dirs.len() as u64);
+                (self.progress)("directories", dirs, seen.len() as u64);
             }
             let blocks = dir_blocks.get(&dir).cloned().unwrap_or_default();
             if blocks.contains(&NEW_ADDR) {
@@ -55,8 +74,8 @@ impl Fsck<'_> {
                     }
                 };
                 for d in db.entries {
-                    let shown = String::from_utf8_lossy(&d.name).into_owned();
                     if !names.insert(d.name.clone()) {
+                        let shown = String::from_utf8_lossy(&d.name);
                         self.problem(
                             Structure::Dentry,
                             format!("directory {dir} holds '{shown}' twice"),
@@ -64,59 +83,78 @@ impl Fsck<'_> {
                         );
                         continue;
                     }
-                    let Some(child) = inode_of(d.ino) else {
-                        self.problem(
-                            Structure::Dentry,
-                            format!(
-                                "'{shown}' in directory {dir} points to inode {}, which does not exist",
-                                d.ino
-                            ),
-                            false,
-                        );
+                    if !self.check_entry(nodes, dir, &d, &mut counts) {
                         continue;
-                    };
-                    if dtype_of(child.mode) != d.file_type {
+                    }
+                    if seen.insert(d.ino) {
+                        queue.push_back(d.ino);
+                    } else {
                         self.problem(
                             Structure::Dentry,
-                            format!(
-                                "'{shown}' in directory {dir} has type {} but inode {} is mode {:o}",
-                                d.file_type, d.ino, child.mode
-                            ),
+                            format!("directory {} has more than one name (loop or hard link)", d.ino),
                             false,
                         );
-                    }
-                    *refs.entry(d.ino).or_default() += 1;
-                    if child.mode & S_IFMT == 0o040000 {
-                        *subdirs.entry(dir).or_default() += 1;
-                        if child.parent != dir {
-                            self.problem(
-                                Structure::Node,
-                                format!(
-                                    "directory {} is in directory {dir} but names {} as its parent",
-                                    d.ino, child.parent
-                                ),
-                                false,
-                            );
-                        }
-                        if !seen_dirs.insert(d.ino) {
-                            self.problem(
-                                Structure::Dentry,
-                                format!("directory {} has more than one name (loop or hard link)", d.ino),
-                                false,
-                            );
-                        } else {
-                            queue.push_back(d.ino);
-                        }
                     }
                 }
             }
         }
+        debug_assert!(dirs as usize <= nodes.len().max(1));
         self.report.stats.directories = dirs;
+        Ok(counts)
+    }
+
+    /// One entry `d` of directory `dir`: its inode exists with the type it claims; a
+    /// subdirectory names `dir` as its parent. Counts the name. Returns whether `d` names a
+    /// directory (which the caller queues once).
+    fn check_entry(
+        &mut self,
+        nodes: &BTreeMap<u32, NodeInfo>,
+        dir: u32,
+        d: &crate::format::Dentry,
+        counts: &mut Counts,
+    ) -> bool {
+        let shown = String::from_utf8_lossy(&d.name);
+        let Some(child) = nodes.get(&d.ino).and_then(|n| n.inode.as_ref()) else {
+            self.problem(
+                Structure::Dentry,
+                format!("'{shown}' in directory {dir} points to inode {}, which does not exist", d.ino),
+                false,
+            );
+            return false;
+        };
+        if dtype_of(child.mode) != d.file_type {
+            self.problem(
+                Structure::Dentry,
+                format!(
+                    "'{shown}' in directory {dir} has type {} but inode {} is mode {:o}",
+                    d.file_type, d.ino, child.mode
+                ),
+                false,
+            );
+        }
+        *counts.refs.entry(d.ino).or_default() += 1;
+        if child.mode & S_IFMT != 0o040000 {
+            return false;
+        }
+        *counts.subdirs.entry(dir).or_default() += 1;
+        if child.parent != dir {
+            self.problem(
+                Structure::Node,
+                format!("directory {} is in directory {dir} but names {} as its parent", d.ino, child.parent),
+                false,
+            );
+        }
+        true
+    }
+
+    /// Phase 7: link counts against the names the walk found, and orphans: an inode no name reaches
+    /// is on the orphan list with no names and nlink 0, and the list names only inodes.
+    fn check_links(&mut self, nodes: &BTreeMap<u32, NodeInfo>, counts: &Counts, orphans: &[u32]) {
         let orphan_set: HashSet<u32> = orphans.iter().copied().collect();
         for (&ino, n) in nodes {
             let Some(i) = &n.inode else { continue };
             let is_dir = i.mode & S_IFMT == 0o040000;
-            let names = refs.get(&ino).copied().unwrap_or(0) + u32::from(ino == ROOT_INO);
+            let names = counts.refs.get(&ino).copied().unwrap_or(0) + u32::from(ino == ROOT_INO);
             if orphan_set.contains(&ino) {
                 if names != 0 || i.nlink != 0 {
                     self.problem(
@@ -135,7 +173,7 @@ impl Fsck<'_> {
                 );
                 continue;
             }
-            let want = if is_dir { 2 + subdirs.get(&ino).copied().unwrap_or(0) } else { names };
+            let want = if is_dir { 2 + counts.subdirs.get(&ino).copied().unwrap_or(0) } else { names };
             if i.nlink != want {
                 self.problem(
                     Structure::Node,
@@ -145,7 +183,7 @@ impl Fsck<'_> {
             }
         }
         for &o in orphans {
-            if inode_of(o).is_none() {
+            if nodes.get(&o).and_then(|n| n.inode.as_ref()).is_none() {
                 self.problem(
                     Structure::Checkpoint,
                     format!("orphan list names inode {o}, which does not exist"),
@@ -153,6 +191,5 @@ impl Fsck<'_> {
                 );
             }
         }
-        Ok(())
     }
 }
