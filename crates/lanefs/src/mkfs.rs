@@ -127,10 +127,6 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
         table.activate_free(segno, lane, log, 0)?;
     }
 
-    let journal_lane = |segno: u32| -> Option<u32> {
-        (segno as usize % LOG_TYPES == JOURNAL_LOG as usize).then_some(segno / LOG_TYPES as u32)
-    };
-
     // 3. The root directory's inode, first block of lane 0's hot node log.
     let root_seg = active.iter().find(|a| a.1 == 0 && a.2 == LogType::HotNode).expect("lane 0").0;
     let root_addr = g.seg_start(root_seg);
@@ -145,6 +141,38 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
     };
     dev.write_block(root_addr, &node.encode()?)?;
 
+    // Pack 1 is "current" so the commit lands in pack 0. Then the same state again into pack 1,
+    // so that one corrupt pack on a fresh image still leaves a valid checkpoint to mount.
+    let (mut cp, set) = first_checkpoint(&g, &active, &table, root_seg, root_addr, cp_ver);
+    let pack = commit(dev, &g, &mut cp, 1, &set)?;
+    cp.version += 1;
+    commit(dev, &g, &mut cp, pack, &CommitSet { nat: vec![], sit: vec![], summaries: vec![] })?;
+
+    // 4. Superblocks last.
+    let sb_bytes = sb.encode();
+    for addr in SB_ADDRS {
+        dev.write_block(addr, &sb_bytes)?;
+    }
+    dev.flush()?;
+    debug_assert_eq!(table.total_valid(), 1);
+    Ok(sb)
+}
+
+/// The first checkpoint of a new image and what it commits: the root inode at `root_addr`
+/// (the first block of segment `root_seg`) as the one valid block and node, every lane's logs
+/// at the start of their `active` segments, and each lane's journal head at the first block
+/// of its journal log, reserved here.
+fn first_checkpoint(
+    g: &Geometry,
+    active: &[(u32, u32, LogType)],
+    table: &SegmentTable,
+    root_seg: u32,
+    root_addr: u64,
+    cp_ver: u64,
+) -> (Checkpoint, CommitSet) {
+    let journal_lane = |segno: u32| -> Option<u32> {
+        (segno as usize % LOG_TYPES == JOURNAL_LOG as usize).then_some(segno / LOG_TYPES as u32)
+    };
     let mut nat0 = NatBlock::empty(0);
     nat0.entries[ROOT_INO as usize] = NatEntry { block_addr: root_addr as u32, ino: ROOT_INO };
     let summaries: Vec<SegmentSummary> = active
@@ -162,18 +190,17 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
         .collect();
     let sit_blocks: Vec<SitBlock> =
         (0..=(active.len() as u32 - 1) / SIT_ENTRIES_PER_BLOCK).map(|i| table.sit_block(i)).collect();
-    let lane_cps: Vec<LaneCheckpoint> = (0..lanes)
+    let lanes: Vec<LaneCheckpoint> = (0..g.lanes as usize)
         .map(|l| LaneCheckpoint {
             logs: std::array::from_fn(|t| {
                 let segno = (l * LOG_TYPES + t) as u32;
                 LogCursor { segno, next_off: u16::from(segno == root_seg || journal_lane(segno).is_some()) }
             }),
-            // Each lane's journal starts at the first block of its journal log, reserved here.
             journal_head: g.seg_start((l * LOG_TYPES + JOURNAL_LOG as usize) as u32) as u32,
             journal_seq: 0,
         })
         .collect();
-    let mut cp = Checkpoint {
+    let cp = Checkpoint {
         version: cp_ver,
         flags: CP_FLAG_CLEAN,
         elapsed_secs: 0,
@@ -190,21 +217,8 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
         next_generation: 1,
         nat_map: CopyMap::new(g.nat_blocks),
         sit_map: CopyMap::new(g.sit_blocks),
-        lanes: lane_cps,
+        lanes,
         orphans: Vec::new(),
     };
-    // Pack 1 is "current" so the commit lands in pack 0. Then the same state again into pack 1,
-    // so that one corrupt pack on a fresh image still leaves a valid checkpoint to mount.
-    let pack = commit(dev, &g, &mut cp, 1, &CommitSet { nat: vec![nat0], sit: sit_blocks, summaries })?;
-    cp.version += 1;
-    commit(dev, &g, &mut cp, pack, &CommitSet { nat: vec![], sit: vec![], summaries: vec![] })?;
-
-    // 4. Superblocks last.
-    let sb_bytes = sb.encode();
-    for addr in SB_ADDRS {
-        dev.write_block(addr, &sb_bytes)?;
-    }
-    dev.flush()?;
-    debug_assert_eq!(table.total_valid(), 1);
-    Ok(sb)
+    (cp, CommitSet { nat: vec![nat0], sit: sit_blocks, summaries })
 }
