@@ -229,6 +229,9 @@ pub struct Engine {
     pub(crate) gate: RwLock<()>,
     pub(crate) cp_serial: Mutex<()>,
     pub(crate) chains: Vec<Mutex<ChainWriter>>,
+    /// Per lane: how far its chain is written and durable, for the flushed-through mark that
+    /// spares recovery reading back durable transactions' data (`journal::ChainMarks`).
+    pub(crate) chain_marks: Vec<crate::journal::ChainMarks>,
     pub(crate) group: GroupCommit,
     /// Per-CPU sets of the inodes changed since the last checkpoint snapshot (an inode is in
     /// the one `MNode::dirty_pos` names). An inode that dies leaves its set for a dead list

@@ -178,7 +178,14 @@ impl Engine {
         drop(locks);
         match result? {
             // One device flush shared with every concurrent fsync (group commit).
-            Commit::FlushOwed => self.fsync_flush().map(|()| false),
+            Commit::FlushOwed => {
+                // Durable after the flush: what the lane's next transaction says it may skip.
+                let marks = &self.chain_marks[lane as usize];
+                let upto = marks.written();
+                self.fsync_flush()?;
+                marks.flushed(upto);
+                Ok(false)
+            }
             Commit::Durable => Ok(false),
             Commit::Checkpoint => Ok(true),
         }
@@ -428,7 +435,8 @@ impl Engine {
             // A failed write must not leave a hole in the chain that hides later transactions:
             // on error the writer goes back to where it was (the next append overwrites).
             let before = chain.clone();
-            let blocks = match chain.append(&txn, || {
+            let durable = self.chain_marks[lane as usize].durable();
+            let blocks = match chain.append_flushed(&txn, durable, || {
                 let owner = SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
                 self.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32)
             }) {
@@ -451,6 +459,7 @@ impl Engine {
                 *chain = before;
                 return Err(e);
             }
+            self.chain_marks[lane as usize].wrote(chain.position().1);
             Ok(Commit::FlushOwed)
         })();
         if !matches!(r, Ok(Commit::Durable | Commit::FlushOwed)) {

@@ -4,6 +4,13 @@
 //! it. The container gives recovery what it needs to walk a lane's chain safely: the checkpoint
 //! version and sequence number the block was written under (a stale block from an earlier pass
 //! over the same segment fails the check), and the address of the next block.
+//!
+//! The word after the next pointer (written 0 before it had a meaning, and still 0 when unknown)
+//! is the *flushed-through* mark: `back` > 0 says that every block of the lane's chain with a seq
+//! below `seq + 1 - back` (and the data its transactions map) was on stable storage before this
+//! block was written. Recovery trusts it to skip reading back those transactions' data; a block
+//! written without it (0, by older versions too) just leaves them to be checked. Older versions
+//! ignore the word, so images stay readable both ways.
 
 use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
 use super::layout::{Geometry, BLOCK_SIZE};
@@ -26,10 +33,28 @@ pub struct JournalBlock {
     pub cp_ver: u64,
     pub seq: u64,
     pub next_blkaddr: u32,
+    /// The flushed-through mark (see the module docs): 0 unknown, else at most `seq + 1`.
+    pub flushed_back: u32,
     pub payload: Vec<u8>,
 }
 
 impl JournalBlock {
+    /// The seq below which the mark says the chain was durable when this block was written
+    /// (None: unknown). Decoding checked that it is not negative.
+    pub fn flushed_through(&self) -> Option<u64> {
+        (self.flushed_back != 0).then(|| self.seq.saturating_sub(self.flushed_back as u64 - 1))
+    }
+
+    /// The mark for a block at `seq` written when the chain was durable below `through` (the
+    /// seq the mark stands for): 0 when unknown (`through` 0 or above `seq`, which no writer
+    /// can know) or too far back for the word.
+    pub fn back_for(seq: u64, through: u64) -> u32 {
+        if through == 0 || through > seq {
+            return 0;
+        }
+        u32::try_from(seq - through + 1).unwrap_or(0)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.payload.len() <= JOURNAL_PAYLOAD, "journal payload too large");
         let mut b = vec![0u8; BLOCK_SIZE];
@@ -43,7 +68,7 @@ impl JournalBlock {
         e.u64(self.cp_ver);
         e.u64(self.seq);
         e.u32(self.next_blkaddr);
-        e.u32(0);
+        e.u32(self.flushed_back);
         e.bytes(&self.payload);
         seal(&mut b, 4);
         b
@@ -64,11 +89,16 @@ impl JournalBlock {
         let cp_ver = d.u64()?;
         let seq = d.u64()?;
         let next_blkaddr = d.u32()?;
-        let _ = d.u32()?;
+        let flushed_back = d.u32()?;
+        if flushed_back as u64 > seq.saturating_add(1) {
+            return Err(
+                d.err(format!("flushed-through mark {flushed_back} reaches before seq 0 (seq {seq})"))
+            );
+        }
         if next_blkaddr != 0 && !g.in_main(next_blkaddr as u64) {
             return Err(d.err(format!("next block {next_blkaddr} outside the main area")));
         }
         let payload = d.bytes(len)?.to_vec();
-        Ok(JournalBlock { lane, flags, cp_ver, seq, next_blkaddr, payload })
+        Ok(JournalBlock { lane, flags, cp_ver, seq, next_blkaddr, flushed_back, payload })
     }
 }

@@ -277,13 +277,16 @@ fn journal() -> impl Strategy<Value = JournalBlock> {
         any::<u64>(),
         prop_oneof![Just(0u32), main_addr().prop_filter("real", |&a| a != 0 && a != NEW_ADDR)],
         proptest::collection::vec(any::<u8>(), 0..journal::JOURNAL_PAYLOAD),
+        any::<u64>(),
     )
-        .prop_map(|(lane, flags, cp_ver, seq, next_blkaddr, payload)| JournalBlock {
+        .prop_map(|(lane, flags, cp_ver, seq, next_blkaddr, payload, through)| JournalBlock {
             lane,
             flags,
             cp_ver,
             seq,
             next_blkaddr,
+            // Unknown, or any seq from 0 to the block's own (the range a decode accepts).
+            flushed_back: JournalBlock::back_for(seq, through % seq.saturating_add(1).max(1)),
             payload,
         })
 }

@@ -16,6 +16,13 @@
 //! The first invalid block is the normal end of a chain: recovery cannot tell a torn write from
 //! a block that was never written, and neither is an error.
 //!
+//! The flushed-through mark (`JournalBlock::flushed_back`): a writer that knows its lane's chain
+//! was durable (data included) below some seq when it wrote a transaction says so in each of its
+//! blocks ([`ChainWriter::append_flushed`]); [`ChainRead::flushed`] is the highest such seq the
+//! walk met. Any block the walk accepts was written by this chain's writer after the flush the
+//! mark stands for had completed, so the mark is true whatever became of the block's own data
+//! (see `recovery::verified_prefix` for what recovery does with it).
+//!
 //! Why the link: after a crash, a batch may have reached the disk only in part, say a later
 //! transaction's blocks without an earlier one's. Recovery ends the chain at the hole and the
 //! next writer fills that hole with the same address and seq; a log-structured allocator may
@@ -33,6 +40,7 @@ use crate::format::journal::{JournalBlock, JOURNAL_PAYLOAD, TXN_END, TXN_START};
 use crate::format::layout::{Geometry, BLOCKS_PER_SEG, BLOCK_SIZE};
 
 use super::record::{Record, Transaction};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes of the chain's own header in each block's payload (the link).
 const LINK_LEN: usize = 4;
@@ -116,8 +124,22 @@ impl ChainWriter {
     pub fn append(
         &mut self,
         txn: &Transaction,
+        reserve: impl FnMut() -> Result<u32>,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        self.append_flushed(txn, 0, reserve)
+    }
+
+    /// [`ChainWriter::append`], with the flushed-through mark `through`: the caller knows that
+    /// every block of this chain with a seq below it, and every data block their transactions
+    /// map, reached stable storage (a device flush that started after their writes completed
+    /// has completed). 0 says nothing; a mark past the next block's seq is clamped to it.
+    pub fn append_flushed(
+        &mut self,
+        txn: &Transaction,
+        through: u64,
         mut reserve: impl FnMut() -> Result<u32>,
     ) -> Result<Vec<(u64, Vec<u8>)>> {
+        let through = through.min(self.seq);
         let bytes = txn.encode()?;
         // An encoded transaction is never empty (16-byte header), so there is at least one.
         let n = bytes.len().div_ceil(FRAGMENT_CAPACITY);
@@ -150,9 +172,16 @@ impl ChainWriter {
             let mut payload = Vec::with_capacity(LINK_LEN + frag.len());
             payload.extend_from_slice(&link.to_le_bytes());
             payload.extend_from_slice(frag);
-            let block =
-                JournalBlock { lane: self.lane, flags, cp_ver: self.nonce, seq, next_blkaddr: next, payload }
-                    .encode();
+            let block = JournalBlock {
+                lane: self.lane,
+                flags,
+                cp_ver: self.nonce,
+                seq,
+                next_blkaddr: next,
+                flushed_back: JournalBlock::back_for(seq, through),
+                payload,
+            }
+            .encode();
             link = link_of(&block);
             out.push((addr as u64, block));
             addr = next;
@@ -162,6 +191,51 @@ impl ChainWriter {
         self.seq = seq;
         self.link = link;
         Ok(out)
+    }
+}
+
+/// What one lane's fsyncs know of its chain's durability, for the flushed-through mark: the seq
+/// past the last transaction whose batch (data and journal blocks) completed, and past the last
+/// one a completed device flush covers. Both only grow; they start at the seq the mount's writer
+/// starts at (nothing before it is read by recovery from a checkpoint this mount writes).
+///
+/// Protocol: under the chain lock, after the batch of a transaction ending at `end` completed,
+/// [`ChainMarks::wrote`]`(end)`; before the device flush, `upto = `[`ChainMarks::written`];
+/// after that flush completed, [`ChainMarks::flushed`]`(upto)`; the next transaction is appended
+/// with [`ChainMarks::durable`] as its mark. A flush that starts after a write completed makes
+/// it durable, and within a lane batches complete in chain order (the chain lock is held over
+/// the write), so every transaction ending at or below `upto` was durable once the flush ended.
+#[derive(Debug, Default)]
+pub struct ChainMarks {
+    written: AtomicU64,
+    durable: AtomicU64,
+}
+
+impl ChainMarks {
+    pub fn new(start_seq: u64) -> ChainMarks {
+        ChainMarks { written: AtomicU64::new(start_seq), durable: AtomicU64::new(start_seq) }
+    }
+
+    /// The batch of a transaction ending (exclusive) at `end` completed.
+    pub fn wrote(&self, end: u64) {
+        self.written.fetch_max(end, Ordering::Release);
+    }
+
+    /// Where the written transactions end now: pass it to [`ChainMarks::flushed`] after a device
+    /// flush that starts after this call completes.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    /// A device flush that started after [`ChainMarks::written`] returned `upto` completed.
+    pub fn flushed(&self, upto: u64) {
+        debug_assert!(upto <= self.written(), "flushed past what was written");
+        self.durable.fetch_max(upto, Ordering::Release);
+    }
+
+    /// The chain is durable below this seq: the mark for the next transaction.
+    pub fn durable(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
     }
 }
 
@@ -185,12 +259,26 @@ pub struct ChainRead {
     /// The link it must carry (0 when no transaction was found: the head's predecessor is not
     /// known).
     pub end_link: u32,
+    /// The highest flushed-through mark of the blocks read (0: none): every transaction that
+    /// ends at or below it was durable, data included, before the crash.
+    pub flushed: u64,
 }
 
 impl ChainRead {
     /// Where a writer continues (see [`ChainWriter::resume`]).
     pub fn end(&self) -> ChainPos {
         ChainPos { addr: self.end_addr, seq: self.end_seq, link: self.end_link }
+    }
+
+    /// Seq just past transaction `k` (its last block's seq + 1).
+    pub fn end_of(&self, k: usize) -> u64 {
+        self.starts.get(k + 1).map_or(self.end_seq, |p| p.seq)
+    }
+
+    /// How many leading transactions the flushed-through mark proves durable: their data needs
+    /// no reading back.
+    pub fn proven(&self) -> usize {
+        (0..self.transactions.len()).take_while(|&k| self.end_of(k) <= self.flushed).count()
     }
 
     /// Keeps only the first `keep` transactions and moves the end to the start of the first
@@ -232,6 +320,7 @@ pub fn read_chain(
         end_addr: head_addr,
         end_seq: head_seq,
         end_link: 0,
+        flushed: 0,
     };
     let mut window = ReadAhead::default();
     let (mut addr, mut seq) = (head_addr, head_seq);
@@ -270,6 +359,7 @@ pub fn read_chain(
             (Some((_, bytes)), false) => bytes.extend_from_slice(frag),
         }
         out.blocks.push(addr as u64);
+        out.flushed = out.flushed.max(jb.flushed_through().unwrap_or(0));
         let this_link = link_of(buf);
         if jb.flags & TXN_END != 0 {
             let Some((pos, bytes)) = open.take() else { break };

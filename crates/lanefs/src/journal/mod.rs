@@ -13,7 +13,9 @@
 pub mod chain;
 pub mod record;
 
-pub use chain::{merge_by_stamp, read_chain, ChainPos, ChainRead, ChainWriter, FRAGMENT_CAPACITY};
+pub use chain::{
+    merge_by_stamp, read_chain, ChainMarks, ChainPos, ChainRead, ChainWriter, FRAGMENT_CAPACITY,
+};
 pub use record::{
     InodeAttr, Record, Stamp, Transaction, Whiteout, MAP_RUN_MAX, MAX_SYMLINK_LEN, WHITEOUT_TYPE,
 };

@@ -649,7 +649,8 @@ fn stale_blocks_at_the_next_address_end_the_chain() {
     let stale = |seq: u64, nonce: u64, lane: u16, flags: u16, link: u32| {
         let mut payload = link.to_le_bytes().to_vec();
         payload.extend_from_slice(&Transaction::default().encode().unwrap());
-        JournalBlock { lane, flags, cp_ver: nonce, seq, next_blkaddr: end_addr + 1, payload }.encode()
+        JournalBlock { lane, flags, cp_ver: nonce, seq, next_blkaddr: end_addr + 1, flushed_back: 0, payload }
+            .encode()
     };
     let link = w.pos().link;
     for (seq, nonce, lane, flags, link) in [
@@ -817,12 +818,78 @@ fn sealed_blocks_with_an_undecodable_transaction_end_the_chain() {
         cp_ver: NONCE,
         seq,
         next_blkaddr: addr + 1,
+        flushed_back: 0,
         payload,
     };
     dev.write_block(addr as u64, &jb.encode()).unwrap();
     let r = read(&dev, &g, head);
     assert_eq!(r.transactions, txns);
     assert_eq!(r.end(), w.pos());
+}
+
+/// The flushed-through mark: each transaction appended with the seq its predecessors end at
+/// proves them (`ChainRead::proven`); the highest mark any accepted block carries counts, even
+/// one in a transaction the walk does not keep; chains written without marks (as before the
+/// mark existed) prove nothing.
+#[test]
+fn flushed_through_marks_prove_the_transactions_below_them() {
+    let (dev, g) = setup();
+    let head = (g.main_blkaddr as u32, 500);
+    let mut w = ChainWriter::new(LANE, NONCE, head.0, head.1);
+    let mut c = Counter(head.0);
+    let txns = sample_txns();
+    let mut ends = Vec::new();
+    for t in &txns[..6] {
+        // Durable up to the end of the transaction before the previous one (two in flight).
+        let through = ends.len().checked_sub(2).map_or(0, |i| ends[i]);
+        let blocks = w.append_flushed(t, through, || c.reserve()).unwrap();
+        for (addr, b) in &blocks {
+            let jb = JournalBlock::decode(b, &g, Some(*addr)).unwrap();
+            assert_eq!(jb.flushed_through(), (through != 0).then_some(through), "seq {}", jb.seq);
+        }
+        write_all(&dev, &blocks);
+        ends.push(w.position().1);
+    }
+    let r = read(&dev, &g, head);
+    assert_eq!(r.transactions, txns[..6]);
+    assert_eq!(r.flushed, ends[3]);
+    assert_eq!(r.proven(), 4);
+    assert!((0..6).all(|k| r.end_of(k) == ends[k]));
+    // A mark past the writer's own position is clamped to it: no block claims itself durable.
+    let at = w.pos();
+    let blocks = w.append_flushed(&txns[6], u64::MAX, || c.reserve()).unwrap();
+    let last = blocks.last().unwrap();
+    assert_eq!(JournalBlock::decode(&last.1, &g, Some(last.0)).unwrap().flushed_through(), Some(at.seq));
+    // Its END block lost: the transaction is dropped, its mark (read from its first block) is
+    // still true and counts.
+    write_all(&dev, &blocks[..blocks.len() - 1]);
+    let r = read(&dev, &g, head);
+    assert_eq!(r.transactions.len(), 6);
+    assert_eq!((r.flushed, r.proven()), (at.seq, 6));
+    // Without marks nothing is proven.
+    let Written { dev, g, head, .. } = written_chain();
+    let r = read(&dev, &g, head);
+    assert_eq!((r.flushed, r.proven()), (0, 0));
+}
+
+#[test]
+fn a_mark_reaching_before_seq_zero_does_not_decode() {
+    let g = setup().1;
+    let jb = |seq, flushed_back| JournalBlock {
+        lane: LANE,
+        flags: TXN_START | TXN_END,
+        cp_ver: NONCE,
+        seq,
+        next_blkaddr: 0,
+        flushed_back,
+        payload: vec![0; 8],
+    };
+    assert_eq!(JournalBlock::decode(&jb(9, 10).encode(), &g, None).unwrap().flushed_through(), Some(0));
+    assert_eq!(JournalBlock::decode(&jb(9, 1).encode(), &g, None).unwrap().flushed_through(), Some(9));
+    assert!(JournalBlock::decode(&jb(9, 11).encode(), &g, None).is_err());
+    assert_eq!(JournalBlock::back_for(9, 0), 0, "0: unknown");
+    assert_eq!(JournalBlock::back_for(9, 10), 0, "past the block itself: unknown");
+    assert_eq!(JournalBlock::back_for(u64::MAX, 1), 0, "too far back for the word: unknown");
 }
 
 #[test]
