@@ -318,6 +318,8 @@ pub(crate) struct IoCounters {
     pub fsync_flushes: PerCpuCounter,
     /// fsyncs and writebacks that waited for a checkpoint in progress (`Engine::enter_flush`).
     pub cp_waits: PerCpuCounter,
+    /// fsyncs that journaled a checkpoint's bridge (`mem::mnode::Bridge`).
+    pub cp_bridges: PerCpuCounter,
     /// (user, cleaning, other) totals already added to the checkpoint's persistent counters:
     /// each checkpoint adds what the totals grew by since.
     saved: Mutex<[u64; 3]>,
@@ -334,6 +336,7 @@ impl Default for IoCounters {
             nvm_journal: PerCpuCounter::default(),
             fsync_flushes: PerCpuCounter::default(),
             cp_waits: PerCpuCounter::default(),
+            cp_bridges: PerCpuCounter::default(),
             saved: Mutex::new(Rank::IoSaved, [0; 3]),
         }
     }
@@ -803,11 +806,14 @@ impl Engine {
     }
 
     /// Adds `n` to this CPU's slot of `counter` (reset by each checkpoint snapshot) and asks for
-    /// a checkpoint when the slot crosses its share of `bound` (no shared counter on the path).
+    /// a checkpoint once the total reaches `bound`. The total is summed only when the slot
+    /// crosses a multiple of a quarter of its share (no shared line is written on the path).
+    /// Not when one slot alone reaches its share: a single thread would then checkpoint at
+    /// `bound / slots` (half the bound on two CPUs), twice as often as the bound asks for.
     fn count_toward(&self, counter: &PerCpuCounter, bound: u64, n: u64) {
-        let share = (bound / counter.slots() as u64).max(1);
+        let step = (bound / (4 * counter.slots() as u64)).max(1);
         let now = counter.add(n);
-        if now >= share && now - n < share {
+        if now / step != (now - n) / step && counter.sum() >= bound {
             self.kick_checkpoint();
         }
     }

@@ -201,9 +201,13 @@ pub struct IoStats {
     /// every operation out, and that its write phase held fsync and writeback out (µs).
     pub cp_exclusive_us_max: u64,
     pub cp_write_phase_us_max: u64,
-    /// fsyncs and writebacks that waited for a checkpoint in progress to be durable (the
-    /// inode was in its snapshot, or the checkpoint fenced every fsync off) since mount.
+    /// fsyncs and writebacks that waited for a checkpoint in progress since mount: to be
+    /// durable (a directory in its snapshot, or the checkpoint fenced every fsync off), or to
+    /// install a regular file in its snapshot.
     pub cp_waits: u64,
+    /// fsyncs that journaled a checkpoint's bridge (`mem::mnode::Bridge`): of a file the
+    /// checkpoint in progress captured, instead of waiting for it to be durable.
+    pub cp_bridges: u64,
 }
 
 impl IoStats {
@@ -826,6 +830,7 @@ impl Fs {
             cp_exclusive_us_max: e.cp_pauses.exclusive_max_us(),
             cp_write_phase_us_max: e.cp_pauses.write_max_us(),
             cp_waits: e.io.cp_waits.sum(),
+            cp_bridges: e.io.cp_bridges.sum(),
         }
     }
 

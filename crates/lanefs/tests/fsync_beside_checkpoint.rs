@@ -7,8 +7,11 @@
 //! Those fsyncs must complete while the checkpoint is held, and two crash images must recover
 //! every fsynced byte: one taken while the checkpoint is held (recovery from the previous
 //! checkpoint replays them), one taken after it committed while more fsyncs ran (recovery from
-//! it). A second test runs fsyncs against checkpoints taken back to back, then checks a crash
-//! image and a clean remount. Every recovered image passes fsck.
+//! it). A second test does the same with fsyncs of files the checkpoint *captured* (dirty at its
+//! snapshot: pages never fsynced, a truncation, an xattr, a mode), which journal the
+//! checkpoint's bridge instead of waiting for it. A third runs fsyncs against checkpoints taken
+//! back to back, then checks a crash image and a clean remount. Every recovered image passes
+//! fsck.
 
 use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq};
 use lanefs::fsck::{check, FsckOptions};
@@ -222,6 +225,169 @@ fn fsyncs_complete_while_a_checkpoint_writes_and_survive_a_crash_on_either_side_
     check_image(before_commit, &upto_b, "crash during the checkpoint's write phase");
     check_image(after_commit, &all, "crash after the checkpoint");
     drop(fs);
+}
+
+/// A device that holds the checkpoint's first metadata write, formatted and mounted.
+fn held_fs() -> (Arc<MetaHoldDevice>, Arc<Fs>) {
+    let dev = Arc::new(MetaHoldDevice {
+        inner: MemDevice::new(256 << 20),
+        main_start: AtomicU64::new(0),
+        hold: Mutex::default(),
+        cv: Condvar::new(),
+    });
+    Fs::format(&*dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
+    let g = lanefs::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
+    dev.main_start.store(g.main_blkaddr, Ordering::Release);
+    let fs = Arc::new(Fs::open(dev.clone(), opts()).unwrap());
+    (dev, fs)
+}
+
+#[test]
+fn fsyncs_of_captured_files_finish_while_the_checkpoint_is_held_and_recover_on_either_side() {
+    let (dev, fs) = held_fs();
+    const THREADS: usize = 3;
+    let dirs: Vec<u64> =
+        (0..THREADS).map(|k| fs.mkdir(ROOT, format!("c{k}").as_bytes(), 0o755, 0, 0).unwrap().ino).collect();
+    fs.sync().unwrap();
+
+    // Phase A: every file changes after its last fsync, so the snapshot takes what no journal
+    // holds: pages never fsynced, a truncation and a write past it, an xattr, a mode.
+    let mut durable: Vec<Durable> = vec![Durable::new(); THREADS];
+    let mut files: Vec<Vec<(String, u64)>> = vec![Vec::new(); THREADS];
+    for (k, &d) in dirs.iter().enumerate() {
+        let dpath = format!("/c{k}");
+        for i in 0..6u32 {
+            let name = format!("f{i}");
+            create_synced(&fs, d, &dpath, &name, i, &mut durable[k]);
+            let ino = fs.lookup(d, name.as_bytes()).unwrap().ino;
+            let path = format!("{dpath}/{name}");
+            let bytes = durable[k].get_mut(&path).unwrap();
+            match i % 3 {
+                // Appended, not fsynced.
+                0 => {
+                    let more = content(&name, 10 + i, 6000);
+                    fs.write_at(ino, bytes.len() as u64, &more).unwrap();
+                    bytes.extend_from_slice(&more);
+                }
+                // Truncated into its first block, then written past the old end: a hole between.
+                1 => {
+                    fs.truncate(ino, 1000).unwrap();
+                    bytes.truncate(1000);
+                    let more = content(&name, 20 + i, 3000);
+                    fs.write_at(ino, 16384, &more).unwrap();
+                    bytes.resize(16384, 0);
+                    bytes.extend_from_slice(&more);
+                }
+                // Attributes only.
+                _ => {
+                    fs.setxattr(ino, b"user.k", format!("v{i}").as_bytes(), 0).unwrap();
+                    fs.setattr(ino, &lanefs::SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
+                }
+            }
+            files[k].push((name, ino));
+        }
+        // Never fsynced at all before the snapshot.
+        let ino = fs.create(d, b"lazy", 0o644, 0, 0).unwrap().ino;
+        let bytes = content("lazy", k as u32, 9000);
+        fs.write_at(ino, 0, &bytes).unwrap();
+        durable[k].insert(format!("{dpath}/lazy"), bytes);
+        files[k].push(("lazy".into(), ino));
+    }
+
+    // The checkpoint, held at its first metadata write: it has installed every inode.
+    dev.set(Hold::Armed);
+    let cp = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.sync().unwrap())
+    };
+    dev.wait_for(Hold::Holding);
+
+    // Phase B, while it is held: every captured file is fsynced, half after another append.
+    let done_during = Arc::new(AtomicU64::new(0));
+    let phase_b: Vec<_> = files
+        .iter()
+        .enumerate()
+        .map(|(k, mine)| {
+            let (fs, done, mine) = (fs.clone(), done_during.clone(), mine.clone());
+            let mut bytes_of = durable[k].clone();
+            std::thread::spawn(move || {
+                for (j, (name, ino)) in mine.iter().enumerate() {
+                    let path = format!("/c{k}/{name}");
+                    if j % 2 == 1 {
+                        let b = bytes_of.get_mut(&path).unwrap();
+                        let more = content(name, 300 + j as u32, 2500);
+                        fs.write_at(*ino, b.len() as u64, &more).unwrap();
+                        b.extend_from_slice(&more);
+                    }
+                    fs.fsync(*ino, j % 3 == 0).unwrap();
+                    done.fetch_add(1, Ordering::AcqRel);
+                }
+                bytes_of
+            })
+        })
+        .collect();
+    let want = files.iter().map(Vec::len).sum::<usize>() as u64;
+    // Bounded: each fsync waits only until the checkpoint installed its inode, which it did
+    // before its metadata write; one stuck past the deadline is the failure this test looks for.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done_during.load(Ordering::Acquire) < want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let done = done_during.load(Ordering::Acquire);
+    if done < want {
+        dev.set(Hold::Released);
+        panic!("only {done} of {want} fsyncs of captured files completed while the checkpoint was held");
+    }
+    durable = phase_b.into_iter().map(|h| h.join().unwrap()).collect();
+    let io = fs.io_stats();
+    assert_eq!(io.cp_waits, 0, "no fsync of a captured file waited for the checkpoint");
+    assert_eq!(io.cp_bridges, want, "each captured file's first fsync journaled the bridge");
+    assert!(!cp.is_finished() && *dev.hold.lock().unwrap() == Hold::Holding, "the checkpoint was still held");
+    // Crash 1: the pack never landed; recovery from the previous checkpoint needs the bridges.
+    let before_commit = dev.inner.snapshot();
+
+    dev.set(Hold::Released);
+    cp.join().unwrap();
+    // Phase C, after the commit: one more append to each captured file (no bridge now).
+    for (k, mine) in files.iter().enumerate() {
+        for (name, ino) in mine.iter().step_by(2) {
+            let path = format!("/c{k}/{name}");
+            let b = durable[k].get_mut(&path).unwrap();
+            let more = content(name, 400, 1234);
+            fs.write_at(*ino, b.len() as u64, &more).unwrap();
+            fs.fsync(*ino, false).unwrap();
+            b.extend_from_slice(&more);
+        }
+    }
+    let after_commit = dev.inner.snapshot();
+    let upto_b: Durable = {
+        // Phase C's appends are not in crash 1: cut each file back to what phase B synced.
+        let mut d: Durable = durable.iter().flat_map(|d| d.clone()).collect();
+        for (k, mine) in files.iter().enumerate() {
+            for (name, _) in mine.iter().step_by(2) {
+                let b = d.get_mut(&format!("/c{k}/{name}")).unwrap();
+                b.truncate(b.len() - 1234);
+            }
+        }
+        d
+    };
+    let all: Durable = durable.iter().flat_map(|d| d.clone()).collect();
+    for (img, want, what) in [
+        (before_commit, &upto_b, "crash while the checkpoint is held"),
+        (after_commit, &all, "crash after the checkpoint"),
+    ] {
+        check_image(img.clone(), want, what);
+        // The attributes the bridges carry.
+        let fs = Fs::open(Arc::new(MemDevice::from_bytes(img)), opts()).unwrap();
+        for k in 0..THREADS {
+            for i in (2..6).step_by(3) {
+                let ino = fs.resolve(&format!("/c{k}/f{i}")).unwrap().ino;
+                assert_eq!(fs.getxattr(ino, b"user.k").unwrap(), format!("v{i}").as_bytes(), "{what}: xattr");
+                assert_eq!(fs.getattr(ino).unwrap().mode & 0o7777, 0o600, "{what}: mode");
+            }
+        }
+        fs.unmount().unwrap();
+    }
 }
 
 #[test]

@@ -22,8 +22,10 @@
 //!    still free are discarded (lazily: `SegmentTable::checkpoint_done`).
 //!
 //! Why fsync and writeback may run during step 3 (docs/ARCHITECTURE.md, "Checkpoints beside
-//! fsync"): they touch no inode the snapshot captured (`Engine::enter_flush` waits for this
-//! checkpoint if the inode is one); the blocks they write are young, left out of this
+//! fsync"): they touch no inode the snapshot captured before this checkpoint has installed it
+//! (`Engine::enter_flush`; a captured regular file's fsync then journals the bridge the
+//! install left, `mem::mnode::Bridge`, and other captured inodes wait until the checkpoint is
+//! durable); the blocks they write are young, left out of this
 //! checkpoint's SIT (`SegmentTable::validate_young`), and the only blocks they invalidate are
 //! young ones; a segment they take a block from is not freed by this checkpoint; what they
 //! journal follows this checkpoint's journal heads and is stamped after its stamp, and the
@@ -75,8 +77,13 @@ struct InodeSnap {
     /// Blocks the cleaner asked to move, still mapped at the snapshot and not rewritten by
     /// it: (logical index, address). Filtered after the exclusive phase.
     relocate: Vec<(u64, u32)>,
-    /// Writeback's unjournaled blocks, superseded by the checkpoint: dropped after the phase.
+    /// Writeback's unjournaled blocks, superseded by the checkpoint; with the two below, what
+    /// a regular file's bridge holds (`mem::mnode::Bridge`).
     unjournaled: std::collections::BTreeMap<u64, (u32, u32)>,
+    /// The truncation not journaled at the snapshot.
+    truncated_from: Option<u64>,
+    /// Names of the xattrs changed and not journaled at the snapshot.
+    xattr_names: std::collections::BTreeSet<Vec<u8>>,
 }
 
 /// One inode's new data blocks, written before they are installed.
@@ -93,6 +100,8 @@ struct DataPlan {
 struct Snapshot {
     seq: u64,
     stamp: u64,
+    /// The stamp the bridges' records carry (`stamp` is its ticks).
+    full_stamp: crate::journal::Stamp,
     inodes: Vec<InodeSnap>,
     /// Inodes dead at the snapshot, which this checkpoint drops (`settle_snapshot` fills it
     /// from the two below).
@@ -248,7 +257,8 @@ impl Engine {
             cp.started += 1;
             cp.started
         };
-        let stamp = self.clock.now().ticks;
+        let full_stamp = self.clock.now();
+        let stamp = full_stamp.ticks;
         // From here on, blocks taken belong to the next epoch (`SegmentTable::open_epoch`).
         self.table.open_epoch(seq);
         self.cp.lock().snap_stamp = stamp;
@@ -280,7 +290,7 @@ impl Engine {
                 // dead list taken above.
                 continue;
             }
-            let (meta, xattrs_changed) = {
+            let (meta, xattrs_changed, xattr_names) = {
                 let mut meta = m.meta.lock();
                 if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
                     drop(meta);
@@ -291,10 +301,10 @@ impl Engine {
                 // Whatever is pending is this checkpoint's now: the xattrs it writes (their
                 // blocks no longer owed) and those an fsync would journal.
                 self.xattr_settled(&mut meta.xattrs);
-                meta.xattrs.unjournaled.clear();
+                let xattr_names = std::mem::take(&mut meta.xattrs.unjournaled);
                 let xattrs_changed = std::mem::take(&mut meta.xattrs.cp_dirty);
                 // Cheap: the xattr set is shared, not copied.
-                (meta.clone(), xattrs_changed)
+                (meta.clone(), xattrs_changed, xattr_names)
             };
             m.in_dirty_set.store(false, Ordering::Release);
             m.captured_by.store(seq, Ordering::Release);
@@ -302,9 +312,9 @@ impl Engine {
             m.attr_dirty.store(false, Ordering::Release);
             m.atime_dirty.store(false, Ordering::Release);
             let pages = m.pages().map(|(p, _)| p.take_dirty()).unwrap_or_default();
-            let (map, relocate, unjournaled) = {
+            let (map, relocate, unjournaled, truncated_from) = {
                 let mut disk = m.disk.lock();
-                disk.truncated_from = None;
+                let truncated_from = disk.truncated_from.take();
                 // The count this checkpoint records is the NEW_ADDR entries its trees get:
                 // every reserved block is unwritten, and no page written here draws on one.
                 debug_assert!(disk.reserved.iter().all(|i| disk.cur_map.get(&i) == Some(&NEW_ADDR)));
@@ -315,6 +325,7 @@ impl Engine {
                     disk.cur_map.clone(),
                     std::mem::take(&mut disk.relocate),
                     std::mem::take(&mut disk.unjournaled),
+                    truncated_from,
                 )
             };
             let mut names = Vec::new();
@@ -347,6 +358,8 @@ impl Engine {
                 xattrs_changed,
                 relocate,
                 unjournaled,
+                truncated_from,
+                xattr_names,
             });
         }
         let orphans = self.orphans.lock().iter().copied().collect();
@@ -368,6 +381,7 @@ impl Engine {
         Snapshot {
             seq,
             stamp,
+            full_stamp,
             inodes,
             deleted: Vec::new(),
             dead,
@@ -418,7 +432,10 @@ impl Engine {
             s.relocate.retain(|(idx, a)| {
                 map.get(idx) == Some(a) && pages.binary_search_by_key(idx, |(i, _)| *i).is_err()
             });
-            s.unjournaled = Default::default();
+            if !self.bridges(&s.m) {
+                s.unjournaled = Default::default();
+                s.xattr_names = Default::default();
+            }
         }
     }
 
@@ -474,7 +491,7 @@ impl Engine {
 
     /// Writes the snapshot and commits it; returns the inodes it deleted, for the caller to
     /// drop once the gate is released.
-    fn write_snapshot(&self, snap: Snapshot, clean: bool) -> Result<Vec<Arc<MNode>>> {
+    fn write_snapshot(&self, mut snap: Snapshot, clean: bool) -> Result<Vec<Arc<MNode>>> {
         let (_, cpu) = self.lane();
         let lane = self.checkpoint_lane();
         let cp_ver = self.cp.lock().cp.version + 1;
@@ -491,16 +508,23 @@ impl Engine {
             let first = next;
             let (mut data, mut moves) = (Vec::new(), Vec::new());
             let mut plans = Vec::new();
-            while next < snap.inodes.len() && (next == first || data.len() + moves.len() < 1024) {
+            // Batches of one device write (`Engine::write_reqs`): an fsync of an inode waits
+            // for its batch to be installed (`Engine::enter_flush`), not for the whole phase.
+            while next < snap.inodes.len() && (next == first || data.len() + moves.len() < 256) {
                 plans.push(self.prepare_data(&w, &snap.inodes[next], &mut data, &mut moves)?);
                 next += 1;
             }
             self.write_all(&data, WriteKind::Checkpoint)?;
             self.write_all(&moves, WriteKind::Cleaning)?;
             drop((data, moves));
-            for (s, plan) in snap.inodes[first..next].iter().zip(plans) {
-                self.install_inode(&w, s, plan, &mut writes)?;
+            for (s, plan) in snap.inodes[first..next].iter_mut().zip(plans) {
+                let bridge = (snap.seq, snap.full_stamp);
+                self.install_inode(&w, s, plan, &mut writes, bridge)?;
             }
+            // fsyncs of these inodes wait for nothing more of this checkpoint
+            // (`Engine::enter_flush`). Under the lock they wait with, so none misses it.
+            drop(self.cp.lock());
+            self.cp_done.notify_all();
             if writes.len() >= 1024 {
                 self.write_all(&writes, WriteKind::Checkpoint)?;
                 writes.clear();
@@ -519,9 +543,13 @@ impl Engine {
         let nat = self.nat.take_dirty_blocks();
         let taken = self.table.take_checkpoint_sit();
         let sit: Vec<_> = taken.blocks.into_iter().map(|(_, b)| b).collect();
+        // The cursors with the summaries of the segments they name, then the segments closed
+        // until now: one an fsync closed meanwhile is written whole (its closed summary), not
+        // as the open one read a moment before.
+        let (cursors, active) = self.lanes.active_cursors_and_summaries();
         let mut summaries = self.lanes.take_closed_summaries();
-        summaries.extend(self.lanes.active_summaries());
-        let cursors = self.lanes.cursors();
+        let closed: std::collections::HashSet<u32> = summaries.iter().map(|s| s.segno).collect();
+        summaries.extend(active.into_iter().filter(|s| !closed.contains(&s.segno)));
         // NAT, SIT, summaries and the pack (whose size depends on lanes and orphans; one block
         // is close enough for the counters).
         let meta_blocks = (nat.len() + sit.len() + summaries.len() * 2 + 1) as u64;
@@ -614,9 +642,10 @@ impl Engine {
     fn install_inode(
         &self,
         w: &NodeWriter,
-        s: &InodeSnap,
+        s: &mut InodeSnap,
         plan: DataPlan,
         writes: &mut Vec<(u64, Vec<u8>)>,
+        (seq, stamp): (u64, crate::journal::Stamp),
     ) -> Result<()> {
         let m = &s.m;
         let ino = m.ino;
@@ -627,6 +656,44 @@ impl Engine {
             Ok(addr as u32)
         };
         let fresh = plan.fresh;
+        // The snapshot's state beyond the journal, for fsyncs before this checkpoint is
+        // durable: every page it wrote (whatever became of the page since: what came after
+        // is journaled after it), writeback's blocks, the truncation and the xattrs.
+        let bridge = self.bridges(m).then(|| {
+            debug_assert_eq!(fresh.len(), s.pages.len());
+            let pages =
+                fresh.iter().zip(&s.pages).map(|(&(idx, a), (_, buf))| (idx, a, buf.clone())).collect();
+            let xattrs = std::mem::take(&mut s.xattr_names)
+                .into_iter()
+                .map(|n| {
+                    let v = s.meta.xattrs.set.get(&n).map(|v| v.to_vec());
+                    (n, v)
+                })
+                .collect();
+            let attr = crate::journal::InodeAttr {
+                mode: s.meta.mode,
+                uid: s.meta.uid,
+                gid: s.meta.gid,
+                size: s.size,
+                atime: s.atime,
+                mtime: s.mtime,
+                ctime: s.ctime,
+                crtime: s.meta.crtime,
+                rdev: s.meta.rdev,
+                flags: s.flags,
+                generation: s.meta.generation,
+            };
+            crate::mem::mnode::Bridge {
+                seq,
+                stamp,
+                attr,
+                truncated_from: s.truncated_from,
+                blocks: std::mem::take(&mut s.unjournaled),
+                pages,
+                xattrs,
+                journaled: false,
+            }
+        });
         let mut tree_map: BlockMap = s.map.to_btree();
         if let Some(a) = plan.symlink {
             tree_map.insert(0, a);
@@ -746,7 +813,18 @@ impl Engine {
         let (tree, blocks) = crate::node::write_inode(w, &inode, &tree_map, &old_tree, log)?;
         writes.extend(blocks);
         disk.tree = Some(tree);
+        if bridge.is_some() {
+            disk.bridge = bridge;
+            m.installed_by.store(seq, Ordering::Release);
+        }
         Ok(())
+    }
+
+    /// Whether fsyncs of `m` during a checkpoint's write phase journal a bridge
+    /// (`mem::mnode::Bridge`) instead of waiting for the checkpoint to be durable: regular
+    /// files, without region journals (which fence every fsync off anyway: `CpState::fence`).
+    pub(crate) fn bridges(&self, m: &MNode) -> bool {
+        m.file_type == crate::mem::mnode::S_IFREG && self.nvm_log.is_none()
     }
 
     /// Writes the xattr node when the set changed (or the cleaner moves its blocks); returns

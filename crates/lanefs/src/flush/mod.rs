@@ -48,33 +48,41 @@ struct DirOps {
 }
 
 impl Engine {
-    /// Waits until no checkpoint in progress holds changes of `m` that no journal has (and,
-    /// with `fenced`, until none fences fsyncs off: see `CpState::fence`), then returns
-    /// holding the gate shared (so no checkpoint snapshot starts until the caller is done).
+    /// Waits until no checkpoint in progress still uses `m`'s mutable state (and, with
+    /// `fenced`, until none fences fsyncs off: see `CpState::fence`), then returns holding the
+    /// gate shared (so no checkpoint snapshot starts until the caller is done).
     ///
     /// A checkpoint holds the gate exclusively only for its snapshot: its write phase runs
     /// beside the caller, which must then touch nothing the checkpoint writes. An inode the
-    /// snapshot captured is such a thing (its mapping and pages are the checkpoint's until
-    /// it is durable); one it did not capture has not changed since the previous snapshot,
-    /// so every block it maps beyond its checkpointed tree was written after this snapshot
-    /// (young: `SegmentTable::validate_young`).
+    /// snapshot captured is such a thing until the checkpoint has installed it (written its
+    /// pages, put their blocks in its mapping and built its tree: `installed_by`); a regular
+    /// file's fsync then journals the bridge (`mem::mnode::Bridge`) and goes on, anything else
+    /// waits until the checkpoint is durable. An inode the snapshot did not capture has not
+    /// changed since the previous snapshot, so every block it maps beyond its checkpointed
+    /// tree was written after this snapshot (young: `SegmentTable::validate_young`).
     pub(crate) fn enter_flush(
         &self,
         m: &MNode,
         fenced: bool,
     ) -> Result<crate::sync::rank::RwLockReadGuard<'_, ()>> {
-        // Bounded: each round waits for a checkpoint to finish; a new one captures m (or fences)
-        // only if it started meanwhile, and then the next round waits for that one.
+        let bridges = self.bridges(m);
+        // Bounded: each round waits for a checkpoint to install m or finish; a new one
+        // captures m (or fences) only if it started meanwhile, and then the next round waits
+        // for that one.
         loop {
             let captured = m.captured_by.load(Ordering::Acquire);
             let fence = if fenced { self.cp.lock().fence } else { 0 };
-            let need = captured.max(fence);
+            // Whether the checkpoint that captured m is done with it: durable, or (bridged)
+            // installed.
+            let done_with = |durable: u64| {
+                durable >= captured || bridges && m.installed_by.load(Ordering::Acquire) >= captured
+            };
             {
                 let mut cp = self.cp.lock();
-                if cp.durable < need {
+                if cp.durable < fence || !done_with(cp.durable) {
                     self.io.cp_waits.add(1);
                 }
-                while cp.durable < need {
+                while cp.durable < fence || !done_with(cp.durable) {
                     self.check_writable()?;
                     self.cp_done.wait(&mut cp);
                 }
@@ -382,6 +390,19 @@ impl Engine {
             for a in std::mem::take(&mut disk.garbage) {
                 self.table.invalidate(a as u64)?;
             }
+            // A checkpoint in progress captured m and installed it (`enter_flush`): what it
+            // took that no journal holds goes first, under its own stamp, for recovery from
+            // the previous checkpoint should this one never land. Stale once it is durable.
+            let durable = self.cp.lock().durable;
+            if disk.bridge.as_ref().is_some_and(|b| b.seq <= durable) {
+                disk.bridge = None;
+            }
+            if let Some(b) = disk.bridge.as_mut().filter(|b| !b.journaled) {
+                records.extend(b.records(m.ino));
+                b.journaled = true;
+                undo.bridge = Some(b.seq);
+                self.io.cp_bridges.add(1);
+            }
             let mut own_map = std::mem::take(&mut disk.unjournaled);
             undo.unjournaled = own_map.clone();
             own_map.extend(map.iter().map(|(&i, &v)| (i, v)));
@@ -474,6 +495,11 @@ impl Engine {
             if let Some(from) = undo.truncated_from {
                 disk.truncated_from = Some(disk.truncated_from.map_or(from, |t| t.min(from)));
             }
+            if let (Some(seq), Some(b)) = (undo.bridge, disk.bridge.as_mut()) {
+                if b.seq == seq {
+                    b.journaled = false;
+                }
+            }
             drop(disk);
             if undo.attr_dirty {
                 m.attr_dirty.store(true, Ordering::Release);
@@ -525,6 +551,8 @@ struct Undo {
     truncated_from: Option<u64>,
     attr_dirty: bool,
     xattr_names: BTreeSet<Vec<u8>>,
+    /// The checkpoint whose bridge this transaction journaled.
+    bridge: Option<u64>,
 }
 
 /// Whether `r` involves inode `ino`, as the inode it names or as a directory it changes (then a

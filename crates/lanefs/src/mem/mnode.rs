@@ -184,6 +184,63 @@ pub struct DiskState {
     /// page covers it (see `mem::reserve`). Every change of `cur_map` keeps this a subset of
     /// its `NEW_ADDR` entries.
     pub reserved: Reserved,
+    /// What the checkpoint in progress took from this inode that no journal holds, once it
+    /// has written and installed it (`Engine::install_inode`): journaled by the inode's first
+    /// fsync before that checkpoint is durable, so recovery from the previous one is complete.
+    pub bridge: Option<Bridge>,
+}
+
+/// A captured inode's state at a checkpoint's snapshot beyond what the journal holds, for
+/// fsyncs during that checkpoint's write phase (docs/ARCHITECTURE.md, "Checkpoints beside
+/// fsync"). Its records carry the snapshot's stamp: replay on top of the previous checkpoint
+/// applies them before everything written after the snapshot; on top of this checkpoint, which
+/// holds them, it skips them.
+pub struct Bridge {
+    /// The checkpoint (sequence number) that captured the inode.
+    pub seq: u64,
+    /// The checkpoint's stamp.
+    pub stamp: crate::journal::Stamp,
+    /// The attributes at the snapshot.
+    pub attr: crate::journal::InodeAttr,
+    /// A truncation not journaled before the snapshot.
+    pub truncated_from: Option<u64>,
+    /// Writeback's unjournaled blocks at the snapshot: index -> (address, crc32c).
+    pub blocks: BTreeMap<u64, (u32, u32)>,
+    /// The snapshot's dirty pages and the blocks the checkpoint wrote them to (their crc is
+    /// computed only if an fsync journals them).
+    pub pages: Vec<(u64, u32, super::pages::PageBuf)>,
+    /// Extended attributes changed and not journaled at the snapshot: name -> value (None:
+    /// removed).
+    pub xattrs: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// An fsync journaled it already (one transaction suffices: fsyncs of an inode are
+    /// serialized, and each flushes after the previous one's blocks were written).
+    pub journaled: bool,
+}
+
+impl Bridge {
+    /// The bridge's records: the truncation first, then the attributes, the xattrs and the
+    /// mapping (pages over the writeback blocks they superseded).
+    pub fn records(&self, ino: u32) -> Vec<crate::journal::Record> {
+        use crate::journal::Record;
+        let stamp = self.stamp;
+        let mut out = Vec::new();
+        if let Some(from) = self.truncated_from {
+            out.push(Record::Truncate { stamp, ino, from_block: from });
+        }
+        out.push(Record::SetAttr { stamp, ino, attr: self.attr });
+        for (name, v) in &self.xattrs {
+            out.push(match v {
+                Some(value) => Record::SetXattr { stamp, ino, name: name.clone(), value: value.clone() },
+                None => Record::RemoveXattr { stamp, ino, name: name.clone() },
+            });
+        }
+        let mut map = self.blocks.clone();
+        for (idx, addr, buf) in &self.pages {
+            map.insert(*idx, (*addr, crc32c::crc32c(&buf[..])));
+        }
+        out.extend(Record::map_runs(ino, stamp, &map));
+        out
+    }
 }
 
 impl DiskState {
@@ -201,6 +258,7 @@ impl DiskState {
             map_gen: 0,
             relocate: Vec::new(),
             reserved: Reserved::new(stats),
+            bridge: None,
         }
     }
 
@@ -395,6 +453,9 @@ pub struct MNode {
     /// Sequence number of the checkpoint whose snapshot took changes of this inode that no
     /// journal record holds: an fsync must wait until that checkpoint is durable.
     pub captured_by: AtomicU64,
+    /// Sequence number of the last checkpoint that installed this inode's snapshot (wrote its
+    /// data and set `DiskState::bridge`): a regular file's fsync waits only for this.
+    pub installed_by: AtomicU64,
     /// Its attributes changed since they were last journaled.
     pub attr_dirty: AtomicBool,
     /// Its access time changed (by a read) since it was last journaled or checkpointed: an
@@ -484,6 +545,7 @@ impl MNode {
             dirty_pos: AtomicU64::new(0),
             dead: AtomicBool::new(false),
             captured_by: AtomicU64::new(0),
+            installed_by: AtomicU64::new(0),
             attr_dirty: AtomicBool::new(false),
             atime_dirty: AtomicBool::new(false),
             lazy_queued: AtomicBool::new(false),

@@ -304,6 +304,25 @@ impl LaneSet {
         self.lanes.iter().flat_map(|l| l.logs.iter().map(|a| a.lock().summary.clone())).collect()
     }
 
+    /// Each log's open segment: its cursor and its summary, read together under the log's
+    /// lock (a checkpoint's cursors must name segments whose summaries it writes, while
+    /// fsyncs beside it may move a log on).
+    pub fn active_cursors_and_summaries(&self) -> (Vec<[LogCursor; LOG_TYPES]>, Vec<SegmentSummary>) {
+        let mut summaries = Vec::new();
+        let cursors = self
+            .lanes
+            .iter()
+            .map(|l| {
+                std::array::from_fn(|t| {
+                    let a = l.logs[t].lock();
+                    summaries.push(a.summary.clone());
+                    LogCursor { segno: a.segno, next_off: a.next_off as u16 }
+                })
+            })
+            .collect();
+        (cursors, summaries)
+    }
+
     /// Summaries of segments filled since the last call.
     pub fn take_closed_summaries(&self) -> Vec<SegmentSummary> {
         std::mem::take(&mut *self.closed.lock())
