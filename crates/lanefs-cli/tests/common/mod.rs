@@ -281,11 +281,16 @@ pub fn scratch_image() -> (tempfile::TempDir, PathBuf, PathBuf) {
 /// `lanefs fsck IMAGE` must exit 0 (clean); in nvm mode, having checked the region (which
 /// every mount through these helpers creates and uses).
 pub fn fsck_clean(img: &Path) {
+    fsck_clean_when(img, "fsck");
+}
+
+/// [`fsck_clean`], its failure message starting with `when` (which round, after what).
+pub fn fsck_clean_when(img: &Path, when: &str) {
     let out = fsck(img);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(0), "fsck: {text}");
+    assert_eq!(out.status.code(), Some(0), "{when}: {text}");
     if region_of(img).is_some_and(|r| r.exists()) {
-        assert!(text.contains("note: region "), "nvm mode: fsck did not check the region: {text}");
+        assert!(text.contains("note: region "), "{when}: nvm mode: fsck did not check the region: {text}");
     }
 }
 

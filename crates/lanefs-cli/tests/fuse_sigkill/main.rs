@@ -322,14 +322,7 @@ fn sigkill_at_random_moments_loses_nothing_fsynced() {
         }
 
         st.checkpoints += checkpoint_version(&img).saturating_sub(up_version);
-        let out = fsck(&img);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "round {round}: fsck after the kill: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        fsck_clean_when(&img, &format!("round {round}: fsck after the kill"));
 
         // Now and then a crash during recovery: a mount killed before or just after it is up.
         if rng.chance(RECOVERY_KILL_PERCENT, 100) {
@@ -343,13 +336,9 @@ fn sigkill_at_random_moments_loses_nothing_fsynced() {
             }
             r.sigkill();
             r.detach();
-            let out = fsck(&img);
-            assert_eq!(
-                out.status.code(),
-                Some(0),
-                "round {round}: fsck after a kill during recovery ({delay} ms after the start): {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+            fsck_clean_when(
+                &img,
+                &format!("round {round}: fsck after a kill during recovery ({delay} ms after the start)"),
             );
         }
         // First a read-only mount: recovery replays into memory only, so that the image stays the
@@ -373,14 +362,7 @@ fn sigkill_at_random_moments_loses_nothing_fsynced() {
         // Then recovery for real (it checkpoints), a clean unmount, and fsck of what it wrote.
         m = Mounted::foreground(&img, &mp);
         m.terminate();
-        let out = fsck(&img);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "round {round}: fsck after recovery and a clean unmount: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        fsck_clean_when(&img, &format!("round {round}: fsck after recovery and a clean unmount"));
 
         // The mount the next round's writer works on. Most take a checkpoint every second, so
         // that kills land in checkpoints too. It must show what the read-only mount showed.
