@@ -45,6 +45,16 @@ impl MetaHoldDevice {
         self.cv.notify_all();
     }
 
+    /// Starts a checkpoint (`Fs::sync`) on a thread of its own and returns once it is held at
+    /// its first metadata write; join the handle after `set(Hold::Released)`.
+    fn hold_checkpoint(&self, fs: &Arc<Fs>) -> std::thread::JoinHandle<()> {
+        self.set(Hold::Armed);
+        let fs = fs.clone();
+        let cp = std::thread::spawn(move || fs.sync().unwrap());
+        self.wait_for(Hold::Holding);
+        cp
+    }
+
     fn wait_for(&self, want: Hold) {
         let g = self.hold.lock().unwrap();
         let (_g, t) = self.cv.wait_timeout_while(g, Duration::from_secs(30), |h| *h != want).unwrap();
@@ -151,12 +161,7 @@ fn fsyncs_complete_while_a_checkpoint_writes_and_survive_a_crash_on_either_side_
     fs.write_at(lazy, 0, &content("lazy", 1, 9000)).unwrap();
 
     // The checkpoint, held at its first metadata write: its data and nodes are written.
-    dev.set(Hold::Armed);
-    let cp = {
-        let fs = fs.clone();
-        std::thread::spawn(move || fs.sync().unwrap())
-    };
-    dev.wait_for(Hold::Holding);
+    let cp = dev.hold_checkpoint(&fs);
 
     // Phase B, while it is held: new files in the captured directories, files it captured
     // unlinked (their records go out with the next fsync of the directory's closure).
@@ -295,12 +300,7 @@ fn fsyncs_of_captured_files_finish_while_the_checkpoint_is_held_and_recover_on_e
     }
 
     // The checkpoint, held at its first metadata write: it has installed every inode.
-    dev.set(Hold::Armed);
-    let cp = {
-        let fs = fs.clone();
-        std::thread::spawn(move || fs.sync().unwrap())
-    };
-    dev.wait_for(Hold::Holding);
+    let cp = dev.hold_checkpoint(&fs);
 
     // Phase B, while it is held: every captured file is fsynced, half after another append.
     let done_during = Arc::new(AtomicU64::new(0));
