@@ -87,6 +87,12 @@ pub struct BenchArgs {
     /// `lib:IMAGE+nvm-inlineN` when given.
     #[arg(long, value_name = "N", requires = "nvm")]
     pub nvm_inline: Option<usize>,
+    /// Cooperative checkpoints of the lib: targets given with --target (lanefs's
+    /// `FsOptions::cooperative`): on, off (rows labelled `+nocoop`), or both (each lib: target
+    /// also runs with them off, on the image IMAGE-nocoop, interleaved with it). For mount:
+    /// targets, put `-o cooperative=off` in $LANEFS_MOUNT_OPTIONS.
+    #[arg(long, value_name = "on|off|both", default_value = "on", value_parser = ["on", "off", "both"])]
+    pub cooperative: String,
     /// Fraction of the default file-set sizes (smoke runs only).
     #[arg(long, value_name = "F", default_value_t = 1.0, hide = true)]
     pub scale: f64,
@@ -281,9 +287,29 @@ fn given_entries(a: &BenchArgs) -> Result<Vec<Entry>, String> {
             (Some(_), Some(n)) => format!("{spec}+nvm-inline{n}"),
             (None, _) => spec.to_string(),
         };
-        let opts = TargetOptions { lib_cache: a.lib_cache, nvm, nvm_inline_pages: a.nvm_inline };
-        let target = open_target_with(spec, &opts)?;
-        entries.push(Entry { label, role, target });
+        let opts = TargetOptions {
+            lib_cache: a.lib_cache,
+            nvm,
+            nvm_inline_pages: a.nvm_inline,
+            no_cooperative: false,
+        };
+        let lib = matches!(spec, TargetSpec::Lib(_));
+        if !lib || a.cooperative != "off" {
+            entries.push(Entry { label: label.clone(), role, target: open_target_with(spec, &opts)? });
+        }
+        if lib && a.cooperative != "on" {
+            let spec = match (spec, a.cooperative.as_str()) {
+                (TargetSpec::Lib(p), "both") => {
+                    let mut other = p.clone().into_os_string();
+                    other.push("-nocoop");
+                    TargetSpec::Lib(other.into())
+                }
+                _ => spec.clone(),
+            };
+            let opts = TargetOptions { no_cooperative: true, ..opts };
+            let target = open_target_with(&spec, &opts)?;
+            entries.push(Entry { label: format!("{label}+nocoop"), role, target });
+        }
     }
     Ok(entries)
 }
@@ -486,6 +512,9 @@ mod tests {
         let a = parse(&["--target", "lib:/a.img", "--target", "dir:/x", "--nvm", "/dev/shm/r.nvm"]).unwrap();
         assert_eq!(a.nvm, Some(PathBuf::from("/dev/shm/r.nvm")));
         assert_eq!(a.nvm_inline, None);
+        assert_eq!(a.cooperative, "on");
+        assert!(parse(&["--target", "lib:/a.img", "--cooperative", "both"]).is_ok());
+        assert!(parse(&["--target", "lib:/a.img", "--cooperative", "maybe"]).is_err());
         let a = parse(&["--target", "lib:/a.img", "--nvm", "/dev/shm/r.nvm", "--nvm-inline", "4"]).unwrap();
         assert_eq!(a.nvm_inline, Some(4));
         assert!(parse(&["--target", "lib:/a.img", "--nvm-inline", "4"]).is_err(), "--nvm-inline needs --nvm");

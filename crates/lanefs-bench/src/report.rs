@@ -108,6 +108,7 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
         "checkpoints": r.io.map_or(Value::Null, |c| json!(c.checkpoints)),
         "cp_exclusive_us_max": r.io.map_or(Value::Null, |c| json!(c.cp_exclusive_us_max)),
         "cp_waits": r.io.map_or(Value::Null, |c| json!(c.cp_waits)),
+        "cp_helped": r.io.map_or(Value::Null, |c| json!(c.cp_helped)),
         "write_amplification": wa(r).map_or(Value::Null, |x| json!(round(x, 3))),
         "fuse_requests": r.requests.as_ref().map_or(Value::Null, |c| {
             Value::Object(c.iter().filter(|(_, n)| *n > 0).map(|(k, n)| (k.clone(), json!(n))).collect())
@@ -361,6 +362,7 @@ mod tests {
             "checkpoints",
             "cp_exclusive_us_max",
             "cp_waits",
+            "cp_helped",
             "write_amplification",
         ] {
             assert!(v.get(k).is_some_and(|x| x.is_null()), "{k}: {v}");
@@ -375,6 +377,7 @@ mod tests {
             checkpoints: 7,
             cp_exclusive_us_max: 640,
             cp_waits: 3,
+            cp_helped: 2,
         });
         let v = json_line(&r, &machine(), None);
         assert_eq!(v["fill"], 0.9512);
@@ -385,6 +388,7 @@ mod tests {
         assert_eq!(v["checkpoints"], 7);
         assert_eq!(v["cp_exclusive_us_max"], 640);
         assert_eq!(v["cp_waits"], 3);
+        assert_eq!(v["cp_helped"], 2);
         assert_eq!(v["write_amplification"], 1.5);
         let t = markdown_table(&[r.clone(), result(Workload::Dwol, false)]);
         assert!(t.starts_with("| target | fs | workload | threads | ops/s | used | WA | p50"), "{t}");

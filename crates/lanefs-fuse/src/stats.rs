@@ -120,6 +120,7 @@ pub fn format_engine(io: &IoStats, census: &Census) -> String {
         ("cp_exclusive_us_max", io.cp_exclusive_us_max),
         ("cp_write_phase_us_max", io.cp_write_phase_us_max),
         ("cp_waits", io.cp_waits),
+        ("cp_helped", io.cp_helped),
         ("user_bytes", io.user_bytes),
         ("device_bytes", io.device_bytes()),
         ("cleaning_bytes", io.cleaning_bytes),
@@ -197,6 +198,7 @@ mod tests {
             cp_exclusive_us_max: 640,
             cp_write_phase_us_max: 9000,
             cp_waits: 4,
+            cp_helped: 6,
             fsync_flushes: 5,
             ..Default::default()
         };
@@ -206,6 +208,7 @@ mod tests {
         assert_eq!(back.get("cp_exclusive_us_max"), Some(640));
         assert_eq!(back.get("cp_write_phase_us_max"), Some(9000));
         assert_eq!(back.get("cp_waits"), Some(4));
+        assert_eq!(back.get("cp_helped"), Some(6));
         assert_eq!(back.get("device_bytes"), Some(123));
         assert_eq!(back.get("fsync_flushes"), Some(5));
         assert_eq!(back.get("contended.Meta"), Some(12));

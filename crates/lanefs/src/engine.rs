@@ -75,6 +75,11 @@ pub struct FsOptions {
     pub nvm_inline_pages: Option<usize>,
     /// When reads update access times (`relatime` unless told otherwise; see `mem::atime`).
     pub atime: crate::mem::atime::AtimePolicy,
+    /// Cooperative checkpoints (the default): an fsync or writeback of a file that the
+    /// checkpoint in progress captured and has not written yet writes it itself, as the
+    /// checkpoint would, instead of waiting for the checkpoint's writer to reach it
+    /// (`Engine::help_install`). false: it waits (`-o cooperative=off`, for measurement).
+    pub cooperative: bool,
 }
 
 impl Default for FsOptions {
@@ -91,6 +96,7 @@ impl Default for FsOptions {
             nvm_region: crate::pmem::RegionOptions::default(),
             nvm_inline_pages: None,
             atime: crate::mem::atime::AtimePolicy::default(),
+            cooperative: true,
         }
     }
 }
@@ -207,6 +213,8 @@ pub(crate) struct CpState {
     /// The stamp of the last checkpoint snapshot: unjournaled directory records stamped at or
     /// before it are held by that checkpoint until it is durable.
     pub snap_stamp: u64,
+    /// The checkpoint in progress's captured inodes not yet claimed for install.
+    pub installs: crate::flush::checkpoint::Installs,
 }
 
 /// A mounted file system.
@@ -320,6 +328,9 @@ pub(crate) struct IoCounters {
     pub cp_waits: PerCpuCounter,
     /// fsyncs that journaled a checkpoint's bridge (`mem::mnode::Bridge`).
     pub cp_bridges: PerCpuCounter,
+    /// Captured inodes an fsync or writeback installed for the checkpoint in progress instead
+    /// of waiting for it (`Engine::help_install`).
+    pub cp_helped: PerCpuCounter,
     /// (user, cleaning, other) totals already added to the checkpoint's persistent counters:
     /// each checkpoint adds what the totals grew by since.
     saved: Mutex<[u64; 3]>,
@@ -337,6 +348,7 @@ impl Default for IoCounters {
             fsync_flushes: PerCpuCounter::default(),
             cp_waits: PerCpuCounter::default(),
             cp_bridges: PerCpuCounter::default(),
+            cp_helped: PerCpuCounter::default(),
             saved: Mutex::new(Rank::IoSaved, [0; 3]),
         }
     }

@@ -208,6 +208,9 @@ pub struct IoStats {
     /// fsyncs that journaled a checkpoint's bridge (`mem::mnode::Bridge`): of a file the
     /// checkpoint in progress captured, instead of waiting for it to be durable.
     pub cp_bridges: u64,
+    /// Captured files an fsync or writeback installed for the checkpoint in progress, on its
+    /// own thread, instead of waiting for the checkpoint's writer to reach them.
+    pub cp_helped: u64,
 }
 
 impl IoStats {
@@ -831,6 +834,7 @@ impl Fs {
             cp_write_phase_us_max: e.cp_pauses.write_max_us(),
             cp_waits: e.io.cp_waits.sum(),
             cp_bridges: e.io.cp_bridges.sum(),
+            cp_helped: e.io.cp_helped.sum(),
         }
     }
 

@@ -9,9 +9,10 @@
 //! checkpoint replays them), one taken after it committed while more fsyncs ran (recovery from
 //! it). A second test does the same with fsyncs of files the checkpoint *captured* (dirty at its
 //! snapshot: pages never fsynced, a truncation, an xattr, a mode), which journal the
-//! checkpoint's bridge instead of waiting for it. A third runs fsyncs against checkpoints taken
-//! back to back, then checks a crash image and a clean remount. Every recovered image passes
-//! fsck.
+//! checkpoint's bridge instead of waiting for it. A third holds the checkpoint at its first
+//! data write, before it installed the files: their fsyncs install them themselves (Son's
+//! cooperative checkpoint, `cp_helped`). A fourth runs fsyncs against checkpoints taken back to
+//! back, then checks a crash image and a clean remount. Every recovered image passes fsck.
 
 use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq};
 use lanefs::fsck::{check, FsckOptions};
@@ -26,15 +27,18 @@ enum Hold {
     #[default]
     Off,
     Armed,
+    /// Holds the first write batch of the thread in `cp_thread`, whatever it writes.
+    ArmedThread,
     Holding,
     Released,
 }
 
 /// A `MemDevice` that holds the first write batch below the main area (checkpoint metadata)
-/// once armed, until released.
+/// once armed, or the first of one thread's (`ArmedThread`), until released.
 struct MetaHoldDevice {
     inner: MemDevice,
     main_start: AtomicU64,
+    cp_thread: Mutex<Option<std::thread::ThreadId>>,
     hold: Mutex<Hold>,
     cv: Condvar,
 }
@@ -51,6 +55,20 @@ impl MetaHoldDevice {
         self.set(Hold::Armed);
         let fs = fs.clone();
         let cp = std::thread::spawn(move || fs.sync().unwrap());
+        self.wait_for(Hold::Holding);
+        cp
+    }
+
+    /// Starts a checkpoint on a thread of its own and returns once it is held at the first
+    /// write that thread makes after its snapshot (its first batch of data). Nothing is dirty
+    /// enough here for early writeback (64 pages), which would write before the snapshot.
+    fn hold_checkpoint_first_write(self: &Arc<Self>, fs: &Arc<Fs>) -> std::thread::JoinHandle<()> {
+        self.set(Hold::ArmedThread);
+        let (fs, dev) = (fs.clone(), self.clone());
+        let cp = std::thread::spawn(move || {
+            *dev.cp_thread.lock().unwrap() = Some(std::thread::current().id());
+            fs.sync().unwrap()
+        });
         self.wait_for(Hold::Holding);
         cp
     }
@@ -72,7 +90,8 @@ impl BlockDevice for MetaHoldDevice {
     fn write_batch(&self, reqs: &[WriteReq<'_>]) -> std::io::Result<()> {
         let main = self.main_start.load(Ordering::Acquire);
         let mut g = self.hold.lock().unwrap();
-        if *g == Hold::Armed && reqs.iter().any(|r| r.addr < main) {
+        let mine = || *self.cp_thread.lock().unwrap() == Some(std::thread::current().id());
+        if (*g == Hold::Armed && reqs.iter().any(|r| r.addr < main)) || (*g == Hold::ArmedThread && mine()) {
             *g = Hold::Holding;
             self.cv.notify_all();
             let (_g, t) =
@@ -137,6 +156,7 @@ fn fsyncs_complete_while_a_checkpoint_writes_and_survive_a_crash_on_either_side_
     let dev = Arc::new(MetaHoldDevice {
         inner: MemDevice::new(256 << 20),
         main_start: AtomicU64::new(0),
+        cp_thread: Mutex::default(),
         hold: Mutex::default(),
         cv: Condvar::new(),
     });
@@ -237,6 +257,7 @@ fn held_fs() -> (Arc<MetaHoldDevice>, Arc<Fs>) {
     let dev = Arc::new(MetaHoldDevice {
         inner: MemDevice::new(256 << 20),
         main_start: AtomicU64::new(0),
+        cp_thread: Mutex::default(),
         hold: Mutex::default(),
         cv: Condvar::new(),
     });
@@ -388,6 +409,81 @@ fn fsyncs_of_captured_files_finish_while_the_checkpoint_is_held_and_recover_on_e
         }
         fs.unmount().unwrap();
     }
+}
+
+#[test]
+fn fsyncs_install_captured_files_the_held_checkpoint_has_not_reached() {
+    let (dev, fs) = held_fs();
+    let d = fs.mkdir(ROOT, b"c", 0o755, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    // The checkpoint installs its inodes in inode order, in batches of about 32 blocks: the
+    // decoy's 48 dirty pages end the batch it is in, which the device holds. Files numbered
+    // after it are still unclaimed then; those before it may be in the held batch.
+    let decoy = fs.create(ROOT, b"decoy", 0o644, 0, 0).unwrap().ino;
+    fs.write_at(decoy, 0, &content("decoy", 0, 48 * 4096)).unwrap();
+    let mut durable = Durable::new();
+    let mut files = Vec::new();
+    for i in 0..24u32 {
+        let name = format!("f{i}");
+        create_synced(&fs, d, "/c", &name, i, &mut durable);
+        // Appended after the fsync: the snapshot takes pages no journal holds.
+        let ino = fs.lookup(d, name.as_bytes()).unwrap().ino;
+        let b = durable.get_mut(&format!("/c/{name}")).unwrap();
+        let more = content(&name, 50 + i, 7000);
+        fs.write_at(ino, b.len() as u64, &more).unwrap();
+        b.extend_from_slice(&more);
+        files.push((name, ino));
+    }
+    let (after, before): (Vec<_>, Vec<_>) = files.iter().cloned().partition(|(_, ino)| *ino > decoy);
+    assert!(after.len() >= 8, "only {} files numbered after the decoy: the test needs more", after.len());
+
+    let cp = dev.hold_checkpoint_first_write(&fs);
+    let done = Arc::new(AtomicU64::new(0));
+    let syncer = {
+        let (fs, done, after) = (fs.clone(), done.clone(), after.clone());
+        std::thread::spawn(move || {
+            for (_, ino) in &after {
+                fs.fsync(*ino, false).unwrap();
+                done.fetch_add(1, Ordering::AcqRel);
+            }
+        })
+    };
+    let want = after.len() as u64;
+    // Bounded; an fsync that waits for the held checkpoint instead of installing its file is
+    // the failure this test looks for.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done.load(Ordering::Acquire) < want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let n = done.load(Ordering::Acquire);
+    if n < want {
+        dev.set(Hold::Released);
+        panic!(
+            "only {n} of {want} fsyncs of unreached captured files completed while the checkpoint was held"
+        );
+    }
+    syncer.join().unwrap();
+    let io = fs.io_stats();
+    assert_eq!(io.cp_helped, want, "each file the checkpoint had not reached was installed by its fsync");
+    assert_eq!(io.cp_waits, 0, "no fsync waited for the checkpoint");
+    assert_eq!(io.cp_bridges, want, "each then journaled the bridge");
+    assert!(!cp.is_finished() && *dev.hold.lock().unwrap() == Hold::Holding, "the checkpoint was still held");
+    // Crash 1: the checkpoint never committed; the helpers' installs are garbage, the bridges
+    // they left carry the captured pages.
+    let upto_hold: Durable = durable
+        .iter()
+        .filter(|(p, _)| after.iter().any(|(n, _)| **p == format!("/c/{n}")))
+        .map(|(p, b)| (p.clone(), b.clone()))
+        .collect();
+    let during = dev.inner.snapshot();
+    dev.set(Hold::Released);
+    cp.join().unwrap();
+    for (_, ino) in &before {
+        fs.fsync(*ino, false).unwrap();
+    }
+    check_image(during, &upto_hold, "crash while the checkpoint is held, after helped fsyncs");
+    // Crash 2: after the checkpoint, which holds the helpers' installs.
+    check_image(dev.inner.snapshot(), &durable, "crash after a checkpoint that fsyncs helped install");
 }
 
 #[test]

@@ -36,13 +36,18 @@ impl LibTarget {
     /// As [`LibTarget::open`], with a page cache of `o.lib_cache` bytes instead of lanefs's
     /// default ([`FsOptions::cache_bytes`]; dirty pages beyond half of it are written back), and
     /// the persistent-memory region `o.nvm` (`FsOptions::nvm`, with
-    /// `FsOptions::nvm_inline_pages` = `o.nvm_inline_pages`) if given.
+    /// `FsOptions::nvm_inline_pages` = `o.nvm_inline_pages`) if given, and cooperative
+    /// checkpoints off if `o.no_cooperative`.
     pub fn open_with(image: &Path, o: &TargetOptions) -> Result<LibTarget, String> {
         let spec = format!("lib:{}", image.display());
         create_if_missing(image).map_err(|e| format!("{spec}: {e}"))?;
         let dev = FileDevice::open(image, DeviceOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
-        let mut opts =
-            FsOptions { nvm: o.nvm.clone(), nvm_inline_pages: o.nvm_inline_pages, ..FsOptions::default() };
+        let mut opts = FsOptions {
+            nvm: o.nvm.clone(),
+            nvm_inline_pages: o.nvm_inline_pages,
+            cooperative: !o.no_cooperative,
+            ..FsOptions::default()
+        };
         let cache = o.lib_cache.filter(|&c| c != opts.cache_bytes);
         if let Some(c) = cache {
             opts.cache_bytes = c;
@@ -226,6 +231,7 @@ impl Target for LibTarget {
             checkpoints: s.checkpoints_durable,
             cp_exclusive_us_max: self.fs.take_cp_exclusive_peak_us(),
             cp_waits: s.cp_waits,
+            cp_helped: s.cp_helped,
         })
     }
 

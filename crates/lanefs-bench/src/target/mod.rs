@@ -165,6 +165,8 @@ pub struct IoCounters {
     pub cp_exclusive_us_max: u64,
     /// fsyncs and writebacks that waited for a checkpoint in progress.
     pub cp_waits: u64,
+    /// Captured files fsyncs and writebacks installed for a checkpoint instead of waiting.
+    pub cp_helped: u64,
 }
 
 impl IoCounters {
@@ -178,6 +180,7 @@ impl IoCounters {
             checkpoints: self.checkpoints.saturating_sub(earlier.checkpoints),
             cp_exclusive_us_max: self.cp_exclusive_us_max,
             cp_waits: self.cp_waits.saturating_sub(earlier.cp_waits),
+            cp_helped: self.cp_helped.saturating_sub(earlier.cp_helped),
         }
     }
 
@@ -250,6 +253,9 @@ pub struct TargetOptions {
     pub nvm: Option<PathBuf>,
     /// With `nvm`: `FsOptions::nvm_inline_pages` (None: lanefs's choice for the device).
     pub nvm_inline_pages: Option<usize>,
+    /// `FsOptions::cooperative` off: fsyncs wait for the checkpoint to write the files it
+    /// captured instead of writing them themselves.
+    pub no_cooperative: bool,
 }
 
 mod dir;

@@ -393,6 +393,7 @@ impl Target for MountTarget {
             checkpoints: e.get("checkpoints")?,
             cp_exclusive_us_max: e.get("cp_exclusive_us_max")?,
             cp_waits: e.get("cp_waits")?,
+            cp_helped: e.get("cp_helped")?,
         })
     }
 

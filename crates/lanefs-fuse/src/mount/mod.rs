@@ -313,6 +313,7 @@ fn open(args: &MountArgs, parsed: &Parsed, note: &mut dyn FnMut(&str)) -> Result
         nvm,
         nvm_size: args.nvm_size.or(defaults.nvm_size),
         atime: parsed.atime,
+        cooperative: parsed.cooperative,
         ..defaults
     };
     if let Some(interval) = parsed.checkpoint_interval {

@@ -55,13 +55,15 @@ pub struct Parsed {
     /// How long the kernel caches names and attributes (`cache_timeout=S`) and names that do
     /// not exist (`negative_timeout=S`); see [`Ttl`].
     pub ttl: Ttl,
+    /// `cooperative=on|off`: lanefs's `FsOptions::cooperative` (on by default).
+    pub cooperative: bool,
 }
 
 /// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
 /// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (off by default;
 /// `nowriteback_cache` is off too), `checkpoint_secs=N`,
-/// `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S` and `norecovery` (read-only
-/// mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
+/// `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S`, `cooperative=on|off` and
+/// `norecovery` (read-only mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut p = Parsed {
@@ -75,6 +77,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
         no_recovery: false,
         atime: AtimePolicy::default(),
         ttl: Ttl::default(),
+        cooperative: true,
     };
     let mut default_permissions = true;
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
@@ -136,6 +139,9 @@ impl Parsed {
             (_, "writeback_cache" | "writeback_cache=on") => self.writeback_cache = true,
             (_, "writeback_cache=off" | "nowriteback_cache") => self.writeback_cache = false,
             (_, "norecovery") => self.no_recovery = true,
+            (_, "cooperative=on") => self.cooperative = true,
+            (_, "cooperative=off") => self.cooperative = false,
+            ("cooperative", _) => return Err(format!("option {o}: give cooperative=on or cooperative=off")),
             ("threads", _) => {
                 let n = value
                     .parse::<usize>()
@@ -226,6 +232,10 @@ mod tests {
         assert!(!parse_options(&["ro".into()]).unwrap().no_recovery);
         // Without ro it is refused at mount, unless the image is write-protected (then ro).
         assert!(parse_options(&["norecovery".into()]).unwrap().no_recovery);
+        assert!(parse_options(&[]).unwrap().cooperative, "cooperative checkpoints by default");
+        assert!(!parse_options(&["cooperative=off".into()]).unwrap().cooperative);
+        assert!(parse_options(&["cooperative=off,cooperative=on".into()]).unwrap().cooperative);
+        assert!(parse_options(&["cooperative=maybe".into()]).is_err());
     }
 
     #[test]

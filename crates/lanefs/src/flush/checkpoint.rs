@@ -13,7 +13,9 @@
 //!    and data operations resume right after. What the phase did is counted
 //!    (`ExclusiveWork`). Then the gate is released: fsync and writeback run beside the rest.
 //! 3. Write the snapshot: data pages to new blocks, changed dentry blocks, each inode's changed
-//!    nodes; deleted inodes' trees are dropped. Then the NAT and SIT blocks that changed, the
+//!    nodes, in batches claimed from the install queue (`Installs`), which fsyncs and
+//!    writebacks of captured files claim from too and install themselves instead of waiting
+//!    (`Engine::help_install`); deleted inodes' trees are dropped. Then the NAT and SIT blocks that changed, the
 //!    segment summaries and the pack (`checkpoint::commit`, which flushes before and after).
 //! 4. Node ids freed before the snapshot become reusable; fsyncs waiting for this checkpoint
 //!    proceed; the directory records it held become journaled. Then segments emptied before
@@ -95,6 +97,89 @@ struct DataPlan {
     symlink: Option<u32>,
     /// Cleaner moves: (index, old block, new block).
     moved: Vec<(u64, u32, u32)>,
+}
+
+/// A captured inode an fsync or writeback claimed from [`Installs`], to install it.
+pub(crate) struct Claimed(InodeSnap, WriterArgs);
+
+/// What a helper needs to write as the checkpoint would (`NodeWriter`, the bridge).
+#[derive(Clone, Copy)]
+struct WriterArgs {
+    lane: u32,
+    cpu: usize,
+    cp_ver: u64,
+    mtime: u64,
+    bridge: (u64, crate::journal::Stamp),
+}
+
+/// The captured inodes of the checkpoint in progress that nobody has claimed for install yet
+/// (`CpState::installs`, under the `cp` lock). The checkpoint's writer claims them in order
+/// (`claim_batch`); an fsync or writeback that would wait for one of them claims it instead
+/// (`claim`) and installs it itself (`Engine::help_install`). Each is installed exactly once.
+#[derive(Default)]
+pub(crate) struct Installs {
+    /// The checkpoint offering them (0: none).
+    seq: u64,
+    args: Option<WriterArgs>,
+    /// In the snapshot's order; `None` once claimed.
+    slots: Vec<Option<InodeSnap>>,
+    /// The checkpoint's next slot to claim.
+    next: usize,
+    /// Slots that helpers may claim: regular files (bridged), by inode number.
+    by_ino: std::collections::HashMap<u32, usize>,
+    /// Helpers installing now.
+    helping: usize,
+    /// Why a helper's install failed (the checkpoint fails with it).
+    failed: Option<String>,
+}
+
+impl Installs {
+    fn offer(
+        &mut self,
+        seq: u64,
+        args: WriterArgs,
+        inodes: Vec<InodeSnap>,
+        helpable: impl Fn(&MNode) -> bool,
+    ) {
+        assert!(self.slots.is_empty() && self.helping == 0, "one checkpoint at a time");
+        self.by_ino =
+            inodes.iter().enumerate().filter(|(_, s)| helpable(&s.m)).map(|(i, s)| (s.m.ino, i)).collect();
+        self.slots = inodes.into_iter().map(Some).collect();
+        (self.seq, self.args, self.next, self.failed) = (seq, Some(args), 0, None);
+    }
+
+    /// The next slots in order, skipping claimed ones, until their data reaches `blocks`.
+    fn claim_batch(&mut self, blocks: usize) -> Vec<InodeSnap> {
+        let mut out = Vec::new();
+        let mut n = 0;
+        while self.next < self.slots.len() && (out.is_empty() || n < blocks) {
+            if let Some(s) = self.slots[self.next].take() {
+                n += s.pages.len() + s.relocate.len() + 1;
+                out.push(s);
+            }
+            self.next += 1;
+        }
+        out
+    }
+
+    /// Inode `ino`'s slot, if checkpoint `seq` still offers it unclaimed. The claimant must
+    /// pass it to `Engine::help_install`, which counts it out of `helping` again.
+    pub(crate) fn claim(&mut self, ino: u32, seq: u64) -> Option<Claimed> {
+        if seq != self.seq {
+            return None;
+        }
+        let i = *self.by_ino.get(&ino)?;
+        let s = self.slots[i].take()?;
+        self.helping += 1;
+        Some(Claimed(s, self.args.expect("offered with its writer")))
+    }
+
+    /// Ends the offer (the checkpoint claimed or gave up the rest).
+    fn close(&mut self) {
+        self.slots.clear();
+        self.by_ino.clear();
+        (self.seq, self.args, self.next) = (0, None, 0);
+    }
 }
 
 struct Snapshot {
@@ -216,6 +301,11 @@ impl Engine {
             self.cp_pauses.exclusive(asked.elapsed());
             snap
         };
+        // Offered before the gate opens: an fsync or writeback of a captured file that finds
+        // it unclaimed installs it itself instead of waiting (`Engine::help_install`).
+        let args = self.writer_args(&snap);
+        let inodes = std::mem::take(&mut snap.inodes);
+        self.cp.lock().installs.offer(snap.seq, args, inodes, |m| self.bridges(m));
         // fsync and writeback go on beside the write phase: they touch no inode the snapshot
         // captured (`Engine::enter_flush`), their blocks are young (out of this checkpoint's
         // SIT) and the segments they write to outlive it (`SegmentTable::open_epoch`).
@@ -224,7 +314,7 @@ impl Engine {
         self.settle_snapshot(&mut snap);
         let seq = snap.seq;
         let held = std::mem::take(&mut snap.held_dirs);
-        let r = self.write_snapshot(snap, clean);
+        let r = self.write_snapshot(snap, args, clean);
         let deleted = match r {
             Ok(deleted) => deleted,
             Err(e) => {
@@ -425,17 +515,47 @@ impl Engine {
             snap.reserved = snap.reserved.saturating_sub(gone);
         }
         snap.deleted = deleted;
-        for s in &mut snap.inodes {
-            s.relocate.sort_unstable();
-            s.relocate.dedup();
-            let (map, pages) = (&s.map, &s.pages);
-            s.relocate.retain(|(idx, a)| {
-                map.get(idx) == Some(a) && pages.binary_search_by_key(idx, |(i, _)| *i).is_err()
-            });
-            if !self.bridges(&s.m) {
-                s.unjournaled = Default::default();
-                s.xattr_names = Default::default();
-            }
+    }
+
+    /// A captured inode's snapshot, by whoever installs it (the checkpoint's writer or a
+    /// helper), before its data is prepared: the cleaner's moves still mapped as the snapshot
+    /// saw them and not rewritten by it; the bridge's parts dropped where no fsync journals a
+    /// bridge.
+    fn settle_inode(&self, s: &mut InodeSnap) {
+        s.relocate.sort_unstable();
+        s.relocate.dedup();
+        let (map, pages) = (&s.map, &s.pages);
+        s.relocate.retain(|(idx, a)| {
+            map.get(idx) == Some(a) && pages.binary_search_by_key(idx, |(i, _)| *i).is_err()
+        });
+        if !self.bridges(&s.m) {
+            s.unjournaled = Default::default();
+            s.xattr_names = Default::default();
+        }
+    }
+
+    /// How this checkpoint writes nodes and data (its lane, CPU slot, version and segment
+    /// time) and the bridge it leaves: the same for its writer and its helpers.
+    fn writer_args(&self, snap: &Snapshot) -> WriterArgs {
+        let (_, cpu) = self.lane();
+        WriterArgs {
+            lane: self.checkpoint_lane(),
+            cpu,
+            cp_ver: self.cp.lock().cp.version + 1,
+            mtime: self.elapsed_secs(),
+            bridge: (snap.seq, snap.full_stamp),
+        }
+    }
+
+    fn node_writer(&self, a: &WriterArgs) -> NodeWriter<'_> {
+        NodeWriter {
+            g: &self.g,
+            nat: &self.nat,
+            lanes: &self.lanes,
+            lane: a.lane,
+            cpu: a.cpu,
+            cp_ver: a.cp_ver,
+            mtime: a.mtime,
         }
     }
 
@@ -491,44 +611,23 @@ impl Engine {
 
     /// Writes the snapshot and commits it; returns the inodes it deleted, for the caller to
     /// drop once the gate is released.
-    fn write_snapshot(&self, mut snap: Snapshot, clean: bool) -> Result<Vec<Arc<MNode>>> {
-        let (_, cpu) = self.lane();
-        let lane = self.checkpoint_lane();
-        let cp_ver = self.cp.lock().cp.version + 1;
-        let mtime = self.elapsed_secs();
-        let w = NodeWriter { g: &self.g, nat: &self.nat, lanes: &self.lanes, lane, cpu, cp_ver, mtime };
+    fn write_snapshot(&self, snap: Snapshot, args: WriterArgs, clean: bool) -> Result<Vec<Arc<MNode>>> {
+        let (cp_ver, mtime) = (args.cp_ver, args.mtime);
+        let w = self.node_writer(&args);
         // Node and dentry blocks: no reader looks for them by a file's mapping, so they are
         // written in large batches after the data they name.
         let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut next = 0;
-        // Bounded: each pass takes at least one inode.
-        while next < snap.inodes.len() {
-            // Data first, in batches: a block enters a file's mapping (where a reader that
-            // misses the page cache would look for it) only after it is written.
-            let first = next;
-            let (mut data, mut moves) = (Vec::new(), Vec::new());
-            let mut plans = Vec::new();
-            // Batches of one device write (`Engine::write_reqs`): an fsync of an inode waits
-            // for its batch to be installed (`Engine::enter_flush`), not for the whole phase.
-            while next < snap.inodes.len() && (next == first || data.len() + moves.len() < 256) {
-                plans.push(self.prepare_data(&w, &snap.inodes[next], &mut data, &mut moves)?);
-                next += 1;
-            }
-            self.write_all(&data, WriteKind::Checkpoint)?;
-            self.write_all(&moves, WriteKind::Cleaning)?;
-            drop((data, moves));
-            for (s, plan) in snap.inodes[first..next].iter_mut().zip(plans) {
-                let bridge = (snap.seq, snap.full_stamp);
-                self.install_inode(&w, s, plan, &mut writes, bridge)?;
-            }
-            // fsyncs of these inodes wait for nothing more of this checkpoint
-            // (`Engine::enter_flush`). Under the lock they wait with, so none misses it.
-            drop(self.cp.lock());
-            self.cp_done.notify_all();
-            if writes.len() >= 1024 {
-                self.write_all(&writes, WriteKind::Checkpoint)?;
-                writes.clear();
-            }
+        let installed = self.install_offered(&w, args.bridge, &mut writes);
+        // Whatever happened, nothing stays offered, and no helper is still writing for this
+        // checkpoint when it commits (or gives up).
+        self.cp.lock().installs.close();
+        self.wait_for_helpers();
+        installed?;
+        if let Some(why) = self.cp.lock().installs.failed.take() {
+            return Err(Error::errno(
+                libc::EIO,
+                format!("an install an fsync did for the checkpoint: {why}"),
+            ));
         }
         for m in &snap.deleted {
             self.drop_deleted(&w, m)?;
@@ -591,6 +690,87 @@ impl Engine {
         drop(cps);
         self.cp_done.notify_all();
         Ok(snap.deleted)
+    }
+
+    /// The checkpoint's side of the install queue: claims the offered inodes in order, in
+    /// batches of about one device write (`Engine::write_reqs`), writes their data and installs
+    /// them. Inodes an fsync or writeback claimed first (`Engine::help_install`) are theirs.
+    fn install_offered(
+        &self,
+        w: &NodeWriter,
+        bridge: (u64, crate::journal::Stamp),
+        writes: &mut Vec<(u64, Vec<u8>)>,
+    ) -> Result<()> {
+        // Bounded: each pass claims at least one inode or finds none left.
+        loop {
+            let mut batch = self.cp.lock().installs.claim_batch(32);
+            if batch.is_empty() {
+                return Ok(());
+            }
+            // Data first: a block enters a file's mapping (where a reader that misses the page
+            // cache would look for it) only after it is written.
+            let (mut data, mut moves) = (Vec::new(), Vec::new());
+            let mut plans = Vec::with_capacity(batch.len());
+            for s in &mut batch {
+                self.settle_inode(s);
+                plans.push(self.prepare_data(w, s, &mut data, &mut moves)?);
+            }
+            self.write_all(&data, WriteKind::Checkpoint)?;
+            self.write_all(&moves, WriteKind::Cleaning)?;
+            drop((data, moves));
+            for (mut s, plan) in batch.into_iter().zip(plans) {
+                self.install_inode(w, &mut s, plan, writes, bridge)?;
+            }
+            // fsyncs of these inodes wait for nothing more of this checkpoint
+            // (`Engine::enter_flush`). Under the lock they wait with, so none misses it.
+            drop(self.cp.lock());
+            self.cp_done.notify_all();
+            if writes.len() >= 1024 {
+                self.write_all(writes, WriteKind::Checkpoint)?;
+                writes.clear();
+            }
+        }
+    }
+
+    /// Waits until no fsync or writeback is still installing an inode for the checkpoint in
+    /// progress (their node blocks must be written, and their NAT entries set, before the
+    /// checkpoint takes the NAT and the SIT).
+    fn wait_for_helpers(&self) {
+        let mut cp = self.cp.lock();
+        // Bounded: each helper finishes its one inode and counts itself out.
+        while cp.installs.helping > 0 {
+            self.cp_done.wait(&mut cp);
+        }
+    }
+
+    /// Son's cooperative checkpoint (issue 18): an fsync or writeback of a file that the
+    /// checkpoint in progress captured and has not installed yet claims it
+    /// (`Installs::claim`) and installs it here, on its own thread, instead of waiting for the
+    /// checkpoint's writer to reach it. The install is the checkpoint's own (`prepare_data`,
+    /// `install_inode`: the checkpoint's lane, version and bridge), written at once; the
+    /// checkpoint waits for it before it takes the NAT and the SIT (`wait_for_helpers`).
+    pub(crate) fn help_install(&self, claimed: Claimed) -> Result<()> {
+        let Claimed(mut s, args) = claimed;
+        self.io.cp_helped.add(1);
+        let w = self.node_writer(&args);
+        self.settle_inode(&mut s);
+        let r = (|| {
+            let (mut data, mut moves, mut writes) = (Vec::new(), Vec::new(), Vec::new());
+            let plan = self.prepare_data(&w, &s, &mut data, &mut moves)?;
+            self.write_all(&data, WriteKind::Checkpoint)?;
+            self.write_all(&moves, WriteKind::Cleaning)?;
+            self.install_inode(&w, &mut s, plan, &mut writes, args.bridge)?;
+            self.write_all(&writes, WriteKind::Checkpoint)
+        })();
+        let mut cp = self.cp.lock();
+        debug_assert!(cp.installs.helping > 0);
+        cp.installs.helping -= 1;
+        if let Err(e) = &r {
+            cp.installs.failed.get_or_insert_with(|| e.to_string());
+        }
+        drop(cp);
+        self.cp_done.notify_all();
+        r
     }
 
     /// Allocates and queues one inode's data blocks: its dirty pages, a new symlink's target,

@@ -79,11 +79,25 @@ impl Engine {
             };
             {
                 let mut cp = self.cp.lock();
-                if cp.durable < fence || !done_with(cp.durable) {
-                    self.io.cp_waits.add(1);
-                }
+                let mut waited = false;
+                // Bounded: m is installed at most once; each wait ends with a checkpoint's
+                // install batch, its offer or its commit.
                 while cp.durable < fence || !done_with(cp.durable) {
                     self.check_writable()?;
+                    if bridges && self.opts.cooperative && cp.durable >= fence {
+                        // Rather than wait for the checkpoint's writer to reach m, install
+                        // it here (Son's cooperative checkpoint).
+                        if let Some(claimed) = cp.installs.claim(m.ino, captured) {
+                            drop(cp);
+                            self.help_install(claimed)?;
+                            cp = self.cp.lock();
+                            continue;
+                        }
+                    }
+                    if !waited {
+                        waited = true;
+                        self.io.cp_waits.add(1);
+                    }
                     self.cp_done.wait(&mut cp);
                 }
             }

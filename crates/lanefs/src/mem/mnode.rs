@@ -309,16 +309,28 @@ impl DiskState {
         drawn
     }
 
-    /// Drops every mapping at or after `from`.
-    pub fn truncate(&mut self, from: u64) {
+    /// Drops every mapping at or after `from`, and returns them: a large file's are freed by
+    /// the caller after the pass-through semaphore (as `PageMap::truncate`'s pages).
+    pub fn truncate(&mut self, from: u64) -> CowMap {
         self.map_gen += 1;
         self.reserved.remove_from(from);
         let gone = self.cur_map.split_off(&from);
-        for (idx, addr) in gone {
-            self.forget_block(idx, addr);
+        // One merged walk of the two sorted maps, not a tree search per block (`forget_block`):
+        // 16,384 searches were a millisecond under the semaphore for a 64 MiB file.
+        let mut tree = self.tree_map.range(from..).peekable();
+        let garbage_before = self.garbage.len();
+        for (&idx, &addr) in gone.iter() {
+            while tree.next_if(|&(&t, _)| t < idx).is_some() {}
+            let in_tree = tree.peek().is_some_and(|&(&t, &a)| t == idx && a == addr);
+            if !in_tree && addr != NEW_ADDR {
+                self.garbage.push(addr);
+            }
         }
-        self.unjournaled.retain(|&i, _| i < from);
+        debug_assert!(self.garbage.len() - garbage_before <= gone.len());
+        debug_assert!(self.cur_map.range(from..).next().is_none());
+        drop(self.unjournaled.split_off(&from));
         self.truncated_from = Some(self.truncated_from.map_or(from, |t| t.min(from)));
+        gone
     }
 
     fn forget_block(&mut self, idx: u64, addr: u32) {
@@ -650,6 +662,36 @@ impl MNode {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn truncate_makes_garbage_of_exactly_the_blocks_no_tree_holds() {
+        let mut d = DiskState::new(Arc::new(CacheStats::default()));
+        // The checkpoint tree holds blocks 0..8 at 100+i; the current mapping replaced the odd
+        // ones past 4 (fsync), and added 8..12 (journal only) and an unwritten 12.
+        for i in 0..8u64 {
+            d.tree_map.insert(i, 100 + i as u32);
+            d.cur_map.insert(i, 100 + i as u32);
+        }
+        for i in (5..8u64).step_by(2) {
+            d.cur_map.insert(i, 200 + i as u32);
+        }
+        for i in 8..12u64 {
+            d.cur_map.insert(i, 300 + i as u32);
+        }
+        d.preallocate(12);
+        let gen = d.map_gen;
+        let gone = d.truncate(4);
+        assert_eq!(gone.iter().map(|(&i, _)| i).collect::<Vec<_>>(), (4..13).collect::<Vec<_>>());
+        let mut garbage = d.garbage.clone();
+        garbage.sort_unstable();
+        // Tree blocks (4, 6) die with the next tree; the unwritten one has no block.
+        assert_eq!(garbage, vec![205, 207, 308, 309, 310, 311]);
+        assert_eq!(d.cur_map.len(), 4);
+        assert!(d.unjournaled.is_empty(), "the preallocation's record went with it");
+        assert_eq!(d.truncated_from, Some(4));
+        assert!(d.map_gen > gen);
+        assert!(!d.reserved.contains(12));
+    }
 
     fn meta(mode: u32, uid: u32) -> Meta {
         Meta {

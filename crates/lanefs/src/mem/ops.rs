@@ -81,6 +81,14 @@ pub enum WriteTimes {
     Keep,
 }
 
+/// What a truncate took out of a file: its cached pages and its mapping past the new end,
+/// freed when this drops, after the caller let go of the pass-through semaphore.
+#[derive(Default)]
+struct Truncated {
+    pages: Vec<super::pages::Page>,
+    map: super::cowmap::CowMap,
+}
+
 /// What a new inode is.
 pub struct NewInode<'a> {
     /// Type and permission bits, as asked for: the parent's default ACL or else `umask` masks
@@ -1068,12 +1076,19 @@ impl Engine {
     pub fn truncate(&self, ino: u32, size: u64) -> Result<()> {
         self.check_writable()?;
         self.admit_freeing(1)?;
-        let _g = self.pass.shared();
+        let g = self.pass.shared();
         let m = self.mnode(ino)?;
-        self.truncate_locked(&m, size)
+        let dropped = self.truncate_locked(&m, size)?;
+        drop(g);
+        drop(dropped);
+        Ok(())
     }
 
-    fn truncate_locked(&self, m: &MNode, size: u64) -> Result<()> {
+    /// Truncates `m` to `size` under the caller's pass-through semaphore. Returns the pages and
+    /// mappings it dropped, for the caller to free after the semaphore: a checkpoint's
+    /// exclusive phase waits for every holder, and freeing a large file's pages took
+    /// milliseconds (DWSL's truncate of 64 MiB).
+    fn truncate_locked(&self, m: &MNode, size: u64) -> Result<Truncated> {
         let (pages, range) = m.pages().ok_or_else(|| {
             Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
         })?;
@@ -1083,6 +1098,7 @@ impl Engine {
         let old = m.size.load(Ordering::Acquire);
         let _r = range.lock_exclusive(old.min(size), u64::MAX);
         refuse(m.iflags(), InodeFlags::PRIVILEGED, "truncate")?;
+        let mut dropped = Truncated::default();
         let old = m.size.load(Ordering::Acquire);
         if size <= old {
             let keep_pages = size.div_ceil(PAGE_SIZE as u64);
@@ -1100,15 +1116,15 @@ impl Engine {
             // drops blocks preallocated past it (KEEP_SIZE), as ext4 does.
             let mut disk = m.disk.lock();
             if size < old || disk.cur_map.range(keep_pages..).next().is_some() {
-                pages.truncate(keep_pages);
-                disk.truncate(keep_pages);
+                dropped.pages = pages.truncate(keep_pages);
+                dropped.map = disk.truncate(keep_pages);
                 m.note_reserved(&disk);
             }
         }
         m.size.store(size, Ordering::Release);
         m.touch(now());
         self.mark_dirty(m);
-        Ok(())
+        Ok(dropped)
     }
 
     /// fallocate(2): mode 0 (allocate, the size may grow), KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE,
@@ -1300,9 +1316,11 @@ impl Engine {
                 self.drop_privs(&m, Change::Owner, c)?;
             }
         }
+        // Declared before the semaphore's guard, so dropped after it.
+        let mut _dropped = Truncated::default();
         let _g = self.pass.shared();
         if let Some(s) = size {
-            self.truncate_locked(&m, s)?;
+            _dropped = self.truncate_locked(&m, s)?;
         }
         if let Some(a) = atime {
             m.atime.store(ts_to_ns(a), Ordering::Relaxed);

@@ -354,20 +354,40 @@ impl PageMap {
         }
     }
 
-    /// Drops pages at or after `from` (truncate), dirty or not.
-    pub fn truncate(&self, from: u64) {
+    /// Drops pages at or after `from` (truncate), dirty or not, and returns them. Freeing the
+    /// buffers is most of a large truncate's cost (16,384 of them for 64 MiB): the caller drops
+    /// what this returns once it no longer holds the pass-through semaphore, so a checkpoint's
+    /// exclusive phase does not wait for it.
+    pub fn truncate(&self, from: u64) -> Vec<Page> {
+        let mut out = Vec::new();
         for s in self.shards.iter() {
             let mut guard = s.lock();
             let s = &mut *guard;
-            let gone: Vec<u64> = s.pages.keys().copied().filter(|&i| i >= from).collect();
-            for i in gone {
-                let p = s.pages.remove(&i).expect("listed");
-                self.forget(&p);
+            let start = out.len();
+            if from == 0 {
+                // The whole shard: moved out in one pass, the map keeping its table.
+                out.extend(s.pages.drain().map(|(_, p)| p));
+                s.dirty.clear();
+                s.logged.clear();
+            } else {
+                // One pass over the map and each list, not one search per removed page. The
+                // clone shares the buffer (the map's reference goes, the returned one frees it).
+                s.pages.retain(|&i, p| {
+                    let keep = i < from;
+                    if !keep {
+                        out.push(p.clone());
+                    }
+                    keep
+                });
+                s.dirty.retain(|&i| i < from);
+                s.logged.retain(|&i| i < from);
             }
-            // One pass over each list, not one search per removed page.
-            s.dirty.retain(|&i| i < from);
-            s.logged.retain(|&i| i < from);
+            // Counted down under the shard's lock, with the lists.
+            for p in &out[start..] {
+                self.forget(p);
+            }
         }
+        out
     }
 
     /// Drops page `idx`, dirty or not (a punched hole); returns whether it was cached.
@@ -545,7 +565,7 @@ mod tests {
                                     });
                                 }
                             }
-                            1 => m.truncate(idx),
+                            1 => drop(m.truncate(idx)),
                             2 => {
                                 m.truncate_one(idx);
                             }
@@ -598,6 +618,38 @@ mod tests {
         assert_eq!(all.iter().map(|p| (p.0, p.1[0])).collect::<Vec<_>>(), vec![(1, b'A'), (2, b'B')]);
         assert_eq!(stats.dirty_pages.load(Ordering::Relaxed), 0);
         assert!(m.take_dirty().is_empty(), "stale logged entries are skipped");
+    }
+
+    #[test]
+    fn truncate_hands_back_the_pages_it_drops_and_counts_them_out() {
+        let stats = Arc::new(CacheStats::default());
+        let m = PageMap::new(stats.clone());
+        // Sixteen shards' worth of pages, dirty and clean, on both sides of the cut.
+        for i in 0..64u64 {
+            w(&m, i, 0, &[i as u8; 8]);
+        }
+        let taken = m.take_dirty();
+        assert_eq!(taken.len(), 64);
+        for i in (0..64u64).step_by(2) {
+            m.settle(i);
+        }
+        m.restore_dirty(&taken.iter().filter(|(i, _)| i & 1 == 1).cloned().collect::<Vec<_>>());
+        let before = stats.cached_pages.load(Ordering::Relaxed);
+        let gone = m.truncate(40);
+        assert_eq!(gone.len(), 24, "pages 40..64");
+        assert_eq!(gone.iter().filter(|p| p.dirty).count(), 12, "the odd ones were dirty");
+        let mut firsts: Vec<u8> = gone.iter().map(|p| p.data[0]).collect();
+        firsts.sort_unstable();
+        assert_eq!(firsts, (40..64).collect::<Vec<u8>>(), "each dropped page handed back once");
+        assert_eq!(stats.cached_pages.load(Ordering::Relaxed), before - 24, "counted out at once");
+        assert_eq!(m.dirty_count(), 20);
+        assert!((0..40).all(|i| m.get(i).is_some()) && (40..64).all(|i| m.get(i).is_none()));
+        m.check();
+        let rest = m.truncate(0);
+        assert_eq!(rest.len(), 40);
+        assert_eq!((m.dirty_count(), stats.cached_pages.load(Ordering::Relaxed)), (0, before - 64));
+        assert_eq!(stats.dirty_pages.load(Ordering::Relaxed), 0);
+        m.check();
     }
 
     #[test]
