@@ -514,7 +514,7 @@ impl Record {
             }
             Record::Xattrs { ino, attrs, .. } => {
                 e.u32(*ino);
-                put_xattr_set(e, attrs);
+                xattr::put_inline(e, attrs);
             }
             Record::SetXattr { ino, name, value, .. } => {
                 e.u32(*ino);
@@ -632,17 +632,8 @@ fn get_name(d: &mut Dec) -> Result<Vec<u8>> {
     Ok(d.bytes(n)?.to_vec())
 }
 
-/// A whole xattr set: its count, then each entry's name length, value length, name and value.
-fn put_xattr_set(e: &mut Enc, attrs: &[(Vec<u8>, Vec<u8>)]) {
-    e.u16(attrs.len() as u16);
-    for (n, v) in attrs {
-        e.u8(n.len() as u8);
-        e.u16(v.len() as u16);
-        e.bytes(n);
-        e.bytes(v);
-    }
-}
-
+/// A whole xattr set in the layout of [`xattr::put_inline`] (with its own checks: the record
+/// is validated after decoding).
 fn get_xattr_set(d: &mut Dec) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let count = d.u16()? as usize;
     // Each entry takes at least 3 bytes, so the bytes left bound the allocation.
