@@ -6,7 +6,7 @@
 //! the operations that had returned before it was called — and files them when it returns.
 
 use super::ops::{pattern, split, xattr_value, Op};
-use super::oracle::{read_file_state, Acked, History, Id, OpRecord};
+use super::oracle::{read_file_state, Acked, FileState, History, Id, OpRecord, Promise};
 use crate::fs::{Attr, FileKind, Fs};
 use parking_lot::Mutex;
 
@@ -34,7 +34,7 @@ impl Exec<'_> {
         self.fs.resolve(path).map_err(|e| format!("{path}: {e}"))
     }
 
-    fn state(&self, a: &Attr) -> Result<super::oracle::FileState, String> {
+    fn state(&self, a: &Attr) -> Result<FileState, String> {
         let a = self.fs.getattr(a.ino).map_err(|e| format!("getattr: {e}"))?;
         read_file_state(self.fs, &a)
     }
@@ -74,24 +74,7 @@ impl Exec<'_> {
         let fs = self.fs;
         let e = |r: crate::Result<()>| r.map_err(|e| e.to_string());
         match op {
-            Op::Create(path) | Op::Mkdir(path) => {
-                let (pp, name) = parent_and_name(path)?;
-                let parent = self.resolve(pp)?;
-                let a = match op {
-                    Op::Create(_) => fs.create(parent.ino, name, 0o644, 0, 0),
-                    _ => fs.mkdir(parent.ino, name, 0o755, 0, 0),
-                }
-                .map_err(|e| e.to_string())?;
-                let id = Id::of(&a);
-                let st = if a.kind == FileKind::Dir { None } else { self.state(&a).ok() };
-                let mut h = self.hist.lock();
-                h.new_inode(id, a.kind);
-                h.set_entry(ev, Id::of(&parent), name, Some(id));
-                if let Some(st) = st {
-                    h.set_file(ev, id, st);
-                }
-                Ok(())
-            }
+            Op::Create(path) | Op::Mkdir(path) | Op::Symlink(_, path) => self.run_create(op, path, ev),
             Op::Link(from, to) => {
                 let src = self.resolve(from)?;
                 let (pp, name) = parent_and_name(to)?;
@@ -110,37 +93,9 @@ impl Exec<'_> {
                 self.hist.lock().set_entry(ev, Id::of(&parent), name, None);
                 Ok(())
             }
-            Op::Exchange(a, b) => {
-                let (sp, sname) = parent_and_name(a)?;
-                let (dp, dname) = parent_and_name(b)?;
-                let sdir = self.resolve(sp)?;
-                let ddir = self.resolve(dp)?;
-                let x = fs.lookup(sdir.ino, sname).map_err(|e| format!("{a}: {e}"))?;
-                let y = fs.lookup(ddir.ino, dname).map_err(|e| format!("{b}: {e}"))?;
-                e(fs.rename(sdir.ino, sname, ddir.ino, dname, crate::fs::RENAME_EXCHANGE))?;
-                if x.ino == y.ino {
-                    return Ok(());
-                }
-                let (sd, dd) = (Id::of(&sdir), Id::of(&ddir));
-                let mut h = self.hist.lock();
-                let v = h.set_entries(ev, &[(sd, sname, Some(Id::of(&y))), (dd, dname, Some(Id::of(&x)))]);
-                h.note_rename((sd, sname.to_vec()), v[0], (dd, dname.to_vec()), v[1]);
-                Ok(())
-            }
-            Op::Symlink(target, path) => {
-                let (pp, name) = parent_and_name(path)?;
-                let parent = self.resolve(pp)?;
-                let a = fs.symlink(parent.ino, name, target.as_bytes(), 0, 0).map_err(|e| e.to_string())?;
-                let id = Id::of(&a);
-                let st = self.state(&a).ok();
-                let mut h = self.hist.lock();
-                h.new_inode(id, a.kind);
-                h.set_entry(ev, Id::of(&parent), name, Some(id));
-                if let Some(st) = st {
-                    h.set_file(ev, id, st);
-                }
-                Ok(())
-            }
+            Op::Exchange(a, b) => self.run_exchange(a, b, ev),
+            Op::Rename(from, to) => self.run_rename(from, to, false, ev),
+            Op::Whiteout(from, to) => self.run_rename(from, to, true, ev),
             Op::Open(path) => {
                 if self.handles.borrow().contains_key(path) {
                     return Err(format!("{path}: already open"));
@@ -155,101 +110,18 @@ impl Exec<'_> {
                     self.handles.borrow_mut().remove(path).ok_or_else(|| format!("{path}: not open"))?;
                 e(fs.release(ino))
             }
-            Op::Rename(from, to) => {
-                let (sp, sname) = parent_and_name(from)?;
-                let (dp, dname) = parent_and_name(to)?;
-                let sdir = self.resolve(sp)?;
-                let ddir = self.resolve(dp)?;
-                let src = fs.lookup(sdir.ino, sname).map_err(|e| format!("{from}: {e}"))?;
-                let dst = fs.lookup(ddir.ino, dname).ok();
-                e(fs.rename(sdir.ino, sname, ddir.ino, dname, 0))?;
-                if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
-                    // Two names of one inode: rename does nothing.
-                    return Ok(());
-                }
-                let (sd, dd) = (Id::of(&sdir), Id::of(&ddir));
-                let mut h = self.hist.lock();
-                let v = h.set_entries(ev, &[(sd, sname, None), (dd, dname, Some(Id::of(&src)))]);
-                h.note_rename((sd, sname.to_vec()), v[0], (dd, dname.to_vec()), v[1]);
-                Ok(())
-            }
-            Op::Whiteout(from, to) => {
-                let (sp, sname) = parent_and_name(from)?;
-                let (dp, dname) = parent_and_name(to)?;
-                let sdir = self.resolve(sp)?;
-                let ddir = self.resolve(dp)?;
-                let src = fs.lookup(sdir.ino, sname).map_err(|e| format!("{from}: {e}"))?;
-                let dst = fs.lookup(ddir.ino, dname).ok();
-                e(fs.rename(sdir.ino, sname, ddir.ino, dname, crate::fs::RENAME_WHITEOUT))?;
-                if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
-                    // Two names of one inode: rename does nothing, and leaves no whiteout.
-                    return Ok(());
-                }
-                let w = fs.lookup(sdir.ino, sname).map_err(|e| format!("{from}: whiteout: {e}"))?;
-                if w.kind != FileKind::CharDevice || w.rdev != 0 {
-                    return Err(format!(
-                        "{from}: the whiteout is a {:?} {:#x}, not a character device 0:0",
-                        w.kind, w.rdev
-                    ));
-                }
-                let wid = Id::of(&w);
-                let st = self.state(&w)?;
-                let (sd, dd) = (Id::of(&sdir), Id::of(&ddir));
-                let mut h = self.hist.lock();
-                h.new_inode(wid, w.kind);
-                let v = h.set_entries(ev, &[(sd, sname, Some(wid)), (dd, dname, Some(Id::of(&src)))]);
-                h.set_file(ev, wid, st);
-                h.note_rename((sd, sname.to_vec()), v[0], (dd, dname.to_vec()), v[1]);
-                Ok(())
-            }
-            Op::Write { path, off, len, tag } => {
-                let a = self.resolve(path)?;
-                let r = fs.write_at(a.ino, *off, &pattern(*tag, *off, *len)).map(|_| ());
-                self.record_file(ev, &a);
-                e(r)
-            }
-            Op::Truncate { path, size } => {
-                let a = self.resolve(path)?;
-                let r = fs.truncate(a.ino, *size);
-                self.record_file(ev, &a);
-                e(r)
-            }
-            Op::Falloc { path, mode, off, len } => {
-                let a = self.resolve(path)?;
-                let r = fs.fallocate(a.ino, mode.flags(), *off, *len);
-                self.record_file(ev, &a);
-                e(r)
-            }
-            Op::SetXattr { path, name, len, tag } => {
-                let a = self.resolve(path)?;
-                let r = fs.setxattr(a.ino, name.as_bytes(), &xattr_value(*tag, *len), 0);
-                self.record_file(ev, &a);
-                e(r)
-            }
-            Op::RemoveXattr { path, name } => {
-                let a = self.resolve(path)?;
-                let r = fs.removexattr(a.ino, name.as_bytes());
-                self.record_file(ev, &a);
-                e(r)
-            }
-            Op::Chmod { path, mode } => {
-                let a = self.resolve(path)?;
-                let r = fs
-                    .setattr(a.ino, &crate::fs::SetAttr { mode: Some(*mode), ..Default::default() })
-                    .map(|_| ());
-                if a.kind != FileKind::Dir {
-                    self.record_file(ev, &a);
-                }
-                e(r)
-            }
+            Op::Write { path, .. }
+            | Op::Truncate { path, .. }
+            | Op::Falloc { path, .. }
+            | Op::SetXattr { path, .. }
+            | Op::RemoveXattr { path, .. }
+            | Op::Chmod { path, .. } => self.run_file_op(op, path, ev),
             Op::Fsync(path) | Op::Fdatasync(path) => {
                 let a = self.resolve(path)?;
                 let datasync = matches!(op, Op::Fdatasync(_));
                 let promises = self.hist.lock().promise_fsync(Id::of(&a), datasync);
                 e(fs.fsync(a.ino, datasync))?;
-                let ev_end = (self.events)();
-                let op = self.label(op);
-                self.hist.lock().acked.push(Acked { ev_end, op, promises });
+                self.acknowledge(op, promises);
                 Ok(())
             }
             // Cleaning makes nothing durable that the oracle may count on (it checkpoints only
@@ -262,12 +134,138 @@ impl Exec<'_> {
             Op::Sync => {
                 let promises = self.hist.lock().promise_all();
                 e(fs.sync())?;
-                let ev_end = (self.events)();
-                let op = self.label(op);
-                self.hist.lock().acked.push(Acked { ev_end, op, promises });
+                self.acknowledge(op, promises);
                 Ok(())
             }
         }
+    }
+
+    /// Files the promises of an fsync or sync `op` that returned, with the write-log length now.
+    fn acknowledge(&self, op: &Op, promises: Vec<Promise>) {
+        let ev_end = (self.events)();
+        let op = self.label(op);
+        self.hist.lock().acked.push(Acked { ev_end, op, promises });
+    }
+
+    /// A create, mkdir or symlink at `path`: a new inode, its name, and (not for a directory)
+    /// its contents.
+    fn run_create(&self, op: &Op, path: &str, ev: usize) -> Result<(), String> {
+        let fs = self.fs;
+        let (pp, name) = parent_and_name(path)?;
+        let parent = self.resolve(pp)?;
+        let a = match op {
+            Op::Create(_) => fs.create(parent.ino, name, 0o644, 0, 0),
+            Op::Mkdir(_) => fs.mkdir(parent.ino, name, 0o755, 0, 0),
+            Op::Symlink(target, _) => fs.symlink(parent.ino, name, target.as_bytes(), 0, 0),
+            _ => unreachable!("run_create of {op}"),
+        }
+        .map_err(|e| e.to_string())?;
+        let id = Id::of(&a);
+        let st = if a.kind == FileKind::Dir { None } else { self.state(&a).ok() };
+        let mut h = self.hist.lock();
+        h.new_inode(id, a.kind);
+        h.set_entry(ev, Id::of(&parent), name, Some(id));
+        if let Some(st) = st {
+            h.set_file(ev, id, st);
+        }
+        Ok(())
+    }
+
+    /// The parent directories and names of the two paths of a rename, in that order (each path
+    /// split, then each parent resolved).
+    fn both_parents<'p>(&self, a: &'p str, b: &'p str) -> Result<[(Attr, &'p [u8]); 2], String> {
+        let (sp, sname) = parent_and_name(a)?;
+        let (dp, dname) = parent_and_name(b)?;
+        let sdir = self.resolve(sp)?;
+        let ddir = self.resolve(dp)?;
+        Ok([(sdir, sname), (ddir, dname)])
+    }
+
+    /// rename(2) with RENAME_EXCHANGE of `a` and `b`.
+    fn run_exchange(&self, a: &str, b: &str, ev: usize) -> Result<(), String> {
+        let fs = self.fs;
+        let [(sdir, sname), (ddir, dname)] = self.both_parents(a, b)?;
+        let x = fs.lookup(sdir.ino, sname).map_err(|e| format!("{a}: {e}"))?;
+        let y = fs.lookup(ddir.ino, dname).map_err(|e| format!("{b}: {e}"))?;
+        fs.rename(sdir.ino, sname, ddir.ino, dname, crate::fs::RENAME_EXCHANGE).map_err(|e| e.to_string())?;
+        if x.ino == y.ino {
+            return Ok(());
+        }
+        let (sd, dd) = (Id::of(&sdir), Id::of(&ddir));
+        let mut h = self.hist.lock();
+        let v = h.set_entries(ev, &[(sd, sname, Some(Id::of(&y))), (dd, dname, Some(Id::of(&x)))]);
+        h.note_rename((sd, sname.to_vec()), v[0], (dd, dname.to_vec()), v[1]);
+        Ok(())
+    }
+
+    /// rename(2) of `from` to `to`, with RENAME_WHITEOUT when `whiteout` (the source name then
+    /// holds a new character device 0:0).
+    fn run_rename(&self, from: &str, to: &str, whiteout: bool, ev: usize) -> Result<(), String> {
+        let fs = self.fs;
+        let [(sdir, sname), (ddir, dname)] = self.both_parents(from, to)?;
+        let src = fs.lookup(sdir.ino, sname).map_err(|e| format!("{from}: {e}"))?;
+        let dst = fs.lookup(ddir.ino, dname).ok();
+        let flags = if whiteout { crate::fs::RENAME_WHITEOUT } else { 0 };
+        fs.rename(sdir.ino, sname, ddir.ino, dname, flags).map_err(|e| e.to_string())?;
+        if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+            // Two names of one inode: rename does nothing (and leaves no whiteout).
+            return Ok(());
+        }
+        let left = if whiteout { Some(self.whiteout_at(from, &sdir, sname)?) } else { None };
+        let (sd, dd) = (Id::of(&sdir), Id::of(&ddir));
+        let mut h = self.hist.lock();
+        if let Some((w, _)) = &left {
+            h.new_inode(Id::of(w), w.kind);
+        }
+        let v = h.set_entries(
+            ev,
+            &[(sd, sname, left.as_ref().map(|(w, _)| Id::of(w))), (dd, dname, Some(Id::of(&src)))],
+        );
+        if let Some((w, st)) = left {
+            h.set_file(ev, Id::of(&w), st);
+        }
+        h.note_rename((sd, sname.to_vec()), v[0], (dd, dname.to_vec()), v[1]);
+        Ok(())
+    }
+
+    /// The whiteout a rename of `from` left as `name` in `dir`, and its state; an error if it is
+    /// not a character device 0:0.
+    fn whiteout_at(&self, from: &str, dir: &Attr, name: &[u8]) -> Result<(Attr, FileState), String> {
+        let w = self.fs.lookup(dir.ino, name).map_err(|e| format!("{from}: whiteout: {e}"))?;
+        if w.kind != FileKind::CharDevice || w.rdev != 0 {
+            return Err(format!(
+                "{from}: the whiteout is a {:?} {:#x}, not a character device 0:0",
+                w.kind, w.rdev
+            ));
+        }
+        let st = self.state(&w)?;
+        Ok((w, st))
+    }
+
+    /// An operation on the file at `path` (data, size, xattrs, mode): its new state is recorded
+    /// whatever the result.
+    fn run_file_op(&self, op: &Op, path: &str, ev: usize) -> Result<(), String> {
+        let fs = self.fs;
+        let a = self.resolve(path)?;
+        let r = match op {
+            Op::Write { off, len, tag, .. } => {
+                fs.write_at(a.ino, *off, &pattern(*tag, *off, *len)).map(|_| ())
+            }
+            Op::Truncate { size, .. } => fs.truncate(a.ino, *size),
+            Op::Falloc { mode, off, len, .. } => fs.fallocate(a.ino, mode.flags(), *off, *len),
+            Op::SetXattr { name, len, tag, .. } => {
+                fs.setxattr(a.ino, name.as_bytes(), &xattr_value(*tag, *len), 0)
+            }
+            Op::RemoveXattr { name, .. } => fs.removexattr(a.ino, name.as_bytes()),
+            Op::Chmod { mode, .. } => {
+                fs.setattr(a.ino, &crate::fs::SetAttr { mode: Some(*mode), ..Default::default() }).map(|_| ())
+            }
+            _ => unreachable!("run_file_op of {op}"),
+        };
+        if a.kind != FileKind::Dir || !matches!(op, Op::Chmod { .. }) {
+            self.record_file(ev, &a);
+        }
+        r.map_err(|e| e.to_string())
     }
 
     fn label(&self, op: &Op) -> String {

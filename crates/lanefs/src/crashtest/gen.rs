@@ -298,33 +298,132 @@ pub fn ace_workload(id: String, ops: Vec<Op>) -> Workload {
 // ---------------------------------------------------------------------------------------------
 // Random mixes
 
-/// Names a random mix draws from, under `root`.
-fn random_op(m: &Model, rng: &mut Rng, root: &str, tag: u8) -> Option<Op> {
-    let in_root = |p: &String| p == root || p.starts_with(&format!("{}/", root.trim_end_matches('/')));
-    let files: Vec<String> = m.files().into_iter().filter(in_root).collect();
-    let dirs: Vec<String> = m.dirs().into_iter().filter(in_root).collect();
-    let new_name = |rng: &mut Rng, dirs: &[String], prefix: &str, n: u64| {
-        let d = rng.pick(dirs).clone();
+/// What a random mix draws from: the model's files and directories under `root`.
+struct Pool<'a> {
+    m: &'a Model,
+    root: &'a str,
+    files: Vec<String>,
+    dirs: Vec<String>,
+}
+
+impl<'a> Pool<'a> {
+    fn new(m: &'a Model, root: &'a str) -> Pool<'a> {
+        let mut p = Pool { m, root, files: Vec::new(), dirs: Vec::new() };
+        p.files = m.files().into_iter().filter(|f| p.in_root(f)).collect();
+        p.dirs = m.dirs().into_iter().filter(|d| p.in_root(d)).collect();
+        p
+    }
+
+    fn in_root(&self, p: &str) -> bool {
+        p == self.root || p.starts_with(&format!("{}/", self.root.trim_end_matches('/')))
+    }
+
+    /// A name `prefix` + a number below `n` in a random directory.
+    fn new_name(&self, rng: &mut Rng, prefix: &str, n: u64) -> String {
+        let d = rng.pick(&self.dirs).clone();
         join(&d, &format!("{prefix}{}", rng.below(n)))
-    };
-    let file = |rng: &mut Rng| (!files.is_empty()).then(|| rng.pick(&files).clone());
-    let roll = rng.below(108);
-    let op = match roll {
-        0..=11 => Op::Create(new_name(rng, &dirs, "f", 8)),
-        12..=15 => {
-            if dirs.len() > 6 {
+    }
+
+    fn file(&self, rng: &mut Rng) -> Option<String> {
+        (!self.files.is_empty()).then(|| rng.pick(&self.files).clone())
+    }
+
+    fn rmdir(&self, rng: &mut Rng) -> Option<Op> {
+        let empty: Vec<String> =
+            self.dirs.iter().filter(|d| *d != self.root && self.m.is_empty_dir(d)).cloned().collect();
+        if empty.is_empty() {
+            return None;
+        }
+        Some(Op::Rmdir(rng.pick(&empty).clone()))
+    }
+
+    /// A rename (now and then leaving a whiteout) of a file or, one time in four, a directory,
+    /// over another file or to a new name.
+    fn rename(&self, rng: &mut Rng) -> Option<Op> {
+        let src = if rng.chance(1, 4) {
+            let ds: Vec<String> = self.dirs.iter().filter(|d| *d != self.root).cloned().collect();
+            if ds.is_empty() {
                 return None;
             }
-            Op::Mkdir(new_name(rng, &dirs, "d", 3))
+            rng.pick(&ds).clone()
+        } else {
+            self.file(rng)?
+        };
+        let dst = if self.m.is_file(&src) && self.files.len() > 1 && rng.chance(1, 3) {
+            rng.pick(&self.files).clone()
+        } else {
+            self.new_name(rng, if self.m.is_dir(&src) { "d" } else { "f" }, 8)
+        };
+        if !self.m.can_rename(&src, &dst) {
+            return None;
+        }
+        Some(if rng.chance(1, 5) { Op::Whiteout(src, dst) } else { Op::Rename(src, dst) })
+    }
+
+    fn remove_xattr(&self, rng: &mut Rng) -> Option<Op> {
+        let xs: Vec<&(String, String)> = self.m.xattrs.iter().filter(|(p, _)| self.in_root(p)).collect();
+        if xs.is_empty() {
+            return None;
+        }
+        let (path, name) = (*rng.pick(&xs)).clone();
+        Some(Op::RemoveXattr { path, name })
+    }
+
+    fn exchange(&self, rng: &mut Rng) -> Option<Op> {
+        if self.files.len() < 2 {
+            return None;
+        }
+        let a = rng.pick(&self.files).clone();
+        let b = rng.pick(&self.files).clone();
+        if a == b {
+            return None;
+        }
+        Some(Op::Exchange(a, b))
+    }
+
+    fn open(&self, rng: &mut Rng) -> Option<Op> {
+        let path = self.file(rng)?;
+        if self.m.open.contains(&path) {
+            return None;
+        }
+        Some(Op::Open(path))
+    }
+
+    fn close(&self, rng: &mut Rng) -> Option<Op> {
+        let open: Vec<&String> = self.m.open.iter().filter(|p| self.in_root(p)).collect();
+        if open.is_empty() {
+            return None;
+        }
+        Some(Op::Close((*rng.pick(&open)).clone()))
+    }
+}
+
+/// A write to `path`: mostly small and near the start, one in forty past 4 MiB.
+fn random_write(rng: &mut Rng, path: String, tag: u8) -> Op {
+    let big = rng.chance(1, 40);
+    let off = if big { (4 << 20) + rng.below(64 << 10) } else { rng.below(40 << 10) };
+    let len = 1 + if rng.chance(1, 3) { rng.below(4096) } else { rng.below(20 << 10) };
+    Op::Write { path, off, len, tag }
+}
+
+/// One random operation on what `m` holds under `root` (`None`: the roll found nothing to act
+/// on). The rolls' weights set the mix; their order of draws is what a seed reproduces.
+fn random_op(m: &Model, rng: &mut Rng, root: &str, tag: u8) -> Option<Op> {
+    let p = Pool::new(m, root);
+    let roll = rng.below(108);
+    let op = match roll {
+        0..=11 => Op::Create(p.new_name(rng, "f", 8)),
+        12..=15 => {
+            if p.dirs.len() > 6 {
+                return None;
+            }
+            Op::Mkdir(p.new_name(rng, "d", 3))
         }
         16..=35 => {
-            let path = file(rng)?;
-            let big = rng.chance(1, 40);
-            let off = if big { (4 << 20) + rng.below(64 << 10) } else { rng.below(40 << 10) };
-            let len = 1 + if rng.chance(1, 3) { rng.below(4096) } else { rng.below(20 << 10) };
-            Op::Write { path, off, len, tag }
+            let path = p.file(rng)?;
+            random_write(rng, path, tag)
         }
-        36..=40 => Op::Truncate { path: file(rng)?, size: rng.below(30 << 10) },
+        36..=40 => Op::Truncate { path: p.file(rng)?, size: rng.below(30 << 10) },
         41..=44 => {
             let mode = *rng.pick(&[
                 FallocMode::Alloc,
@@ -333,89 +432,30 @@ fn random_op(m: &Model, rng: &mut Rng, root: &str, tag: u8) -> Option<Op> {
                 FallocMode::Zero,
                 FallocMode::ZeroKeepSize,
             ]);
-            Op::Falloc { path: file(rng)?, mode, off: rng.below(24 << 10), len: 1 + rng.below(16 << 10) }
+            Op::Falloc { path: p.file(rng)?, mode, off: rng.below(24 << 10), len: 1 + rng.below(16 << 10) }
         }
-        45..=48 => Op::Link(file(rng)?, new_name(rng, &dirs, "l", 4)),
-        49..=54 => Op::Unlink(file(rng)?),
-        55..=56 => {
-            let empty: Vec<String> =
-                dirs.iter().filter(|d| *d != root && m.is_empty_dir(d)).cloned().collect();
-            if empty.is_empty() {
-                return None;
-            }
-            Op::Rmdir(rng.pick(&empty).clone())
-        }
-        57..=64 => {
-            let src = if rng.chance(1, 4) {
-                let ds: Vec<String> = dirs.iter().filter(|d| *d != root).cloned().collect();
-                if ds.is_empty() {
-                    return None;
-                }
-                rng.pick(&ds).clone()
-            } else {
-                file(rng)?
-            };
-            let dst = if m.is_file(&src) && files.len() > 1 && rng.chance(1, 3) {
-                rng.pick(&files).clone()
-            } else {
-                new_name(rng, &dirs, if m.is_dir(&src) { "d" } else { "f" }, 8)
-            };
-            if !m.can_rename(&src, &dst) {
-                return None;
-            }
-            if rng.chance(1, 5) {
-                Op::Whiteout(src, dst)
-            } else {
-                Op::Rename(src, dst)
-            }
-        }
+        45..=48 => Op::Link(p.file(rng)?, p.new_name(rng, "l", 4)),
+        49..=54 => Op::Unlink(p.file(rng)?),
+        55..=56 => p.rmdir(rng)?,
+        57..=64 => p.rename(rng)?,
         65..=67 => Op::SetXattr {
-            path: file(rng)?,
+            path: p.file(rng)?,
             name: format!("user.{}", rng.below(3)),
             // Now and then a value too large for an xattr node, up to XATTR_SIZE_MAX: the set
             // goes to xattr blocks.
             len: if rng.below(6) == 0 { 4000 + rng.below(61_537) as u32 } else { 1 + rng.below(300) as u32 },
             tag,
         },
-        68 => {
-            let xs: Vec<&(String, String)> = m.xattrs.iter().filter(|(p, _)| in_root(p)).collect();
-            if xs.is_empty() {
-                return None;
-            }
-            let (path, name) = (*rng.pick(&xs)).clone();
-            Op::RemoveXattr { path, name }
-        }
-        69..=70 => Op::Chmod { path: file(rng)?, mode: *rng.pick(&[0o600, 0o644, 0o755, 0o400]) },
-        71..=84 => Op::Fsync(file(rng)?),
-        85..=87 => Op::Fdatasync(file(rng)?),
-        88..=96 => Op::Fsync(rng.pick(&dirs).clone()),
+        68 => p.remove_xattr(rng)?,
+        69..=70 => Op::Chmod { path: p.file(rng)?, mode: *rng.pick(&[0o600, 0o644, 0o755, 0o400]) },
+        71..=84 => Op::Fsync(p.file(rng)?),
+        85..=87 => Op::Fdatasync(p.file(rng)?),
+        88..=96 => Op::Fsync(rng.pick(&p.dirs).clone()),
         97..=99 => Op::Sync,
-        100 | 101 => Op::Symlink(format!("../t{}", rng.below(100)), new_name(rng, &dirs, "s", 4)),
-        102 | 103 => {
-            if files.len() < 2 {
-                return None;
-            }
-            let a = rng.pick(&files).clone();
-            let b = rng.pick(&files).clone();
-            if a == b {
-                return None;
-            }
-            Op::Exchange(a, b)
-        }
-        104 | 105 => {
-            let path = file(rng)?;
-            if m.open.contains(&path) {
-                return None;
-            }
-            Op::Open(path)
-        }
-        _ => {
-            let open: Vec<&String> = m.open.iter().filter(|p| in_root(p)).collect();
-            if open.is_empty() {
-                return None;
-            }
-            Op::Close((*rng.pick(&open)).clone())
-        }
+        100 | 101 => Op::Symlink(format!("../t{}", rng.below(100)), p.new_name(rng, "s", 4)),
+        102 | 103 => p.exchange(rng)?,
+        104 | 105 => p.open(rng)?,
+        _ => p.close(rng)?,
     };
     Some(op)
 }

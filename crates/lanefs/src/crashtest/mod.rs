@@ -607,13 +607,7 @@ fn run_corrupt(cfg: &Config, bases: &Bases, sink: Sink, only: Option<(&str, usiz
             return out;
         }
     };
-    let mut cases: Vec<(usize, corrupt::Damage)> = Vec::new();
-    for (ri, r) in refs.iter().enumerate() {
-        cases.extend(corrupt::sweep(r, cfg.quick, cfg.seed).into_iter().map(|d| (ri, d)));
-        let mut rng = Rng::new(derive(cfg.seed, 0xC0 + ri as u64));
-        let n = if cfg.quick { 100 } else { 20_000 };
-        cases.extend(corrupt::random_damage(r, &mut rng, n).into_iter().map(|d| (ri, d)));
-    }
+    let cases = corrupt_cases(cfg, &refs);
     sink(Event::Family { family: Family::Corrupt, target: cases.len() as u64 });
     let mut per_ref = vec![0usize; refs.len()];
     let (mut refused, mut mounted, mut walk_failed) = (0u64, 0u64, 0u64);
@@ -670,32 +664,60 @@ fn run_corrupt(cfg: &Config, bases: &Bases, sink: Sink, only: Option<(&str, usiz
         }
     }
     if only.is_none() {
-        // Structure-aware decoder cases (the entry point of the cargo-fuzz target).
-        let n = if cfg.quick { 20_000 } else { 1_000_000 };
-        let found = corrupt::decoder_cases(derive(cfg.seed, 0xDEC0), n);
-        out.violations += found.len() as u64;
-        for v in &found {
-            sink(Event::Violation(&format!("VIOLATION corrupt-decoder: {v}")));
-        }
-        sink(Event::Note(&format!(
-            "corrupt: {n} mutated blocks (checksums fixed) through their decoders: {} panics",
-            found.len()
-        )));
-        let kinds: Vec<String> = corrupt::Target::ALL
-            .iter()
-            .map(|t| {
-                let n: usize = refs.iter().map(|r| r.blocks.iter().filter(|(k, _)| k == t).count()).sum();
-                format!("{} {n}", t.name())
-            })
-            .collect();
-        sink(Event::Note(&format!(
-            "corrupt: {} damaged images: {mounted} mounted and were read back ({walk_failed} with read errors), {refused} refused at mount; blocks found by kind: {}",
-            out.states,
-            kinds.join(", ")
-        )));
+        out.violations += run_decoder_cases(cfg, sink);
+        note_corrupt_counts(&refs, out.states, (mounted, walk_failed, refused), sink);
     }
     out.elapsed = start.elapsed();
     out
+}
+
+/// The damaged images of the sweep, as (reference index, damage): each reference's
+/// systematic sweep, then its random damage.
+fn corrupt_cases(cfg: &Config, refs: &[corrupt::Reference]) -> Vec<(usize, corrupt::Damage)> {
+    let mut cases: Vec<(usize, corrupt::Damage)> = Vec::new();
+    for (ri, r) in refs.iter().enumerate() {
+        cases.extend(corrupt::sweep(r, cfg.quick, cfg.seed).into_iter().map(|d| (ri, d)));
+        let mut rng = Rng::new(derive(cfg.seed, 0xC0 + ri as u64));
+        let n = if cfg.quick { 100 } else { 20_000 };
+        cases.extend(corrupt::random_damage(r, &mut rng, n).into_iter().map(|d| (ri, d)));
+    }
+    cases
+}
+
+/// Structure-aware decoder cases (the entry point of the cargo-fuzz target): mutated blocks,
+/// checksums fixed, through their decoders. Returns the violations (panics) found.
+fn run_decoder_cases(cfg: &Config, sink: Sink) -> u64 {
+    let n = if cfg.quick { 20_000 } else { 1_000_000 };
+    let found = corrupt::decoder_cases(derive(cfg.seed, 0xDEC0), n);
+    for v in &found {
+        sink(Event::Violation(&format!("VIOLATION corrupt-decoder: {v}")));
+    }
+    sink(Event::Note(&format!(
+        "corrupt: {n} mutated blocks (checksums fixed) through their decoders: {} panics",
+        found.len()
+    )));
+    found.len() as u64
+}
+
+/// The sweep's closing note: how the `states` damaged images fared (mounted, of those with
+/// read errors, refused) and the blocks of each kind the references hold.
+fn note_corrupt_counts(
+    refs: &[corrupt::Reference],
+    states: u64,
+    (mounted, walk_failed, refused): (u64, u64, u64),
+    sink: Sink,
+) {
+    let kinds: Vec<String> = corrupt::Target::ALL
+        .iter()
+        .map(|t| {
+            let n: usize = refs.iter().map(|r| r.blocks.iter().filter(|(k, _)| k == t).count()).sum();
+            format!("{} {n}", t.name())
+        })
+        .collect();
+    sink(Event::Note(&format!(
+        "corrupt: {states} damaged images: {mounted} mounted and were read back ({walk_failed} with read errors), {refused} refused at mount; blocks found by kind: {}",
+        kinds.join(", ")
+    )));
 }
 
 /// The region corruption sweep of `--nvm` (the device images' sweep is the same as without a

@@ -24,7 +24,7 @@
 //! Inodes are identified by number and creation time ([`Id`]), so a reused inode number is not
 //! mistaken for the file that held it before.
 
-use crate::fs::{Attr, FileKind, Fs, Ino, ROOT};
+use crate::fs::{Attr, DirEntry, FileKind, Fs, Ino, ROOT};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -495,23 +495,41 @@ pub fn walk(fs: &Fs) -> Recovered {
     rec.kinds.insert(rec.root, FileKind::Dir);
     rec.paths.push(("/".into(), rec.root));
     // Depth-first with an explicit stack; every directory is listed once.
-    let mut stack: Vec<(Id, String, usize)> = vec![(rec.root, "/".into(), 0)];
-    let mut visited_dirs: BTreeSet<Id> = BTreeSet::new();
-    visited_dirs.insert(rec.root);
-    while let Some((dir, path, depth)) = stack.pop() {
+    let mut w = Walker { fs, stack: vec![(rec.root, "/".into(), 0)], visited_dirs: BTreeSet::new(), rec };
+    w.visited_dirs.insert(w.rec.root);
+    while let Some((dir, path, depth)) = w.stack.pop() {
+        let Some(ents) = w.list_dir(dir, &path, depth) else { break };
+        w.rec.entries.insert(dir, ents);
+    }
+    w.rec
+}
+
+/// A walk in progress: what it found, the directories still to list (with their path and
+/// depth), and those reached so far.
+struct Walker<'a> {
+    fs: &'a Fs,
+    rec: Recovered,
+    stack: Vec<(Id, String, usize)>,
+    visited_dirs: BTreeSet<Id>,
+}
+
+impl Walker<'_> {
+    /// The entries of directory `dir` (at `path`, `depth` below the root), read page by page;
+    /// `None` when the walk must stop (more inodes than it allows).
+    fn list_dir(&mut self, dir: Id, path: &str, depth: usize) -> Option<BTreeMap<Vec<u8>, Id>> {
         let mut ents = BTreeMap::new();
         let mut cookie = 0u64;
         let mut rounds = 0usize;
         loop {
             rounds += 1;
             if rounds > MAX_INODES {
-                rec.problems.push(format!("readdir {path}: does not end"));
+                self.rec.problems.push(format!("readdir {path}: does not end"));
                 break;
             }
-            let page = match fs.readdir(dir.ino, cookie, 64) {
+            let page = match self.fs.readdir(dir.ino, cookie, 64) {
                 Ok(p) => p,
                 Err(e) => {
-                    rec.problems.push(format!("readdir {path}: {e}"));
+                    self.rec.problems.push(format!("readdir {path}: {e}"));
                     break;
                 }
             };
@@ -527,62 +545,67 @@ pub fn walk(fs: &Fs) -> Recovered {
                 if e.name == b"." || e.name == b".." {
                     continue;
                 }
-                let child_path = format!(
-                    "{}{}{}",
-                    path,
-                    if path.ends_with('/') { "" } else { "/" },
-                    String::from_utf8_lossy(&e.name)
-                );
-                let a = match fs.getattr(e.ino) {
-                    Ok(a) => a,
-                    Err(err) => {
-                        rec.problems.push(format!("getattr {child_path} (inode {}): {err}", e.ino));
-                        continue;
-                    }
-                };
-                if a.kind != e.kind {
-                    rec.problems
-                        .push(format!("{child_path}: readdir says {:?}, getattr says {:?}", e.kind, a.kind));
-                }
-                let id = Id::of(&a);
-                if ents.insert(e.name.clone(), id).is_some() {
-                    rec.problems.push(format!("{child_path}: listed twice"));
-                }
-                *rec.name_count.entry(id).or_insert(0) += 1;
-                if rec.kinds.len() >= MAX_INODES {
-                    rec.problems.push("more inodes than the walk allows".into());
-                    return rec;
-                }
-                rec.kinds.insert(id, a.kind);
-                rec.paths.push((child_path.clone(), id));
-                if a.kind == FileKind::Dir {
-                    if !visited_dirs.insert(id) {
-                        rec.problems
-                            .push(format!("{child_path}: directory reached twice (loop or second name)"));
-                        continue;
-                    }
-                    if depth + 1 > MAX_DEPTH {
-                        rec.problems.push(format!("{child_path}: deeper than {MAX_DEPTH}"));
-                        continue;
-                    }
-                    stack.push((id, child_path, depth + 1));
-                } else if let std::collections::hash_map::Entry::Vacant(slot) = rec.files.entry(id) {
-                    match read_file_state(fs, &a) {
-                        Ok(st) => {
-                            slot.insert(st);
-                        }
-                        Err(err) => rec.problems.push(format!("{child_path}: {err}")),
-                    }
-                }
+                self.visit(&e, path, depth, &mut ents)?;
             }
             if !advanced {
-                rec.problems.push(format!("readdir {path}: cookie does not advance"));
+                self.rec.problems.push(format!("readdir {path}: cookie does not advance"));
                 break;
             }
         }
-        rec.entries.insert(dir, ents);
+        Some(ents)
     }
-    rec
+
+    /// Entry `e` of the directory at `path`: its name goes to `ents`, a directory to the stack,
+    /// a file's state to the result. `None` when the walk must stop.
+    fn visit(
+        &mut self,
+        e: &DirEntry,
+        path: &str,
+        depth: usize,
+        ents: &mut BTreeMap<Vec<u8>, Id>,
+    ) -> Option<()> {
+        let rec = &mut self.rec;
+        let sep = if path.ends_with('/') { "" } else { "/" };
+        let child_path = format!("{path}{sep}{}", String::from_utf8_lossy(&e.name));
+        let a = match self.fs.getattr(e.ino) {
+            Ok(a) => a,
+            Err(err) => {
+                rec.problems.push(format!("getattr {child_path} (inode {}): {err}", e.ino));
+                return Some(());
+            }
+        };
+        if a.kind != e.kind {
+            rec.problems.push(format!("{child_path}: readdir says {:?}, getattr says {:?}", e.kind, a.kind));
+        }
+        let id = Id::of(&a);
+        if ents.insert(e.name.clone(), id).is_some() {
+            rec.problems.push(format!("{child_path}: listed twice"));
+        }
+        *rec.name_count.entry(id).or_insert(0) += 1;
+        if rec.kinds.len() >= MAX_INODES {
+            rec.problems.push("more inodes than the walk allows".into());
+            return None;
+        }
+        rec.kinds.insert(id, a.kind);
+        rec.paths.push((child_path.clone(), id));
+        if a.kind == FileKind::Dir {
+            if !self.visited_dirs.insert(id) {
+                rec.problems.push(format!("{child_path}: directory reached twice (loop or second name)"));
+            } else if depth + 1 > MAX_DEPTH {
+                rec.problems.push(format!("{child_path}: deeper than {MAX_DEPTH}"));
+            } else {
+                self.stack.push((id, child_path, depth + 1));
+            }
+        } else if let std::collections::hash_map::Entry::Vacant(slot) = rec.files.entry(id) {
+            match read_file_state(self.fs, &a) {
+                Ok(st) => {
+                    slot.insert(st);
+                }
+                Err(err) => rec.problems.push(format!("{child_path}: {err}")),
+            }
+        }
+        Some(())
+    }
 }
 
 /// Which versions of `vs` a crash image may show, given a promise of version `p` (0: none)
@@ -620,19 +643,35 @@ fn show_id(h: &History, v: Option<Id>) -> String {
 /// entry the image may contain.
 pub fn check(h: &History, rec: &Recovered, durable: usize, upper: usize) -> Vec<String> {
     let mut out: Vec<String> = rec.problems.clone();
-    let mut act = Active::default();
-    for a in h.acked.iter().filter(|a| a.ev_end <= durable) {
-        for p in &a.promises {
-            match p {
-                Promise::Entry { key, ver } => raise(&mut act.entries, key, *ver, &a.op),
-                Promise::File { id, ver, datasync: false } => raise(&mut act.full, *id, *ver, &a.op),
-                Promise::File { id, ver, datasync: true } => raise(&mut act.data, *id, *ver, &a.op),
-                Promise::Reach { id, ver } => raise(&mut act.reach, *id, *ver, &a.op),
+    let act = Active::of(h, durable);
+    check_entries(h, rec, &act, upper, &mut out);
+    check_renames(h, rec, &act, upper, &mut out);
+    check_files(h, rec, &act, upper, &mut out);
+    check_reach(h, rec, &act, upper, &mut out);
+    check_single_names(h, rec, &mut out);
+    out
+}
+
+impl<'a> Active<'a> {
+    /// The promises of the operations acknowledged within the durable prefix `durable`.
+    fn of(h: &'a History, durable: usize) -> Active<'a> {
+        let mut act = Active::default();
+        for a in h.acked.iter().filter(|a| a.ev_end <= durable) {
+            for p in &a.promises {
+                match p {
+                    Promise::Entry { key, ver } => raise(&mut act.entries, key, *ver, &a.op),
+                    Promise::File { id, ver, datasync: false } => raise(&mut act.full, *id, *ver, &a.op),
+                    Promise::File { id, ver, datasync: true } => raise(&mut act.data, *id, *ver, &a.op),
+                    Promise::Reach { id, ver } => raise(&mut act.reach, *id, *ver, &a.op),
+                }
             }
         }
+        act
     }
+}
 
-    // Entries of every reachable directory.
+/// Entries of every reachable directory: each was created, and shows a version allowed.
+fn check_entries(h: &History, rec: &Recovered, act: &Active, upper: usize, out: &mut Vec<String>) {
     for (dir, ents) in &rec.entries {
         for (name, id) in ents {
             if !h.entries.contains_key(&(*dir, name.clone())) {
@@ -664,11 +703,13 @@ pub fn check(h: &History, rec: &Recovered, durable: usize, upper: usize) -> Vec<
             want.join(" | ")
         ));
     }
+}
 
-    // A rename (and the whiteout or exchanged inode it leaves at the source) is all or nothing:
-    // its two entries show it done at both or at neither. Each entry's value may fit several
-    // versions (a name can go back to an earlier inode), so only a state that no choice of
-    // versions explains is reported.
+/// A rename (and the whiteout or exchanged inode it leaves at the source) is all or nothing:
+/// its two entries show it done at both or at neither. Each entry's value may fit several
+/// versions (a name can go back to an earlier inode), so only a state that no choice of
+/// versions explains is reported.
+fn check_renames(h: &History, rec: &Recovered, act: &Active, upper: usize, out: &mut Vec<String>) {
     for r in &h.renames {
         let (Some(sents), Some(dents)) = (rec.entries.get(&r.src.0), rec.entries.get(&r.dst.0)) else {
             continue;
@@ -696,8 +737,10 @@ pub fn check(h: &History, rec: &Recovered, durable: usize, upper: usize) -> Vec<
             ));
         }
     }
+}
 
-    // Contents and attributes of every reachable non-directory.
+/// Contents and attributes of every reachable non-directory.
+fn check_files(h: &History, rec: &Recovered, act: &Active, upper: usize, out: &mut Vec<String>) {
     for (id, got) in &rec.files {
         let Some(vs) = h.files.get(id) else {
             if h.kinds.contains_key(id) {
@@ -741,8 +784,10 @@ pub fn check(h: &History, rec: &Recovered, durable: usize, upper: usize) -> Vec<
             ));
         }
     }
+}
 
-    // Promised inodes are reachable (unless they lost every name since).
+/// Promised inodes are reachable (unless they lost every name since).
+fn check_reach(h: &History, rec: &Recovered, act: &Active, upper: usize, out: &mut Vec<String>) {
     for (id, (p, op)) in &act.reach {
         if rec.kinds.contains_key(id) {
             continue;
@@ -753,8 +798,10 @@ pub fn check(h: &History, rec: &Recovered, durable: usize, upper: usize) -> Vec<
         }
         out.push(format!("{} ({id}) is gone, but `{op}` made it durable", h.path_of(id)));
     }
+}
 
-    // A rename is all or nothing: an inode never hard-linked has at most one name.
+/// A rename is all or nothing: an inode never hard-linked has at most one name.
+fn check_single_names(h: &History, rec: &Recovered, out: &mut Vec<String>) {
     for (id, n) in &rec.name_count {
         if *n > 1
             && h.max_links.get(id).copied().unwrap_or(0) <= 1
@@ -765,7 +812,6 @@ pub fn check(h: &History, rec: &Recovered, durable: usize, upper: usize) -> Vec<
             out.push(format!("{id} never had two names but appears as {}", names.join(" and ")));
         }
     }
-    out
 }
 
 impl History {

@@ -469,15 +469,7 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
         None if nvm => return Err("the base image has no region".into()),
         None => None,
     };
-    let opts = match &scratch {
-        Some(s) => FsOptions {
-            nvm: Some(s.path().to_path_buf()),
-            // Every other workload logs small fsyncs' pages inline in the region.
-            nvm_inline_pages: Some(if inline_pages(&w.id) { 4 } else { 0 }),
-            ..region_options(w.knobs.options(), Some(clock.clone()))
-        },
-        None => w.knobs.options(),
-    };
+    let opts = run_options(w, scratch.as_ref(), &clock);
     let fs = Fs::open(probe.clone() as Arc<dyn BlockDevice>, opts)
         .map_err(|e| format!("mount of the base image: {e}"))?;
     let recording = match (nvm, fs.nvm().and_then(|n| n.region().recording())) {
@@ -499,60 +491,13 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
     // clock counts both logs' events) with a region.
     let events = || if nvm { clock.now() as usize } else { crash.event_count() };
     let errors = || probe.errors.load(Ordering::Relaxed);
-    if w.threads.len() == 1 {
-        let exec = Exec {
-            fs: &fs,
-            events: &events,
-            io_errors: &errors,
-            hist: &hist,
-            thread: 0,
-            findings: &findings,
-            handles: Default::default(),
-        };
-        for op in &w.threads[0] {
-            let _ = exec.run(op);
-        }
-    } else {
-        let barrier = Barrier::new(w.threads.len());
-        std::thread::scope(|s| {
-            for (t, ops) in w.threads.iter().enumerate() {
-                let (fs, hist, findings, barrier) = (&fs, &hist, &findings, &barrier);
-                let (events, errors) = (&events, &errors);
-                s.spawn(move || {
-                    pin(t);
-                    let exec = Exec {
-                        fs,
-                        events,
-                        io_errors: errors,
-                        hist,
-                        thread: t,
-                        findings,
-                        handles: Default::default(),
-                    };
-                    barrier.wait();
-                    for op in ops {
-                        let _ = exec.run(op);
-                    }
-                });
-            }
-        });
-    }
+    run_threads(w, &fs, &events, &errors, &hist, &findings);
     let mut findings = findings.into_inner();
     let mut hist = hist.into_inner();
     let live = walk(&fs);
     findings.extend(hist.compare_live(&live).into_iter().map(|m| format!("before the crash: {m}")));
-    // Unmount: its checkpoint makes everything durable (contract 3).
     let crash_at = events();
-    let promises = hist.promise_all();
-    let errs = errors();
-    match fs.unmount() {
-        Ok(()) if errors() > errs => {
-            findings.push("unmount: the device returned an error, but unmount succeeded".into())
-        }
-        Ok(()) => hist.acked.push(Acked { ev_end: events(), op: "unmount".into(), promises }),
-        Err(e) if w.fault.is_none() => findings.push(format!("unmount failed: {e}")),
-        Err(_) => {}
-    }
+    unmount(fs, &mut hist, &mut findings, (&events, &errors), w.fault.is_none());
     let dev_events = crash.events();
     let log = WriteLog::from_events(&dev_events);
     let region = recording.map(|r| RegionRun {
@@ -572,6 +517,84 @@ pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
         flush_calls: probe.flushes.load(Ordering::Relaxed),
         region,
     })
+}
+
+/// The mount options of `w`'s run: with a region (the scratch copy of the base's), small
+/// fsyncs' pages go inline in every other workload.
+fn run_options(w: &Workload, scratch: Option<&Scratch>, clock: &EventClock) -> FsOptions {
+    match scratch {
+        Some(s) => FsOptions {
+            nvm: Some(s.path().to_path_buf()),
+            // Every other workload logs small fsyncs' pages inline in the region.
+            nvm_inline_pages: Some(if inline_pages(&w.id) { 4 } else { 0 }),
+            ..region_options(w.knobs.options(), Some(clock.clone()))
+        },
+        None => w.knobs.options(),
+    }
+}
+
+/// Runs `w`'s operations on `fs`, one thread per op list (pinned, started together), each
+/// recorded in `hist`.
+fn run_threads(
+    w: &Workload,
+    fs: &Fs,
+    events: &(dyn Fn() -> usize + Sync),
+    errors: &(dyn Fn() -> u64 + Sync),
+    hist: &Mutex<History>,
+    findings: &Mutex<Vec<String>>,
+) {
+    if w.threads.len() == 1 {
+        let exec =
+            Exec { fs, events, io_errors: errors, hist, thread: 0, findings, handles: Default::default() };
+        for op in &w.threads[0] {
+            let _ = exec.run(op);
+        }
+        return;
+    }
+    let barrier = Barrier::new(w.threads.len());
+    std::thread::scope(|s| {
+        for (t, ops) in w.threads.iter().enumerate() {
+            let barrier = &barrier;
+            s.spawn(move || {
+                pin(t);
+                let exec = Exec {
+                    fs,
+                    events,
+                    io_errors: errors,
+                    hist,
+                    thread: t,
+                    findings,
+                    handles: Default::default(),
+                };
+                barrier.wait();
+                for op in ops {
+                    let _ = exec.run(op);
+                }
+            });
+        }
+    });
+}
+
+/// Unmounts `fs` at the end of a run; its checkpoint makes everything durable (contract 3),
+/// so a clean unmount is acknowledged as promising all. `expect_ok`: a failure is a finding
+/// (no fault was injected).
+fn unmount(
+    fs: Fs,
+    hist: &mut History,
+    findings: &mut Vec<String>,
+    (events, errors): (&dyn Fn() -> usize, &dyn Fn() -> u64),
+    expect_ok: bool,
+) {
+    let promises = hist.promise_all();
+    let errs = errors();
+    match fs.unmount() {
+        Ok(()) if errors() > errs => {
+            findings.push("unmount: the device returned an error, but unmount succeeded".into())
+        }
+        Ok(()) => hist.acked.push(Acked { ev_end: events(), op: "unmount".into(), promises }),
+        Err(e) if expect_ok => findings.push(format!("unmount failed: {e}")),
+        Err(_) => {}
+    }
 }
 
 /// How long one crash state may take before the harness calls it a hang.

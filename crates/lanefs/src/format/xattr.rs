@@ -49,6 +49,19 @@ const BLOCKS_MARK: u16 = u16::MAX;
 /// One attribute: (name, value).
 pub type Xattr = (Vec<u8>, Vec<u8>);
 
+/// Writes an inline set (see the module docs): its count, then each entry's name length, value
+/// length, name and value. The caller checked the lengths fit their fields. The journal's
+/// whole-set record uses the same layout.
+pub(crate) fn put_inline(e: &mut Enc, attrs: &[Xattr]) {
+    e.u16(attrs.len() as u16);
+    for (n, v) in attrs {
+        e.u8(n.len() as u8);
+        e.u16(v.len() as u16);
+        e.bytes(n);
+        e.bytes(v);
+    }
+}
+
 /// What an xattr node holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum XattrNode {
@@ -202,13 +215,7 @@ impl XattrNode {
                 {
                     return bad("inline set too large or an attribute out of range");
                 }
-                e.u16(attrs.len() as u16);
-                for (n, v) in attrs {
-                    e.u8(n.len() as u8);
-                    e.u16(v.len() as u16);
-                    e.bytes(n);
-                    e.bytes(v);
-                }
+                put_inline(e, attrs);
             }
             XattrNode::Blocks { stream_len, stream_crc, addrs } => {
                 if addrs.is_empty()

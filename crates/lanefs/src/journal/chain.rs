@@ -187,6 +187,9 @@ impl ChainWriter {
             addr = next;
             seq += 1;
         }
+        // One block per fragment, each with the next seq: the chain the reader expects.
+        debug_assert_eq!(out.len(), n);
+        debug_assert_eq!(seq, self.seq + n as u64);
         self.next_addr = addr;
         self.seq = seq;
         self.link = link;
@@ -284,6 +287,7 @@ impl ChainRead {
     /// Keeps only the first `keep` transactions and moves the end to the start of the first
     /// one dropped. `blocks` is left whole (the dropped blocks still need protecting).
     pub fn truncate(&mut self, keep: usize) {
+        debug_assert!(keep <= self.transactions.len(), "keep {keep} of {}", self.transactions.len());
         if keep < self.transactions.len() {
             let at = self.starts[keep];
             self.transactions.truncate(keep);
@@ -330,25 +334,11 @@ pub fn read_chain(
     let mut open: Option<(ChainPos, Vec<u8>)> = None;
 
     for _ in 0..max_blocks {
+        debug_assert!(g.in_main(addr as u64), "chain walk at block {addr}");
         let buf = window.block(dev, g, addr)?;
         let Ok(jb) = JournalBlock::decode(buf, g, Some(addr as u64)) else { break };
-        if jb.lane != lane || jb.cp_ver != nonce || jb.seq != seq {
-            break;
-        }
-        let Some(next_seq) = seq.checked_add(1) else { break };
-        if jb.flags & !(TXN_START | TXN_END) != 0 || !g.in_main(jb.next_blkaddr as u64) {
-            break;
-        }
-        if jb.payload.len() <= LINK_LEN {
-            break;
-        }
-        let (link_bytes, frag) = jb.payload.split_at(LINK_LEN);
-        let link = u32::from_le_bytes([link_bytes[0], link_bytes[1], link_bytes[2], link_bytes[3]]);
-        if let Some(expected) = prev_link {
-            if link != 0 && link != expected {
-                break;
-            }
-        }
+        let Some(frag) = continues(&jb, g, (lane, nonce), seq, prev_link) else { break };
+        let next_seq = seq + 1;
         let start = jb.flags & TXN_START != 0;
         match (&mut open, start) {
             (Some(_), true) | (None, false) => break,
@@ -377,7 +367,42 @@ pub fn read_chain(
         addr = jb.next_blkaddr;
         seq = next_seq;
     }
+    // Exactly one seq per block from the head, and the transactions in chain order.
+    debug_assert!(out.blocks.len() as u64 <= max_blocks);
+    debug_assert!(out.end_seq >= head_seq && out.end_seq <= head_seq.saturating_add(out.blocks.len() as u64));
+    debug_assert_eq!(out.transactions.len(), out.starts.len());
+    debug_assert!(out.starts.windows(2).all(|w| w[0].seq < w[1].seq));
     Ok(out)
+}
+
+/// The transaction bytes of `jb` if it continues the chain of `(lane, nonce)` where the block
+/// with seq `seq` is expected, after a block whose link is `prev_link` (`None` at the head); `None`
+/// where the chain ends (see the module docs for the checks).
+fn continues<'a>(
+    jb: &'a JournalBlock,
+    g: &Geometry,
+    (lane, nonce): (u16, u64),
+    seq: u64,
+    prev_link: Option<u32>,
+) -> Option<&'a [u8]> {
+    if jb.lane != lane || jb.cp_ver != nonce || jb.seq != seq {
+        return None;
+    }
+    seq.checked_add(1)?;
+    if jb.flags & !(TXN_START | TXN_END) != 0 || !g.in_main(jb.next_blkaddr as u64) {
+        return None;
+    }
+    if jb.payload.len() <= LINK_LEN {
+        return None;
+    }
+    let (link_bytes, frag) = jb.payload.split_at(LINK_LEN);
+    let link = u32::from_le_bytes([link_bytes[0], link_bytes[1], link_bytes[2], link_bytes[3]]);
+    if let Some(expected) = prev_link {
+        if link != 0 && link != expected {
+            return None;
+        }
+    }
+    Some(frag)
 }
 
 /// Blocks a chain walk reads at once: a lane's journal blocks mostly follow one another in its

@@ -198,6 +198,53 @@ fn check_attr(a: &InodeAttr) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// A symlink carries a target of 1..=MAX_SYMLINK_LEN bytes; nothing else carries one.
+fn check_symlink(attr: &InodeAttr, symlink: &[u8]) -> std::result::Result<(), String> {
+    let is_link = attr.mode & S_IFMT == S_IFLNK;
+    if is_link == symlink.is_empty() || symlink.len() > MAX_SYMLINK_LEN {
+        return Err(format!(
+            "symlink target of {} bytes for mode {:o} (a symlink needs 1..={MAX_SYMLINK_LEN})",
+            symlink.len(),
+            attr.mode
+        ));
+    }
+    Ok(())
+}
+
+/// A map run: 1..=MAP_RUN_MAX entries inside the largest file, holes and unwritten blocks
+/// without a checksum.
+fn check_map(first: u64, entries: &[(u32, u32)]) -> std::result::Result<(), String> {
+    if entries.is_empty() || entries.len() > MAP_RUN_MAX {
+        return Err(format!("map of {} entries (1..={MAP_RUN_MAX})", entries.len()));
+    }
+    if !matches!(first.checked_add(entries.len() as u64), Some(end) if end <= MAX_FILE_BLOCKS) {
+        return Err(format!("map at block {first} runs past the largest file"));
+    }
+    if entries.iter().any(|&(a, c)| (a == 0 || a == NEW_ADDR) && c != 0) {
+        return Err("a hole or unwritten block carries a checksum".into());
+    }
+    Ok(())
+}
+
+/// A whole xattr set (the `Xattrs` record of earlier images).
+fn check_xattr_set(attrs: &[(Vec<u8>, Vec<u8>)]) -> std::result::Result<(), String> {
+    // Earlier lanefs kept an inode's xattrs in one xattr node, and never journaled a set
+    // larger than that.
+    if inline_len(attrs.iter().map(|(n, v)| (n.as_slice(), v.as_slice()))) > BODY_LEN {
+        return Err("xattr set larger than one xattr node".into());
+    }
+    if attrs.iter().any(|(n, v)| n.is_empty() || n.len() > 255 || v.len() > u16::MAX as usize) {
+        return Err("xattr name or value length out of range".into());
+    }
+    // Bounded by the node size above: at most a few hundred entries.
+    let mut names: Vec<&[u8]> = attrs.iter().map(|(n, _)| n.as_slice()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return Err("xattr set names one attribute twice".into());
+    }
+    Ok(())
+}
+
 impl Record {
     /// When the operation took effect.
     pub fn stamp(&self) -> Stamp {
@@ -244,14 +291,7 @@ impl Record {
                 check_ino(*ino, "inode")?;
                 check_name(name)?;
                 check_attr(attr)?;
-                let is_link = attr.mode & S_IFMT == S_IFLNK;
-                if is_link == symlink.is_empty() || symlink.len() > MAX_SYMLINK_LEN {
-                    return Err(format!(
-                        "symlink target of {} bytes for mode {:o} (a symlink needs 1..={MAX_SYMLINK_LEN})",
-                        symlink.len(),
-                        attr.mode
-                    ));
-                }
+                check_symlink(attr, symlink)?;
             }
             Record::Link { dir, name, ino, file_type, .. } => {
                 check_ino(*dir, "directory")?;
@@ -266,57 +306,14 @@ impl Record {
                 check_ino(*ino, "inode")?;
                 check_name(name)?;
             }
-            Record::Rename {
-                src_dir,
-                src_name,
-                dst_dir,
-                dst_name,
-                ino,
-                replaced,
-                exchange,
-                whiteout,
-                ..
-            } => {
-                check_ino(*src_dir, "source directory")?;
-                check_ino(*dst_dir, "destination directory")?;
-                check_ino(*ino, "inode")?;
-                check_name(src_name)?;
-                check_name(dst_name)?;
-                if *replaced == *ino {
-                    return Err("rename replaces the inode it moves".into());
-                }
-                if *exchange && *replaced == 0 {
-                    return Err("exchange without a second inode".into());
-                }
-                if let Some(w) = whiteout {
-                    check_ino(w.ino, "whiteout")?;
-                    check_attr(&w.attr)?;
-                    if *exchange {
-                        return Err("exchange with a whiteout".into());
-                    }
-                    if w.ino == *ino || w.ino == *replaced {
-                        return Err("whiteout inode is one the rename moves or replaces".into());
-                    }
-                    if w.attr.mode & S_IFMT != WHITEOUT_TYPE || w.attr.rdev != 0 {
-                        return Err(format!("whiteout of mode {:o}, device {}", w.attr.mode, w.attr.rdev));
-                    }
-                }
-            }
+            Record::Rename { .. } => self.validate_rename()?,
             Record::SetAttr { ino, attr, .. } => {
                 check_ino(*ino, "inode")?;
                 check_attr(attr)?;
             }
             Record::Map { ino, first, entries, .. } => {
                 check_ino(*ino, "inode")?;
-                if entries.is_empty() || entries.len() > MAP_RUN_MAX {
-                    return Err(format!("map of {} entries (1..={MAP_RUN_MAX})", entries.len()));
-                }
-                if !matches!(first.checked_add(entries.len() as u64), Some(end) if end <= MAX_FILE_BLOCKS) {
-                    return Err(format!("map at block {first} runs past the largest file"));
-                }
-                if entries.iter().any(|&(a, c)| (a == 0 || a == NEW_ADDR) && c != 0) {
-                    return Err("a hole or unwritten block carries a checksum".into());
-                }
+                check_map(*first, entries)?;
             }
             Record::Truncate { ino, from_block, .. } => {
                 check_ino(*ino, "inode")?;
@@ -326,20 +323,7 @@ impl Record {
             }
             Record::Xattrs { ino, attrs, .. } => {
                 check_ino(*ino, "inode")?;
-                // Earlier lanefs kept an inode's xattrs in one xattr node, and never journaled
-                // a set larger than that.
-                if inline_len(attrs.iter().map(|(n, v)| (n.as_slice(), v.as_slice()))) > BODY_LEN {
-                    return Err("xattr set larger than one xattr node".into());
-                }
-                if attrs.iter().any(|(n, v)| n.is_empty() || n.len() > 255 || v.len() > u16::MAX as usize) {
-                    return Err("xattr name or value length out of range".into());
-                }
-                // Bounded by the node size above: at most a few hundred entries.
-                let mut names: Vec<&[u8]> = attrs.iter().map(|(n, _)| n.as_slice()).collect();
-                names.sort_unstable();
-                if names.windows(2).any(|w| w[0] == w[1]) {
-                    return Err("xattr set names one attribute twice".into());
-                }
+                check_xattr_set(attrs)?;
             }
             Record::SetXattr { ino, name, value, .. } => {
                 check_ino(*ino, "inode")?;
@@ -355,6 +339,42 @@ impl Record {
                 if *idx >= MAX_FILE_BLOCKS {
                     return Err(format!("data at block {idx} past the largest file"));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Record::validate`] of a rename: the inodes and names, and a whiteout only on a move
+    /// that neither moves nor replaces it.
+    fn validate_rename(&self) -> std::result::Result<(), String> {
+        let Record::Rename {
+            src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange, whiteout, ..
+        } = self
+        else {
+            unreachable!("validate_rename of {self:?}");
+        };
+        check_ino(*src_dir, "source directory")?;
+        check_ino(*dst_dir, "destination directory")?;
+        check_ino(*ino, "inode")?;
+        check_name(src_name)?;
+        check_name(dst_name)?;
+        if *replaced == *ino {
+            return Err("rename replaces the inode it moves".into());
+        }
+        if *exchange && *replaced == 0 {
+            return Err("exchange without a second inode".into());
+        }
+        if let Some(w) = whiteout {
+            check_ino(w.ino, "whiteout")?;
+            check_attr(&w.attr)?;
+            if *exchange {
+                return Err("exchange with a whiteout".into());
+            }
+            if w.ino == *ino || w.ino == *replaced {
+                return Err("whiteout inode is one the rename moves or replaces".into());
+            }
+            if w.attr.mode & S_IFMT != WHITEOUT_TYPE || w.attr.rdev != 0 {
+                return Err(format!("whiteout of mode {:o}, device {}", w.attr.mode, w.attr.rdev));
             }
         }
         Ok(())
@@ -449,14 +469,11 @@ impl Record {
 
     /// Writes the record; `validate` has passed, so every length fits its field.
     fn encode(&self, e: &mut Enc) {
+        let start = e.pos();
         e.u8(self.tag());
         let s = self.stamp();
         e.u64(s.ticks);
         e.u32(s.cpu);
-        let put_name = |e: &mut Enc, n: &[u8]| {
-            e.u8(n.len() as u8);
-            e.bytes(n);
-        };
         match self {
             Record::Create { dir, name, ino, attr, symlink, .. } => {
                 e.u32(*dir);
@@ -477,32 +494,7 @@ impl Record {
                 put_name(e, name);
                 e.u32(*ino);
             }
-            Record::Rename {
-                src_dir,
-                src_name,
-                dst_dir,
-                dst_name,
-                ino,
-                replaced,
-                exchange,
-                whiteout,
-                ..
-            } => {
-                e.u32(*src_dir);
-                put_name(e, src_name);
-                e.u32(*dst_dir);
-                put_name(e, dst_name);
-                e.u32(*ino);
-                e.u32(*replaced);
-                match whiteout {
-                    None => e.u8(*exchange as u8),
-                    Some(w) => {
-                        e.u8(2);
-                        e.u32(w.ino);
-                        put_attr(e, &w.attr);
-                    }
-                }
-            }
+            Record::Rename { .. } => self.encode_rename(e),
             Record::SetAttr { ino, attr, .. } => {
                 e.u32(*ino);
                 put_attr(e, attr);
@@ -522,13 +514,7 @@ impl Record {
             }
             Record::Xattrs { ino, attrs, .. } => {
                 e.u32(*ino);
-                e.u16(attrs.len() as u16);
-                for (n, v) in attrs {
-                    e.u8(n.len() as u8);
-                    e.u16(v.len() as u16);
-                    e.bytes(n);
-                    e.bytes(v);
-                }
+                xattr::put_inline(e, attrs);
             }
             Record::SetXattr { ino, name, value, .. } => {
                 e.u32(*ino);
@@ -548,17 +534,41 @@ impl Record {
                 e.bytes(&data[..]);
             }
         }
+        // The pair of `encoded_len`: the transaction's buffer is sized by it.
+        debug_assert_eq!(e.pos() - start, self.encoded_len(), "encoded_len of {:?}", self.tag());
+    }
+
+    /// [`Record::encode`] of a rename: both names, the inodes, then its kind (0 move,
+    /// 1 exchange, 2 move leaving a whiteout, whose inode and attributes follow).
+    fn encode_rename(&self, e: &mut Enc) {
+        let Record::Rename {
+            src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange, whiteout, ..
+        } = self
+        else {
+            unreachable!("encode_rename of {self:?}");
+        };
+        e.u32(*src_dir);
+        put_name(e, src_name);
+        e.u32(*dst_dir);
+        put_name(e, dst_name);
+        e.u32(*ino);
+        e.u32(*replaced);
+        match whiteout {
+            None => e.u8(*exchange as u8),
+            Some(w) => {
+                e.u8(2);
+                e.u32(w.ino);
+                put_attr(e, &w.attr);
+            }
+        }
     }
 
     /// Reads one record; the caller validates it.
     fn decode(d: &mut Dec) -> Result<Record> {
+        let start = d.pos();
         let tag = d.u8()?;
         let stamp = Stamp { ticks: d.u64()?, cpu: d.u32()? };
-        let get_name = |d: &mut Dec| -> Result<Vec<u8>> {
-            let n = d.u8()? as usize;
-            Ok(d.bytes(n)?.to_vec())
-        };
-        Ok(match tag {
+        let r = match tag {
             tag::CREATE => {
                 let dir = d.u32()?;
                 let name = get_name(d)?;
@@ -578,63 +588,11 @@ impl Record {
                 let name = get_name(d)?;
                 Record::Unlink { stamp, dir, name, ino: d.u32()? }
             }
-            tag::RENAME => {
-                let src_dir = d.u32()?;
-                let src_name = get_name(d)?;
-                let dst_dir = d.u32()?;
-                let dst_name = get_name(d)?;
-                let (ino, replaced) = (d.u32()?, d.u32()?);
-                let (exchange, whiteout) = match d.u8()? {
-                    0 => (false, None),
-                    1 => (true, None),
-                    2 => (false, Some(Whiteout { ino: d.u32()?, attr: get_attr(d)? })),
-                    x => return Err(d.err(format!("rename kind {x}"))),
-                };
-                Record::Rename {
-                    stamp,
-                    src_dir,
-                    src_name,
-                    dst_dir,
-                    dst_name,
-                    ino,
-                    replaced,
-                    exchange,
-                    whiteout,
-                }
-            }
+            tag::RENAME => decode_rename(d, stamp)?,
             tag::SET_ATTR => Record::SetAttr { stamp, ino: d.u32()?, attr: get_attr(d)? },
-            tag::MAP => {
-                let ino = d.u32()?;
-                let first = d.u64()?;
-                let count = d.u16()? as usize;
-                // Checked before reserving: a corrupt count cannot ask for more than the cap.
-                if count == 0 || count > MAP_RUN_MAX {
-                    return Err(d.err(format!("map of {count} entries")));
-                }
-                let mut entries = Vec::with_capacity(count);
-                for _ in 0..count {
-                    entries.push((d.u32()?, d.u32()?));
-                }
-                Record::Map { stamp, ino, first, entries }
-            }
+            tag::MAP => decode_map(d, stamp)?,
             tag::TRUNCATE => Record::Truncate { stamp, ino: d.u32()?, from_block: d.u64()? },
-            tag::XATTRS => {
-                let ino = d.u32()?;
-                let count = d.u16()? as usize;
-                // Each entry takes at least 3 bytes, so the bytes left bound the allocation.
-                if count * 3 > d.remaining() {
-                    return Err(d.err(format!("{count} xattrs cannot fit in the record")));
-                }
-                let mut attrs = Vec::with_capacity(count);
-                for _ in 0..count {
-                    let nl = d.u8()? as usize;
-                    let vl = d.u16()? as usize;
-                    let n = d.bytes(nl)?.to_vec();
-                    let v = d.bytes(vl)?.to_vec();
-                    attrs.push((n, v));
-                }
-                Record::Xattrs { stamp, ino, attrs }
-            }
+            tag::XATTRS => Record::Xattrs { stamp, ino: d.u32()?, attrs: get_xattr_set(d)? },
             tag::SET_XATTR => {
                 let ino = d.u32()?;
                 let nl = d.u8()? as usize;
@@ -656,8 +614,73 @@ impl Record {
                 Record::Data { stamp, ino, idx, data: Arc::new(data) }
             }
             t => return Err(d.err(format!("unknown record tag {t}"))),
-        })
+        };
+        // The pair of `encoded_len`: whatever the bytes, a record decodes from exactly as many
+        // as it would encode to.
+        debug_assert_eq!(d.pos() - start, r.encoded_len(), "decoded length of {r:?}");
+        Ok(r)
     }
+}
+
+fn put_name(e: &mut Enc, n: &[u8]) {
+    e.u8(n.len() as u8);
+    e.bytes(n);
+}
+
+fn get_name(d: &mut Dec) -> Result<Vec<u8>> {
+    let n = d.u8()? as usize;
+    Ok(d.bytes(n)?.to_vec())
+}
+
+/// A whole xattr set in the layout of [`xattr::put_inline`] (with its own checks: the record
+/// is validated after decoding).
+fn get_xattr_set(d: &mut Dec) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let count = d.u16()? as usize;
+    // Each entry takes at least 3 bytes, so the bytes left bound the allocation.
+    if count * 3 > d.remaining() {
+        return Err(d.err(format!("{count} xattrs cannot fit in the record")));
+    }
+    let mut attrs = Vec::with_capacity(count);
+    for _ in 0..count {
+        let nl = d.u8()? as usize;
+        let vl = d.u16()? as usize;
+        let n = d.bytes(nl)?.to_vec();
+        let v = d.bytes(vl)?.to_vec();
+        attrs.push((n, v));
+    }
+    Ok(attrs)
+}
+
+/// The body of a rename record (see [`Record::encode_rename`]).
+fn decode_rename(d: &mut Dec, stamp: Stamp) -> Result<Record> {
+    let src_dir = d.u32()?;
+    let src_name = get_name(d)?;
+    let dst_dir = d.u32()?;
+    let dst_name = get_name(d)?;
+    let (ino, replaced) = (d.u32()?, d.u32()?);
+    let (exchange, whiteout) = match d.u8()? {
+        0 => (false, None),
+        1 => (true, None),
+        2 => (false, Some(Whiteout { ino: d.u32()?, attr: get_attr(d)? })),
+        x => return Err(d.err(format!("rename kind {x}"))),
+    };
+    Ok(Record::Rename { stamp, src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange, whiteout })
+}
+
+/// The body of a map record: inode, first block, and 1..=MAP_RUN_MAX (address, crc) entries.
+fn decode_map(d: &mut Dec, stamp: Stamp) -> Result<Record> {
+    let ino = d.u32()?;
+    let first = d.u64()?;
+    let count = d.u16()? as usize;
+    // Checked before reserving: a corrupt count cannot ask for more than the cap.
+    if count == 0 || count > MAP_RUN_MAX {
+        return Err(d.err(format!("map of {count} entries")));
+    }
+    let mut entries = Vec::with_capacity(count);
+    for _ in 0..count {
+        entries.push((d.u32()?, d.u32()?));
+    }
+    Ok(Record::Map { stamp, ino, first, entries })
 }
 
 fn put_attr(e: &mut Enc, a: &InodeAttr) {

@@ -125,6 +125,9 @@ impl NvmJournal {
                 format!("{} bytes per lane journal, fewer than {LANE_MIN_BYTES}", layout.lane_bytes),
             ));
         }
+        // Past the check above every lane's slice, control line and entries, lies in the region.
+        assert!(layout.end() <= region.size() && layout.capacity() > 0);
+        debug_assert!(layout.start.is_multiple_of(4096) && layout.lane_bytes.is_multiple_of(4096));
         Ok(NvmJournal {
             layout,
             g: *g,
@@ -196,8 +199,11 @@ impl NvmJournal {
                 txns.push(txn);
                 at += HEAD + pad8(len);
             }
+            // Each entry was checked to fit in what the TAIL counts: the walk ends on it exactly.
+            debug_assert_eq!(at, used);
             out.push(txns);
         }
+        assert_eq!(out.len(), self.layout.lanes);
         Ok(out)
     }
 
@@ -205,6 +211,7 @@ impl NvmJournal {
     /// it is durable, or at mount): stores each TAIL = (version, 0), one persist for all.
     pub fn reset(&self, region: &PmemRegion, version: u64) -> Result<()> {
         let mut held: Vec<_> = self.lanes.iter().map(|l| l.lock()).collect();
+        debug_assert_eq!(held.len(), self.layout.lanes);
         let word = (ver32(version) as u64) << 32;
         let mut ranges: Vec<Range<usize>> = Vec::with_capacity(held.len());
         for lane in 0..held.len() {
@@ -252,6 +259,9 @@ impl NvmJournal {
         entry.extend_from_slice(txn);
         entry.resize(n, 0);
         let at = self.layout.log(lane as usize) + l.used;
+        // Entries stay 8-aligned and inside the lane's slice (its capacity was checked above).
+        debug_assert!(l.used.is_multiple_of(8) && n.is_multiple_of(8));
+        debug_assert!(at + n <= self.layout.tail(lane as usize) + self.layout.lane_bytes);
         region.write_bytes(at, &entry)?;
         region.persist(at..at + n)?;
         let after = l.used + n;

@@ -397,6 +397,90 @@ fn map_file(file: &File, len: usize, try_sync: bool) -> io::Result<(NonNull<u8>,
     Ok((NonNull::new(p.cast()).expect("mmap never returns null"), Mapping::Shared, refused))
 }
 
+/// Opens the region file at `path` for reading and writing and takes its exclusive lock: one
+/// open of a region at a time (two mounts writing one region would corrupt it).
+fn open_exclusive(path: &Path) -> Result<File> {
+    let file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(Error::region(path, RegionFault::Missing, "no such file"))
+        }
+        Err(e) => return Err(io_fault(path, "cannot open", e)),
+    };
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(Error::region(
+            path,
+            RegionFault::InUse,
+            "in use (locked by another open of it, such as the mount of its image): unmount the \
+             image first; `lanefs inspect` without --nvm works on a mounted image",
+        )),
+        Err(e) => Err(io_fault(path, "cannot lock", e.into())),
+    }
+}
+
+/// The header of the region file `file` at `path`, checked against the file (a regular file of
+/// exactly the size the header gives) and, with `expect_uuid`, against the image.
+fn read_header(path: &Path, file: &File, expect_uuid: Option<[u8; 16]>) -> Result<RegionHeader> {
+    let meta = file.metadata().map_err(|e| io_fault(path, "cannot stat", e))?;
+    if !meta.is_file() {
+        return Err(Error::region(path, RegionFault::NotRegion, "not a regular file"));
+    }
+    let flen = meta.len();
+    if flen < HEADER_BYTES as u64 {
+        return Err(Error::region(
+            path,
+            RegionFault::Truncated,
+            format!("file is {flen} bytes, shorter than the {HEADER_BYTES}-byte region header"),
+        ));
+    }
+    let mut hb = vec![0u8; HEADER_BYTES];
+    file.read_exact_at(&mut hb, 0).map_err(|e| io_fault(path, "cannot read the header", e))?;
+    let header = RegionHeader::decode(&hb, path)?;
+    if flen < header.size {
+        return Err(Error::region(
+            path,
+            RegionFault::Truncated,
+            format!("file is {flen} bytes, its header says {}", header.size),
+        ));
+    }
+    if flen > header.size {
+        return Err(Error::region(
+            path,
+            RegionFault::Corrupt,
+            format!("file is {flen} bytes, longer than the {} its header says", header.size),
+        ));
+    }
+    if let Some(want) = expect_uuid.filter(|want| *want != header.uuid) {
+        return Err(Error::region(
+            path,
+            RegionFault::WrongImage,
+            format!(
+                "bound to image {}, not to this image ({})",
+                crate::format::superblock::uuid_str(&header.uuid),
+                crate::format::superblock::uuid_str(&want)
+            ),
+        ));
+    }
+    Ok(header)
+}
+
+/// How stores to the mapping are made durable: the method asked for (refused if this CPU lacks
+/// it), else a cache flush where it is enough (a MAP_SYNC mapping, or tmpfs, where the page
+/// cache is the medium), else msync.
+fn persist_method(asked: Option<PersistMethod>, mapping: Mapping, on_tmpfs: bool) -> Result<PersistMethod> {
+    Ok(match asked {
+        Some(m) if !m.available() => {
+            return Err(Error::InvalidArgument(format!("{m} is not available on this CPU")))
+        }
+        Some(m) => m,
+        None => match PersistMethod::best_cache_flush() {
+            Some(m) if mapping == Mapping::Sync || on_tmpfs => m,
+            _ => PersistMethod::Msync,
+        },
+    })
+}
+
 impl PmemRegion {
     /// Creates a new region of `size` bytes at `path`, bound to the image with `uuid`, and
     /// opens it. Fails if `path` exists. The file appears complete or not at all.
@@ -453,70 +537,13 @@ impl PmemRegion {
     /// Opens an existing region. With `expect_uuid`, a region bound to another image is refused
     /// (`RegionFault::WrongImage`); `None` accepts any (inspection, benchmarks).
     pub fn open(path: &Path, expect_uuid: Option<[u8; 16]>, opts: &RegionOptions) -> Result<PmemRegion> {
-        let file = match OpenOptions::new().read(true).write(true).open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(Error::region(path, RegionFault::Missing, "no such file"))
-            }
-            Err(e) => return Err(io_fault(path, "cannot open", e)),
-        };
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(Error::region(
-                    path,
-                    RegionFault::InUse,
-                    "in use (locked by another open of it, such as the mount of its image): unmount the \
-                     image first; `lanefs inspect` without --nvm works on a mounted image",
-                ))
-            }
-            Err(e) => return Err(io_fault(path, "cannot lock", e.into())),
-        }
-        let meta = file.metadata().map_err(|e| io_fault(path, "cannot stat", e))?;
-        if !meta.is_file() {
-            return Err(Error::region(path, RegionFault::NotRegion, "not a regular file"));
-        }
-        let flen = meta.len();
-        if flen < HEADER_BYTES as u64 {
-            return Err(Error::region(
-                path,
-                RegionFault::Truncated,
-                format!("file is {flen} bytes, shorter than the {HEADER_BYTES}-byte region header"),
-            ));
-        }
-        let mut hb = vec![0u8; HEADER_BYTES];
-        file.read_exact_at(&mut hb, 0).map_err(|e| io_fault(path, "cannot read the header", e))?;
-        let header = RegionHeader::decode(&hb, path)?;
-        if flen < header.size {
-            return Err(Error::region(
-                path,
-                RegionFault::Truncated,
-                format!("file is {flen} bytes, its header says {}", header.size),
-            ));
-        }
-        if flen > header.size {
-            return Err(Error::region(
-                path,
-                RegionFault::Corrupt,
-                format!("file is {flen} bytes, longer than the {} its header says", header.size),
-            ));
-        }
-        if let Some(want) = expect_uuid {
-            if header.uuid != want {
-                return Err(Error::region(
-                    path,
-                    RegionFault::WrongImage,
-                    format!(
-                        "bound to image {}, not to this image ({})",
-                        crate::format::superblock::uuid_str(&header.uuid),
-                        crate::format::superblock::uuid_str(&want)
-                    ),
-                ));
-            }
-        }
+        let file = open_exclusive(path)?;
+        let header = read_header(path, &file, expect_uuid)?;
         let len = usize::try_from(header.size).map_err(|_| {
             Error::region(path, RegionFault::TooSmall, "size does not fit this machine's address space")
         })?;
+        // The header's decoder refused any other size; `words` relies on it.
+        assert!(len >= HEADER_BYTES && len.is_multiple_of(header::REGION_ALIGN as usize));
         let backing = match rustix::fs::fstatfs(&file) {
             // f_type is a signed word on some targets; the magics are 32-bit.
             Ok(st) => (st.f_type as u64) & 0xFFFF_FFFF,
@@ -525,17 +552,13 @@ impl PmemRegion {
         let on_tmpfs = backing == crate::device::TMPFS_MAGIC;
         let (base, mapping, sync_refused) =
             map_file(&file, len, opts.try_map_sync).map_err(|e| io_fault(path, "cannot map", e))?;
-        let method = match opts.persist {
-            Some(m) if !m.available() => {
+        let method = match persist_method(opts.persist, mapping, on_tmpfs) {
+            Ok(m) => m,
+            Err(e) => {
                 // SAFETY: the mapping was just made and nothing refers to it.
                 let _ = unsafe { rustix::mm::munmap(base.as_ptr().cast(), len) };
-                return Err(Error::InvalidArgument(format!("{m} is not available on this CPU")));
+                return Err(e);
             }
-            Some(m) => m,
-            None => match PersistMethod::best_cache_flush() {
-                Some(m) if mapping == Mapping::Sync || on_tmpfs => m,
-                _ => PersistMethod::Msync,
-            },
         };
         let mut region = PmemRegion {
             path: path.to_path_buf(),
