@@ -110,3 +110,98 @@ fn walks_beside_renames_find_the_file_or_enoent() {
         fs.walk(ROOT, names(&["d0", "sub", "f"])).or_else(|_| fs.walk(ROOT, names(&["d1", "sub", "f"])));
     assert_eq!(end.unwrap().ino, f.ino);
 }
+
+/// Walks remember each name's mnode in its directory slot (`mem::dir`). Walkers race a
+/// churner that replaces every name with a new inode (created under a temporary name, then
+/// renamed over it), unlinks and recreates names, and checkpoints so that freed inode numbers
+/// are given out again. Every walk must end on an inode made for that name, and afterwards every
+/// walk must agree with the directory listing and the inode table: no walk may keep using a
+/// mnode its name no longer has.
+#[test]
+fn remembered_mnodes_follow_their_names_through_replacement_and_reuse() {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::Mutex;
+    const NAMES: usize = 16;
+    const MIN_ROUNDS: usize = 60;
+    // A small image has few inode numbers, so that the churn comes round to reuse them.
+    let dev = Arc::new(MemDevice::new(40 << 20));
+    Fs::format(&*dev, &MkfsOptions { lanes: 1, ..Default::default() }).unwrap();
+    let fs = Arc::new(Fs::open(dev as Arc<dyn BlockDevice>, FsOptions::default()).unwrap());
+    let d = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap();
+    let sub = fs.mkdir(d.ino, b"sub", 0o755, 0, 0).unwrap();
+    // (ino, generation) pairs ever given to each name, registered before the name shows them.
+    type Made = Vec<Mutex<HashSet<(Ino, u32)>>>;
+    let made: Arc<Made> = Arc::new((0..NAMES).map(|_| Mutex::new(HashSet::new())).collect());
+    for k in 0..NAMES {
+        let a = fs.create(sub.ino, format!("f{k}").as_bytes(), 0o644, 0, 0).unwrap();
+        made[k].lock().unwrap().insert((a.ino, a.generation));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let walkers: Vec<_> = (0..3)
+        .map(|t| {
+            let (fs, made, stop) = (fs.clone(), made.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut walks = 0u64;
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = i % NAMES;
+                    i += 1;
+                    let f = format!("f{k}");
+                    match fs.walk(ROOT, names(&["d", "sub", &f])) {
+                        Ok(a) => {
+                            assert!(
+                                made[k].lock().unwrap().contains(&(a.ino, a.generation)),
+                                "{f}: a walk ended on inode {} (generation {}), never made for it",
+                                a.ino,
+                                a.generation
+                            );
+                            walks += 1;
+                        }
+                        Err(e) => assert_eq!(e.to_errno(), libc::ENOENT, "{e}"),
+                    }
+                }
+                walks
+            })
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    let mut reused = false;
+    let mut round = 0;
+    while round < MIN_ROUNDS || !reused {
+        assert!(round < 5000, "no inode number came back in {round} rounds");
+        for k in 0..NAMES {
+            let f = format!("f{k}");
+            if (round + k) % 3 == 0 {
+                fs.unlink(sub.ino, f.as_bytes()).unwrap();
+                let a = fs.create(sub.ino, b"tmp", 0o644, 0, 0).unwrap();
+                made[k].lock().unwrap().insert((a.ino, a.generation));
+                reused |= !seen.insert(a.ino);
+                fs.rename(sub.ino, b"tmp", sub.ino, f.as_bytes(), 0).unwrap();
+            } else {
+                let a = fs.create(sub.ino, b"tmp", 0o644, 0, 0).unwrap();
+                made[k].lock().unwrap().insert((a.ino, a.generation));
+                reused |= !seen.insert(a.ino);
+                fs.rename(sub.ino, b"tmp", sub.ino, f.as_bytes(), 0).unwrap();
+            }
+        }
+        if round % 5 == 4 {
+            // Deleted inodes leave the table; their numbers come back for later creates.
+            fs.sync().unwrap();
+        }
+        round += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let walks: u64 = walkers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(walks > 0, "no walk completed");
+    // Every name walks to what the listing and the inode table say it is now.
+    let listed: HashMap<Vec<u8>, Ino> =
+        fs.readdir(sub.ino, 0, 1000).unwrap().into_iter().map(|e| (e.name, e.ino)).collect();
+    for k in 0..NAMES {
+        let f = format!("f{k}");
+        let a = fs.walk(ROOT, names(&["d", "sub", &f])).unwrap();
+        assert_eq!(Some(&a.ino), listed.get(f.as_bytes()), "{f}: walk and listing disagree");
+        let by_ino = fs.lookup_ino(a.ino).unwrap();
+        assert_eq!((a.generation, a.nlink), (by_ino.generation, 1), "{f}: a stale mnode");
+        assert_eq!(fs.lookup(sub.ino, f.as_bytes()).unwrap(), a);
+    }
+}

@@ -150,11 +150,65 @@ impl Engine {
         f: impl FnOnce(&MNode) -> R,
     ) -> Result<R> {
         let _g = self.pass.shared();
-        let mut cur = dir;
-        for name in names {
+        let mut names = names.into_iter();
+        let mut f = Some(f);
+        // The fast walk: one pin of the directory maps for every directory on the way, each
+        // step from the directory's slot straight to the child's mnode (`mem::dir`). It hands
+        // over to the step-by-step walk only for what it does not take (".."), having read
+        // but changed nothing.
+        let fast = self.with_mnode(dir, |start| {
+            let pin = crate::mem::dir::guard();
+            let mut cur = start;
+            let mut pending = None;
+            for name in names.by_ref() {
+                match self.slot_step(cur, name, &pin) {
+                    Ok(Some(child)) => cur = child,
+                    Ok(None) => {
+                        pending = Some((cur.ino, name));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            match pending {
+                None => Ok(Ok((f.take().expect("called once"))(cur))),
+                Some(at) => Ok(Err(at)),
+            }
+        })??;
+        let (mut cur, name) = match fast {
+            Ok(r) => return Ok(r),
+            Err(at) => at,
+        };
+        for name in std::iter::once(name).chain(names) {
             cur = self.with_mnode(cur, |d| Self::step(d, name))??;
         }
-        self.with_mnode(cur, f)
+        self.with_mnode(cur, f.take().expect("not called"))
+    }
+
+    /// The fast walk's step: the mnode `name` names in directory `d`, taken from the name's
+    /// slot (fetched from the mnode table and remembered there the first time), valid while
+    /// `pin` lives. `None` for "..", which the slots do not hold. Errors as [`Engine::step`].
+    #[inline]
+    fn slot_step<'p>(
+        &self,
+        d: &'p MNode,
+        name: &[u8],
+        pin: &'p crate::mem::dir::Guard,
+    ) -> Result<Option<&'p MNode>> {
+        let Some(dir) = d.dir() else {
+            return Err(Error::errno(libc::ENOTDIR, format!("inode {}", d.ino)));
+        };
+        match name {
+            b"." => return Ok(Some(d)),
+            b".." => return Ok(None),
+            _ => check_name(name)?,
+        }
+        let slot = dir.map.slot(name, pin).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?;
+        let child = match slot.child() {
+            Some(c) => c,
+            None => slot.remember(self.mnode(slot.entry().ino)?),
+        };
+        Ok(Some(child))
     }
 
     /// The inode `name` names in directory `d`. The checks and their order are
