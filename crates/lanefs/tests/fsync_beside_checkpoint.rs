@@ -73,6 +73,20 @@ impl MetaHoldDevice {
         cp
     }
 
+    /// Waits (bounded) until `done` reaches `want` while the checkpoint is held; releases it and
+    /// fails if it does not: one stuck past the deadline is what the tests look for.
+    fn expect_done_while_held(&self, done: &AtomicU64, want: u64, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while done.load(Ordering::Acquire) < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let n = done.load(Ordering::Acquire);
+        if n < want {
+            self.set(Hold::Released);
+            panic!("only {n} of {want} {what} completed while the checkpoint was held");
+        }
+    }
+
     fn wait_for(&self, want: Hold) {
         let g = self.hold.lock().unwrap();
         let (_g, t) = self.cv.wait_timeout_while(g, Duration::from_secs(30), |h| *h != want).unwrap();
@@ -348,17 +362,9 @@ fn fsyncs_of_captured_files_finish_while_the_checkpoint_is_held_and_recover_on_e
         })
         .collect();
     let want = files.iter().map(Vec::len).sum::<usize>() as u64;
-    // Bounded: each fsync waits only until the checkpoint installed its inode, which it did
-    // before its metadata write; one stuck past the deadline is the failure this test looks for.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while done_during.load(Ordering::Acquire) < want && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let done = done_during.load(Ordering::Acquire);
-    if done < want {
-        dev.set(Hold::Released);
-        panic!("only {done} of {want} fsyncs of captured files completed while the checkpoint was held");
-    }
+    // Each fsync waits only until the checkpoint installed its inode, which it did before its
+    // metadata write.
+    dev.expect_done_while_held(&done_during, want, "fsyncs of captured files");
     durable = phase_b.into_iter().map(|h| h.join().unwrap()).collect();
     let io = fs.io_stats();
     assert_eq!(io.cp_waits, 0, "no fsync of a captured file waited for the checkpoint");
@@ -449,19 +455,8 @@ fn fsyncs_install_captured_files_the_held_checkpoint_has_not_reached() {
         })
     };
     let want = after.len() as u64;
-    // Bounded; an fsync that waits for the held checkpoint instead of installing its file is
-    // the failure this test looks for.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while done.load(Ordering::Acquire) < want && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let n = done.load(Ordering::Acquire);
-    if n < want {
-        dev.set(Hold::Released);
-        panic!(
-            "only {n} of {want} fsyncs of unreached captured files completed while the checkpoint was held"
-        );
-    }
+    // An fsync that waits for the held checkpoint instead of installing its file never ends.
+    dev.expect_done_while_held(&done, want, "fsyncs of unreached captured files");
     syncer.join().unwrap();
     let io = fs.io_stats();
     assert_eq!(io.cp_helped, want, "each file the checkpoint had not reached was installed by its fsync");
