@@ -167,17 +167,7 @@ fn check_image(img: Vec<u8>, durable: &Durable, what: &str) {
 
 #[test]
 fn fsyncs_complete_while_a_checkpoint_writes_and_survive_a_crash_on_either_side_of_it() {
-    let dev = Arc::new(MetaHoldDevice {
-        inner: MemDevice::new(256 << 20),
-        main_start: AtomicU64::new(0),
-        cp_thread: Mutex::default(),
-        hold: Mutex::default(),
-        cv: Condvar::new(),
-    });
-    Fs::format(&*dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
-    let g = lanefs::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
-    dev.main_start.store(g.main_blkaddr, Ordering::Release);
-    let fs = Arc::new(Fs::open(dev.clone(), opts()).unwrap());
+    let (dev, fs) = held_fs();
     const THREADS: usize = 3;
     let dirs: Vec<u64> =
         (0..THREADS).map(|k| fs.mkdir(ROOT, format!("t{k}").as_bytes(), 0o755, 0, 0).unwrap().ino).collect();
