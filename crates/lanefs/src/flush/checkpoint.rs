@@ -99,6 +99,11 @@ struct DataPlan {
     moved: Vec<(u64, u32, u32)>,
 }
 
+/// Data blocks the checkpoint's writer claims at a time (`Installs::claim_batch`): what an
+/// fsync of a file in the claimed batch may still wait for, so smaller than one device write
+/// (`Engine::write_reqs`, 256 blocks); varmail's fsyncs waited on whole 256-block batches.
+const INSTALL_BATCH_BLOCKS: usize = 32;
+
 /// A captured inode an fsync or writeback claimed from [`Installs`], to install it.
 pub(crate) struct Claimed(InodeSnap, WriterArgs);
 
@@ -693,8 +698,8 @@ impl Engine {
     }
 
     /// The checkpoint's side of the install queue: claims the offered inodes in order, in
-    /// batches of about one device write (`Engine::write_reqs`), writes their data and installs
-    /// them. Inodes an fsync or writeback claimed first (`Engine::help_install`) are theirs.
+    /// batches of about [`INSTALL_BATCH_BLOCKS`], writes their data and installs them. Inodes
+    /// an fsync or writeback claimed first (`Engine::help_install`) are theirs.
     fn install_offered(
         &self,
         w: &NodeWriter,
@@ -703,7 +708,7 @@ impl Engine {
     ) -> Result<()> {
         // Bounded: each pass claims at least one inode or finds none left.
         loop {
-            let mut batch = self.cp.lock().installs.claim_batch(32);
+            let mut batch = self.cp.lock().installs.claim_batch(INSTALL_BATCH_BLOCKS);
             if batch.is_empty() {
                 return Ok(());
             }
