@@ -81,6 +81,16 @@ pub enum WriteTimes {
     Keep,
 }
 
+/// What a name in a directory is (`Engine::named`).
+enum Named<'p> {
+    /// ".".
+    Itself,
+    /// "..".
+    Parent,
+    /// Any other name, valid while the pin it was read under lives.
+    Slot(&'p crate::mem::dir::Slot),
+}
+
 /// What a truncate took out of a file: its cached pages and its mapping past the new end,
 /// freed when this drops, after the caller let go of the pass-through semaphore.
 #[derive(Default)]
@@ -195,34 +205,40 @@ impl Engine {
         name: &[u8],
         pin: &'p crate::mem::dir::Guard,
     ) -> Result<Option<&'p MNode>> {
-        let Some(dir) = d.dir() else {
-            return Err(Error::errno(libc::ENOTDIR, format!("inode {}", d.ino)));
-        };
-        match name {
-            b"." => return Ok(Some(d)),
-            b".." => return Ok(None),
-            _ => check_name(name)?,
-        }
-        let slot = dir.map.slot(name, pin).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?;
-        let child = match slot.child() {
-            Some(c) => c,
-            None => slot.remember(self.mnode(slot.entry().ino)?),
-        };
-        Ok(Some(child))
+        Ok(match Self::named(d, name, pin)? {
+            Named::Itself => Some(d),
+            Named::Parent => None,
+            Named::Slot(slot) => Some(match slot.child() {
+                Some(c) => c,
+                None => slot.remember(self.mnode(slot.entry().ino)?),
+            }),
+        })
     }
 
     /// The inode `name` names in directory `d`. The checks and their order are
     /// `Engine::lookup`'s: ENOTDIR, then the name.
     fn step(d: &MNode, name: &[u8]) -> Result<u32> {
+        let pin = crate::mem::dir::guard();
+        Ok(match Self::named(d, name, &pin)? {
+            Named::Itself => d.ino,
+            Named::Parent => d.parent.load(Ordering::Acquire),
+            Named::Slot(slot) => slot.entry().ino,
+        })
+    }
+
+    /// What `name` is in directory `d`, checked in `Engine::lookup`'s order (ENOTDIR, then the
+    /// name): both steps of a walk, by inode number and by slot, go through it.
+    #[inline]
+    fn named<'p>(d: &MNode, name: &[u8], pin: &'p crate::mem::dir::Guard) -> Result<Named<'p>> {
         let Some(dir) = d.dir() else {
             return Err(Error::errno(libc::ENOTDIR, format!("inode {}", d.ino)));
         };
         Ok(match name {
-            b"." => d.ino,
-            b".." => d.parent.load(Ordering::Acquire),
+            b"." => Named::Itself,
+            b".." => Named::Parent,
             _ => {
                 check_name(name)?;
-                dir.map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?.ino
+                Named::Slot(dir.map.slot(name, pin).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?)
             }
         })
     }
