@@ -246,16 +246,7 @@ impl Engine {
     pub fn lookup(&self, parent: u32, name: &[u8]) -> Result<Arc<MNode>> {
         let _g = self.pass.shared();
         let d = self.dir_mnode(parent)?;
-        if name == b"." {
-            return Ok(d);
-        }
-        if name == b".." {
-            return self.mnode(d.parent.load(Ordering::Acquire));
-        }
-        check_name(name)?;
-        let e =
-            d.dir().expect("dir").map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?;
-        self.mnode(e.ino)
+        self.mnode(Self::step(&d, name)?)
     }
 
     /// Creates a file, directory, symlink or special file named `name` in `parent`.
