@@ -20,6 +20,13 @@
 //! repeated until nothing new is added (ScaleFS's rename dependencies and ancestor rule).
 //! Each inode counts, per directory, its records no journal holds yet, so the closure starts
 //! from exact sets whatever other fsyncs run meanwhile.
+//!
+//! fsyncs of one directory take its records one after the other (its flush lock) and write
+//! them side by side. A later one may depend on an earlier one's records, so it counts as
+//! durable only once the earlier one's write completed: each flush leaves a ticket
+//! (`crate::sync::ticket`) in its directories, and the next one waits for it before its device
+//! flush or region commit. A ticket is written only if every one it waited for was, so the
+//! last ticket of a directory stands for all before it.
 
 pub mod checkpoint;
 mod nvm;
@@ -31,7 +38,9 @@ use crate::error::{Error, Result};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::journal::{Record, Transaction};
 use crate::mem::mnode::MNode;
+use crate::mem::pages::PageBuf;
 use crate::oplog::dirlog::{names, removes, LoggedOp};
+use crate::sync::ticket::{Ticket, TicketGuard};
 use nvm::RegionCommit;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering;
@@ -45,6 +54,10 @@ struct DirOps {
     ops: Vec<Arc<LoggedOp>>,
     /// Whether `m`'s own Create is among them (then its attributes are there too).
     creates_m: bool,
+    /// The unresolved tickets of the flushes that collected from these directories before
+    /// this one (`sync::ticket`): this transaction counts as durable only once they are
+    /// written.
+    before: Vec<Arc<Ticket>>,
 }
 
 impl Engine {
@@ -147,19 +160,15 @@ impl Engine {
     }
 
     /// Writes one transaction for `m` and the directories reachable from `start`. Returns
-    /// `true` when it wrote nothing and a checkpoint must make the changes durable instead
-    /// (a transaction its lane's journal has no room for, in the region or on the device).
+    /// `true` when it made nothing durable and a checkpoint must make the changes durable
+    /// instead: a transaction its lane's journal has no room for (in the region or on the
+    /// device), or one that collected after a flush that then failed to write its own.
     fn flush_txn(&self, m: &Arc<MNode>, start: &[u32]) -> Result<bool> {
         // First, and alone of its kind: every other lock below is taken after it.
         let _order = m.fsync_order.lock();
         let (lane, _) = self.lane();
         let dirs = self.dir_closure(start)?;
-        // Serialise with other flushes of the same directories: a later fsync of one of them
-        // must find this one's blocks written before it decides what is left to write.
-        let locks: Vec<_> = dirs.iter().map(|d| d.dir().expect("dir").flush_lock.lock()).collect();
-        // Operations already stamped but still appending their records must land first.
-        self.inflight.wait_below(crate::oplog::Timestamp::now());
-        let dir_ops = self.collect_dir_ops(&dirs, m.ino)?;
+        let (dir_ops, ticket) = self.take_dir_ops(&dirs, m.ino)?;
         // Stamped after every record collected: replay applies the file's own records last.
         let stamp = self.clock.now();
         let pages = m.pages().map(|(p, _)| p.take_unsynced()).unwrap_or_default();
@@ -168,39 +177,35 @@ impl Engine {
             && pages.len() <= self.opts.nvm_inline_pages.unwrap_or(0);
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages, inline);
         let written = matches!(result, Ok(Commit::Durable | Commit::FlushOwed));
-        if let (true, Some((p, _))) = (written, m.pages()) {
-            if inline {
-                // Durable in the region only: the device still owes them (checkpoint).
-                p.settle_logged(&pages);
-            } else {
-                // Written: the pages may be evicted now (a reader then finds the blocks).
-                for (idx, _) in &pages {
-                    p.settle(*idx);
+        if written {
+            if let Some((p, _)) = m.pages() {
+                if inline {
+                    // Durable in the region only: the device still owes them (checkpoint).
+                    p.settle_logged(&pages);
+                } else {
+                    // Written: the pages may be evicted now (a reader then finds the blocks).
+                    for (idx, _) in &pages {
+                        p.settle(*idx);
+                    }
                 }
             }
-        }
-        if written {
-            // Written (not yet flushed): a dependent fsync that takes these directories' flush
-            // locks after us flushes the device after our write completed, which covers it.
+            // Written (not yet flushed): an fsync that depends on these records no longer
+            // finds them pending; its device flush comes after our write completed.
             for op in &dir_ops.taken {
                 self.count_pending(&op.record, -1);
             }
         } else {
-            for op in &dir_ops.taken {
-                op.journaled.store(false, Ordering::Release);
-            }
-            // Their logs' cursors may have passed them.
-            for d in &dirs {
-                d.dir().expect("dir").log.rewind();
-            }
-            if let Some((p, _)) = m.pages() {
-                p.restore_dirty(&pages);
-            }
+            self.give_back(&dirs, &dir_ops, m, &pages);
         }
-        drop(locks);
+        // Ours counts only once the flushes that collected from our directories before us
+        // have written theirs: our records may depend on theirs (a create ours names), and our
+        // device flush covers only writes complete before it. (With region journals, waited
+        // for before our commit already: `write_txn`.)
+        let before_written = dir_ops.before.iter().all(|t| t.wait());
+        ticket.resolve(written && before_written);
         match result? {
             // One device flush shared with every concurrent fsync (group commit).
-            Commit::FlushOwed => {
+            Commit::FlushOwed if before_written => {
                 // Durable after the flush: what the lane's next transaction says it may skip.
                 let marks = &self.chain_marks[lane as usize];
                 let upto = marks.written();
@@ -208,8 +213,50 @@ impl Engine {
                 marks.flushed(upto);
                 Ok(false)
             }
-            Commit::Durable => Ok(false),
-            Commit::Checkpoint => Ok(true),
+            Commit::Durable if before_written => Ok(false),
+            // Not written, or written after a flush that was not: a checkpoint (which starts
+            // after this point) holds everything either took.
+            Commit::Durable | Commit::FlushOwed | Commit::Checkpoint => Ok(true),
+        }
+    }
+
+    /// Under the flush locks of `dirs`: waits for the directory operations already stamped to
+    /// append their records, takes every unjournaled one (`collect_dir_ops`), and leaves this
+    /// flush's ticket in each directory, noting the unresolved ones it replaces in
+    /// `DirOps::before`. The locks go before the caller writes: flushes of one directory
+    /// collect one after the other and write side by side.
+    fn take_dir_ops(&self, dirs: &[Arc<MNode>], m_ino: u32) -> Result<(DirOps, TicketGuard)> {
+        let mut locks: Vec<_> = dirs.iter().map(|d| d.dir().expect("dir").flush_lock.lock()).collect();
+        // Operations already stamped but still appending their records must land first.
+        self.inflight.wait_below(crate::oplog::Timestamp::now());
+        let mut dir_ops = self.collect_dir_ops(dirs, m_ino)?;
+        let (ticket, guard) = Ticket::issue();
+        for last in locks.iter_mut() {
+            // A resolved one is done with: written, or its records given back (under these
+            // locks, before it resolved) and collected again just now.
+            if let Some(t) = last.replace(ticket.clone()).filter(|t| !t.is_resolved()) {
+                if !dir_ops.before.iter().any(|b| Arc::ptr_eq(b, &t)) {
+                    dir_ops.before.push(t);
+                }
+            }
+        }
+        debug_assert!(dir_ops.before.iter().all(|t| !Arc::ptr_eq(t, &ticket)));
+        Ok((dir_ops, guard))
+    }
+
+    /// Gives back what a flush took and did not write, so that a later fsync journals it again.
+    fn give_back(&self, dirs: &[Arc<MNode>], dir_ops: &DirOps, m: &MNode, pages: &[(u64, PageBuf)]) {
+        // Under the flush locks again: no flush collects while the records go back.
+        let _locks: Vec<_> = dirs.iter().map(|d| d.dir().expect("dir").flush_lock.lock()).collect();
+        for op in &dir_ops.taken {
+            op.journaled.store(false, Ordering::Release);
+        }
+        // Their logs' cursors may have passed them.
+        for d in dirs {
+            d.dir().expect("dir").log.rewind();
+        }
+        if let Some((p, _)) = m.pages() {
+            p.restore_dirty(pages);
         }
     }
 
@@ -331,11 +378,11 @@ impl Engine {
                 _ => {}
             }
         }
-        let mut out = DirOps { taken: Vec::new(), ops: Vec::new(), creates_m: false };
+        let mut out = DirOps { taken: Vec::new(), ops: Vec::new(), creates_m: false, before: Vec::new() };
         for (i, op) in ops.into_iter().enumerate() {
             // Journaled now so no other flush writes it too; still counted as pending until it
-            // is written, so an fsync that depends on it finds the directory, waits on its
-            // flush lock, and flushes the device only after our write completed.
+            // is written, so an fsync that depends on it finds the directory, collects after us
+            // and waits for our ticket before it counts as durable.
             op.journaled.store(true, Ordering::Release);
             out.taken.push(op.clone());
             if absorbed.contains(&i) {
@@ -360,14 +407,43 @@ impl Engine {
         lane: u32,
         stamp: crate::journal::Stamp,
         dir_ops: &DirOps,
-        pages: &[(u64, crate::mem::pages::PageBuf)],
+        pages: &[(u64, PageBuf)],
         inline: bool,
     ) -> Result<Commit> {
         debug_assert!(!inline || self.nvm_log.is_some());
         let mtime = self.elapsed_secs();
+        let mut parts = self.place_pages(m, lane, pages, inline, mtime)?;
+        parts.records = dir_ops.ops.iter().map(|o| o.record.clone()).collect();
+        self.take_inode_records(m, stamp, pages, inline, &mut parts)?;
+        let TxnParts { writes, map, records, undo } = parts;
+        if records.is_empty() {
+            // Without a region, a flush still covers what an fsync this one depends on wrote
+            // (it marked the records journaled; the caller waits for its ticket first); with
+            // one, that fsync makes them durable before it resolves its ticket.
+            return Ok(if self.nvm_log.is_some() { Commit::Durable } else { Commit::FlushOwed });
+        }
+        let txn = Transaction::new(records);
+        let r = self.commit_txn(lane, &txn, &writes, dir_ops, mtime);
+        if !matches!(r, Ok(Commit::Durable | Commit::FlushOwed)) {
+            // Give back what this transaction took, so a later fsync journals it again.
+            self.restore_inode(m, undo, &map);
+        }
+        r
+    }
+
+    /// Places the pages (unless `inline`) in new blocks of the lane's log: the writes to make
+    /// and the mapping they give, with each block's checksum.
+    fn place_pages(
+        &self,
+        m: &MNode,
+        lane: u32,
+        pages: &[(u64, PageBuf)],
+        inline: bool,
+        mtime: u64,
+    ) -> Result<TxnParts> {
         // The pages themselves (shared, copy-on-write), not copies: a writer that comes
         // meanwhile copies the page instead.
-        let mut writes: Vec<(u64, crate::mem::pages::PageBuf)> = Vec::with_capacity(pages.len());
+        let mut writes: Vec<(u64, PageBuf)> = Vec::with_capacity(pages.len());
         let mut map: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
         for (idx, buf) in pages.iter().filter(|_| !inline) {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
@@ -378,151 +454,174 @@ impl Engine {
             map.insert(*idx, (addr as u32, crc32c::crc32c(&buf[..])));
             writes.push((addr, buf.clone()));
         }
-        let mut records: Vec<Record> = dir_ops.ops.iter().map(|o| o.record.clone()).collect();
-        let mut undo = Undo::default();
-        {
-            let mut disk = m.disk.lock();
-            let pm = m.pages().map(|(p, _)| p);
-            let mut gone = Vec::new();
-            for (&idx, &(addr, _)) in &map {
-                // The page stays in flight (cached, not evictable) until its block is written:
-                // a reader that missed the cache would read the new address too early.
-                if pm.is_some_and(|p| p.is_cached(idx)) {
-                    disk.remap(idx, addr);
-                } else {
-                    gone.push((idx, addr));
-                }
+        Ok(TxnParts { writes, map, records: Vec::new(), undo: Undo::default() })
+    }
+
+    /// Under the inode's mapping lock: maps the placed blocks (dropping those of pages
+    /// truncated meanwhile), lets go of blocks no mapping holds, and adds the inode's own
+    /// records (a checkpoint's bridge, truncation, attributes, xattrs, block maps, inline
+    /// pages), noting in `parts.undo` what they took.
+    fn take_inode_records(
+        &self,
+        m: &MNode,
+        stamp: crate::journal::Stamp,
+        pages: &[(u64, PageBuf)],
+        inline: bool,
+        parts: &mut TxnParts,
+    ) -> Result<()> {
+        let mut disk = m.disk.lock();
+        let pm = m.pages().map(|(p, _)| p);
+        let mut gone = Vec::new();
+        for (&idx, &(addr, _)) in &parts.map {
+            // The page stays in flight (cached, not evictable) until its block is written:
+            // a reader that missed the cache would read the new address too early.
+            if pm.is_some_and(|p| p.is_cached(idx)) {
+                disk.remap(idx, addr);
+            } else {
+                gone.push((idx, addr));
             }
-            for (idx, addr) in gone {
-                // Truncated while in flight: neither mapped nor journaled.
-                map.remove(&idx);
-                writes.retain(|w| w.0 != addr as u64);
-                self.table.invalidate(addr as u64)?;
-            }
-            // Blocks that left the mapping and are in no checkpoint: dead now. (Young, if a
-            // checkpoint is being written: `enter_flush`.)
-            for a in std::mem::take(&mut disk.garbage) {
-                self.table.invalidate(a as u64)?;
-            }
-            // A checkpoint in progress captured m and installed it (`enter_flush`): what it
-            // took that no journal holds goes first, under its own stamp, for recovery from
-            // the previous checkpoint should this one never land. Stale once it is durable.
-            let durable = self.cp.lock().durable;
-            if disk.bridge.as_ref().is_some_and(|b| b.seq <= durable) {
-                disk.bridge = None;
-            }
-            if let Some(b) = disk.bridge.as_mut().filter(|b| !b.journaled) {
-                records.extend(b.records(m.ino));
-                b.journaled = true;
-                undo.bridge = Some(b.seq);
-                self.io.cp_bridges.add(1);
-            }
-            let mut own_map = std::mem::take(&mut disk.unjournaled);
-            undo.unjournaled = own_map.clone();
-            own_map.extend(map.iter().map(|(&i, &v)| (i, v)));
-            if let Some(from) = disk.truncated_from.take() {
-                undo.truncated_from = Some(from);
-                records.push(Record::Truncate { stamp, ino: m.ino, from_block: from });
-            }
-            // Inline pages still cached (checked under the mapping's lock, as for blocks): a
-            // page truncated since is neither logged nor mapped.
-            let logged: Vec<Record> = pages
-                .iter()
-                .filter(|(idx, _)| inline && pm.is_some_and(|p| p.is_cached(*idx)))
-                .map(|(idx, buf)| Record::Data { stamp, ino: m.ino, idx: *idx, data: buf.clone() })
-                .collect();
-            let mut meta = m.meta.lock();
-            undo.attr_dirty = m.attr_dirty.swap(false, Ordering::AcqRel);
-            // Attributes unchanged since they were last journaled or checkpointed need no record
-            // (an fsync with nothing to do writes nothing); a file's blocks go with its size.
-            if undo.attr_dirty || !own_map.is_empty() || !logged.is_empty() {
-                records.push(Record::SetAttr { stamp, ino: m.ino, attr: m.attr_record(&meta) });
-            }
-            // Each xattr changed since it was last journaled, as it is now: what changed, not
-            // the whole set (which may hold megabytes).
-            undo.xattr_names = std::mem::take(&mut meta.xattrs.unjournaled);
-            for name in &undo.xattr_names {
-                records.push(match meta.xattrs.set.get(name) {
-                    Some(v) => Record::SetXattr { stamp, ino: m.ino, name: name.clone(), value: v.to_vec() },
-                    None => Record::RemoveXattr { stamp, ino: m.ino, name: name.clone() },
-                });
-            }
-            drop(meta);
-            records.extend(Record::map_runs(m.ino, stamp, &own_map));
-            // After the maps: same stamp, and replay applies a transaction's records in order,
-            // so a page logged inline wins over an older block writeback placed at its index.
-            records.extend(logged);
         }
-        if records.is_empty() {
-            // Without a region, a flush still covers what an fsync this one depends on wrote
-            // (it marked the records journaled); with one, that fsync made them durable before
-            // it let go of them.
-            return Ok(if self.nvm_log.is_some() { Commit::Durable } else { Commit::FlushOwed });
+        for (idx, addr) in gone {
+            // Truncated while in flight: neither mapped nor journaled.
+            parts.map.remove(&idx);
+            parts.writes.retain(|w| w.0 != addr as u64);
+            self.table.invalidate(addr as u64)?;
         }
-        let txn = Transaction::new(records);
-        let r = (|| {
-            match self.commit_to_region(lane, &txn, &writes)? {
-                RegionCommit::Committed => return Ok(Commit::Durable),
-                RegionCommit::Full => return Ok(Commit::Checkpoint),
-                RegionCommit::NoRegion => {}
-            }
-            let mut chain = self.chains[lane as usize].lock();
-            // A failed write must not leave a hole in the chain that hides later transactions:
-            // on error the writer goes back to where it was (the next append overwrites).
-            let before = chain.clone();
-            let durable = self.chain_marks[lane as usize].durable();
-            let blocks = match chain.append_flushed(&txn, durable, || {
-                let owner = SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
-                self.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32)
-            }) {
-                Ok(b) => b,
-                // The journal has no room left on the device: like a full region journal, the
-                // checkpoint the caller takes makes the changes durable and frees the journal.
-                Err(Error::NoSpace) => {
-                    *chain = before;
-                    return Ok(Commit::Checkpoint);
-                }
-                Err(e) => return Err(e),
-            };
-            self.count_journal(blocks.len() as u64);
-            // Within a lane, journal blocks complete in chain order: the chain lock is held
-            // until the batch (data and journal blocks together) is written.
-            let reqs: Vec<_> = page_reqs(&writes)
-                .chain(blocks.iter().map(|(a, d)| WriteReq { addr: *a, data: d }))
-                .collect();
-            if let Err(e) = self.write_reqs(&reqs, WriteKind::Journal) {
+        // Blocks that left the mapping and are in no checkpoint: dead now. (Young, if a
+        // checkpoint is being written: `enter_flush`.)
+        for a in std::mem::take(&mut disk.garbage) {
+            self.table.invalidate(a as u64)?;
+        }
+        // A checkpoint in progress captured m and installed it (`enter_flush`): what it
+        // took that no journal holds goes first, under its own stamp, for recovery from
+        // the previous checkpoint should this one never land. Stale once it is durable.
+        let durable = self.cp.lock().durable;
+        if disk.bridge.as_ref().is_some_and(|b| b.seq <= durable) {
+            disk.bridge = None;
+        }
+        if let Some(b) = disk.bridge.as_mut().filter(|b| !b.journaled) {
+            parts.records.extend(b.records(m.ino));
+            b.journaled = true;
+            parts.undo.bridge = Some(b.seq);
+            self.io.cp_bridges.add(1);
+        }
+        let mut own_map = std::mem::take(&mut disk.unjournaled);
+        parts.undo.unjournaled = own_map.clone();
+        own_map.extend(parts.map.iter().map(|(&i, &v)| (i, v)));
+        if let Some(from) = disk.truncated_from.take() {
+            parts.undo.truncated_from = Some(from);
+            parts.records.push(Record::Truncate { stamp, ino: m.ino, from_block: from });
+        }
+        // Inline pages still cached (checked under the mapping's lock, as for blocks): a
+        // page truncated since is neither logged nor mapped.
+        let logged: Vec<Record> = pages
+            .iter()
+            .filter(|(idx, _)| inline && pm.is_some_and(|p| p.is_cached(*idx)))
+            .map(|(idx, buf)| Record::Data { stamp, ino: m.ino, idx: *idx, data: buf.clone() })
+            .collect();
+        let mut meta = m.meta.lock();
+        parts.undo.attr_dirty = m.attr_dirty.swap(false, Ordering::AcqRel);
+        // Attributes unchanged since they were last journaled or checkpointed need no record
+        // (an fsync with nothing to do writes nothing); a file's blocks go with its size.
+        if parts.undo.attr_dirty || !own_map.is_empty() || !logged.is_empty() {
+            parts.records.push(Record::SetAttr { stamp, ino: m.ino, attr: m.attr_record(&meta) });
+        }
+        // Each xattr changed since it was last journaled, as it is now: what changed, not
+        // the whole set (which may hold megabytes).
+        parts.undo.xattr_names = std::mem::take(&mut meta.xattrs.unjournaled);
+        for name in &parts.undo.xattr_names {
+            parts.records.push(match meta.xattrs.set.get(name) {
+                Some(v) => Record::SetXattr { stamp, ino: m.ino, name: name.clone(), value: v.to_vec() },
+                None => Record::RemoveXattr { stamp, ino: m.ino, name: name.clone() },
+            });
+        }
+        drop(meta);
+        parts.records.extend(Record::map_runs(m.ino, stamp, &own_map));
+        // After the maps: same stamp, and replay applies a transaction's records in order,
+        // so a page logged inline wins over an older block writeback placed at its index.
+        parts.records.extend(logged);
+        Ok(())
+    }
+
+    /// Commits `txn` with its data `writes`: to the lane's journal in the region when there is
+    /// one, else appended to the lane's device journal chain and written in one batch.
+    fn commit_txn(
+        &self,
+        lane: u32,
+        txn: &Transaction,
+        writes: &[(u64, PageBuf)],
+        dir_ops: &DirOps,
+        mtime: u64,
+    ) -> Result<Commit> {
+        // A region commit is durable at once: not before the transactions ours may depend
+        // on (the ones that collected from our directories first) are. Not written: given
+        // back, for the checkpoint the caller takes.
+        if self.nvm_log.is_some() && !dir_ops.before.iter().all(|t| t.wait()) {
+            return Ok(Commit::Checkpoint);
+        }
+        match self.commit_to_region(lane, txn, writes)? {
+            RegionCommit::Committed => return Ok(Commit::Durable),
+            RegionCommit::Full => return Ok(Commit::Checkpoint),
+            RegionCommit::NoRegion => {}
+        }
+        let mut chain = self.chains[lane as usize].lock();
+        // A failed write must not leave a hole in the chain that hides later transactions:
+        // on error the writer goes back to where it was (the next append overwrites).
+        let before = chain.clone();
+        let durable = self.chain_marks[lane as usize].durable();
+        let blocks = match chain.append_flushed(txn, durable, || {
+            let owner = SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
+            self.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32)
+        }) {
+            Ok(b) => b,
+            // The journal has no room left on the device: like a full region journal, the
+            // checkpoint the caller takes makes the changes durable and frees the journal.
+            Err(Error::NoSpace) => {
                 *chain = before;
-                return Err(e);
+                return Ok(Commit::Checkpoint);
             }
-            self.chain_marks[lane as usize].wrote(chain.position().1);
-            Ok(Commit::FlushOwed)
-        })();
-        if !matches!(r, Ok(Commit::Durable | Commit::FlushOwed)) {
-            // Give back what this transaction took, so a later fsync journals it again. (The
-            // pages are put back dirty by the caller; their new blocks were never good.)
-            let mut disk = m.disk.lock();
-            for (idx, v) in undo.unjournaled {
-                if !map.contains_key(&idx) {
-                    disk.unjournaled.entry(idx).or_insert(v);
-                }
-            }
-            if let Some(from) = undo.truncated_from {
-                disk.truncated_from = Some(disk.truncated_from.map_or(from, |t| t.min(from)));
-            }
-            if let (Some(seq), Some(b)) = (undo.bridge, disk.bridge.as_mut()) {
-                if b.seq == seq {
-                    b.journaled = false;
-                }
-            }
-            drop(disk);
-            if undo.attr_dirty {
-                m.attr_dirty.store(true, Ordering::Release);
-            }
-            if !undo.xattr_names.is_empty() {
-                m.meta.lock().xattrs.unjournaled.append(&mut undo.xattr_names);
+            Err(e) => return Err(e),
+        };
+        self.count_journal(blocks.len() as u64);
+        // Within a lane, journal blocks complete in chain order: the chain lock is held
+        // until the batch (data and journal blocks together) is written.
+        let reqs: Vec<_> =
+            page_reqs(writes).chain(blocks.iter().map(|(a, d)| WriteReq { addr: *a, data: d })).collect();
+        if let Err(e) = self.write_reqs(&reqs, WriteKind::Journal) {
+            *chain = before;
+            return Err(e);
+        }
+        self.chain_marks[lane as usize].wrote(chain.position().1);
+        Ok(Commit::FlushOwed)
+    }
+
+    /// Gives back what a transaction not written took from the inode, so that a later fsync
+    /// journals it again. (The pages are put back dirty by the caller; their new blocks were
+    /// never good.)
+    fn restore_inode(&self, m: &MNode, mut undo: Undo, map: &BTreeMap<u64, (u32, u32)>) {
+        // Give back what this transaction took, so a later fsync journals it again. (The
+        // pages are put back dirty by the caller; their new blocks were never good.)
+        let mut disk = m.disk.lock();
+        for (idx, v) in undo.unjournaled {
+            if !map.contains_key(&idx) {
+                disk.unjournaled.entry(idx).or_insert(v);
             }
         }
-        r
+        if let Some(from) = undo.truncated_from {
+            disk.truncated_from = Some(disk.truncated_from.map_or(from, |t| t.min(from)));
+        }
+        if let (Some(seq), Some(b)) = (undo.bridge, disk.bridge.as_mut()) {
+            if b.seq == seq {
+                b.journaled = false;
+            }
+        }
+        drop(disk);
+        if undo.attr_dirty {
+            m.attr_dirty.store(true, Ordering::Release);
+        }
+        if !undo.xattr_names.is_empty() {
+            m.meta.lock().xattrs.unjournaled.append(&mut undo.xattr_names);
+        }
     }
 
     /// Writes (address, bytes) pairs in bounded batches, counted as `kind`.
@@ -556,6 +655,16 @@ enum Commit {
     /// Not written (no room in the region's lane journal), everything given back: a
     /// checkpoint must make it durable.
     Checkpoint,
+}
+
+/// A transaction being put together for one inode (`Engine::write_txn`).
+struct TxnParts {
+    /// The data blocks to write with it: (address, page).
+    writes: Vec<(u64, PageBuf)>,
+    /// The blocks placed for its pages: index -> (address, checksum).
+    map: BTreeMap<u64, (u32, u32)>,
+    records: Vec<Record>,
+    undo: Undo,
 }
 
 /// What a transaction took from its inode, given back if it fails.

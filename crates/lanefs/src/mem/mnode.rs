@@ -415,9 +415,10 @@ pub struct XattrDisk {
 pub struct DirState {
     pub map: DirMap,
     pub log: DirLog,
-    /// Serialises journal flushes of this directory so that a later fsync finds the earlier
-    /// one's writes complete.
-    pub flush_lock: Mutex<()>,
+    /// Serialises the collection of this directory's unjournaled records by journal flushes,
+    /// and holds the ticket of the last flush that collected from it: the next one waits for
+    /// that flush's write before its own transaction may count as durable (`crate::flush`).
+    pub flush_lock: Mutex<Option<Arc<crate::sync::ticket::Ticket>>>,
     /// Set by rmdir: no new entry may be added.
     pub dead: AtomicBool,
 }
@@ -534,7 +535,7 @@ impl MNode {
             S_IFDIR => Content::Dir(DirState {
                 map: DirMap::new(),
                 log: DirLog::new(),
-                flush_lock: Mutex::new(Rank::DirFlush, ()),
+                flush_lock: Mutex::new(Rank::DirFlush, None),
                 dead: AtomicBool::new(false),
             }),
             _ => Content::Other,

@@ -150,8 +150,9 @@
 //!
 //! `gen32` is the low 32 bits of the version of the checkpoint pack the entries follow.
 //!
-//! fsync ([`crate::flush`], `flush/nvm.rs`), holding the gate shared and the flush locks of
-//! the directories it journals:
+//! fsync ([`crate::flush`], `flush/nvm.rs`), holding the gate shared, having collected its
+//! records under the flush locks of the directories it journals and waited for the flushes
+//! that collected from them before it (`sync::ticket`):
 //!
 //! 1. write the transaction's data blocks; if it maps any written block (its own, or ones
 //!    writeback wrote without a flush), one group-committed device flush. A metadata-only

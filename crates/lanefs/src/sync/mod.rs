@@ -10,12 +10,14 @@
 //! - [`seqlock`]: a few words published together, read without writing a shared line (the
 //!   attributes stat reports).
 //! - [`census`]: per lock class, how many acquisitions had to wait (per-CPU counters).
+//! - [`ticket`]: a one-shot outcome (was a flush written?) that later flushes wait for.
 
 pub mod census;
 pub mod pass_sem;
 pub mod percpu;
 pub mod rank;
 pub mod seqlock;
+pub mod ticket;
 
 pub use census::Census;
 pub use pass_sem::{ExclusiveGuard, PassSem, SharedGuard};

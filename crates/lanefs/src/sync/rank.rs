@@ -45,8 +45,9 @@ pub enum Rank {
     // fsync: what one transaction holds while it decides and writes.
     /// An inode's fsync transaction order (`MNode::fsync_order`).
     FsyncOrder,
-    /// A directory's journal flush (`DirState::flush_lock`); several are taken in ascending
-    /// inode order (`Engine::flush_txn`).
+    /// A directory's journal flush (`DirState::flush_lock`), held while a flush collects the
+    /// directory's records (not while it writes them); several are taken in ascending inode
+    /// order (`Engine::take_dir_ops`).
     DirFlush,
 
     // MEMFS: every operation.
@@ -130,6 +131,8 @@ pub enum Rank {
     IoSaved,
     /// A range lock's own request list (never held while waiting).
     RangeInner,
+    /// A flush's ticket (`sync::ticket`): held only to wait for it or resolve it.
+    Ticket,
     /// The FUSE adapter's table of open directory handles (never held across an engine call).
     DirHandles,
 
@@ -190,6 +193,7 @@ impl Rank {
         Rank::Failure,
         Rank::IoSaved,
         Rank::RangeInner,
+        Rank::Ticket,
         Rank::DirHandles,
         Rank::CrashBarrier,
         Rank::PmemRecorder,
