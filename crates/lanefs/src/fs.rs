@@ -458,12 +458,20 @@ impl Fs {
     }
 
     /// After an entry change in directory `dir`: durable now if it is DIRSYNC or SYNC.
+    /// The flags are read pinned (`Engine::with_mnode`), and the mnode taken only when it must
+    /// be synced: every create, unlink and rename ends here, and a reference taken each time
+    /// would write the shared directory's count, a line every core bounces.
     fn dirsync(&self, dir: Ino) -> Result<()> {
+        let which = InodeFlags(InodeFlags::DIRSYNC.bits() | InodeFlags::SYNC.bits());
         let m = {
             let _g = self.engine.pass.shared();
-            self.engine.mnode(ino32(dir)?)?
+            let ino = ino32(dir)?;
+            if !self.engine.with_mnode(ino, |m| InodeFlags(m.iflags()).intersects(which))? {
+                return Ok(());
+            }
+            self.engine.mnode(ino)?
         };
-        self.sync_if(&m, InodeFlags(InodeFlags::DIRSYNC.bits() | InodeFlags::SYNC.bits()))
+        self.sync_if(&m, which)
     }
 
     /// Creates a regular file (`mode`: permission bits).

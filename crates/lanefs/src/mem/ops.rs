@@ -99,6 +99,16 @@ struct Truncated {
     map: super::cowmap::CowMap,
 }
 
+/// A rename's two directories (pinned, `Engine::with_dir`) and the rest of its arguments.
+struct RenameArgs<'a> {
+    sd: &'a MNode,
+    sname: &'a [u8],
+    dd: &'a MNode,
+    dname: &'a [u8],
+    flags: u32,
+    owner: (u32, u32),
+}
+
 /// What a new inode is.
 pub struct NewInode<'a> {
     /// Type and permission bits, as asked for: the parent's default ACL or else `umask` masks
@@ -139,6 +149,20 @@ impl Engine {
             return Err(Error::errno(libc::ENOTDIR, format!("inode {ino}")));
         }
         Ok(m)
+    }
+
+    /// Runs `f` on directory `ino`'s mnode (ENOTDIR or ENOENT as [`Engine::dir_mnode`]) without
+    /// taking a reference: creates, unlinks and renames of distinct names in one directory
+    /// would otherwise all write its reference count, a cache line every core then bounces.
+    /// `f` runs pinned to the mnode table (`Cells::with`): it may lock and allocate, but must
+    /// not wait for another operation.
+    pub(crate) fn with_dir<R>(&self, ino: u32, f: impl FnOnce(&MNode) -> Result<R>) -> Result<R> {
+        self.with_mnode(ino, |d| {
+            if !d.is_dir() {
+                return Err(Error::errno(libc::ENOTDIR, format!("inode {ino}")));
+            }
+            f(d)
+        })?
     }
 
     /// Looks `name` up in directory `parent` and runs `f` on its mnode: the path walk's step.
@@ -265,14 +289,20 @@ impl Engine {
             return Err(Error::errno(libc::ENAMETOOLONG, "symlink target"));
         }
         let _g = self.pass.shared();
-        let d = self.dir_mnode(parent)?;
+        self.with_dir(parent, |d| self.create_in(d, name, &new))
+    }
+
+    /// [`Engine::create_node`] in directory `d`, pinned, with the arguments checked.
+    fn create_in(&self, d: &MNode, name: &[u8], new: &NewInode) -> Result<Arc<MNode>> {
+        let parent = d.ino;
+        let ftype = new.mode & S_IFMT;
         let dir = d.dir().expect("dir");
         if dir.map.lookup(name).is_some() {
             return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(name)));
         }
         refuse(d.iflags(), InodeFlags::IMMUTABLE, "create")?;
         // Its ACLs go in with it, before its name is visible.
-        let (mode, xattrs) = self.inherit(&d, new.mode, new.umask)?;
+        let (mode, xattrs) = self.inherit(d, new.mode, new.umask)?;
         let (_, cpu) = self.lane();
         let ino = self.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
         let t = now();
@@ -342,7 +372,7 @@ impl Engine {
         }
         d.touch(t);
         self.count_op();
-        self.mark_dirty(&d);
+        self.mark_dirty(d);
         self.mark_dirty(&m);
         Ok(m)
     }
@@ -357,7 +387,13 @@ impl Engine {
             return Err(Error::errno(libc::EPERM, "hard link to a directory"));
         }
         refuse(m.iflags(), InodeFlags::PRIVILEGED, "link")?;
-        let d = self.dir_mnode(parent)?;
+        self.with_dir(parent, |d| self.link_in(&m, d, name))?;
+        Ok(m)
+    }
+
+    /// [`Engine::link`] of `m` into directory `d`, pinned, with the arguments checked.
+    fn link_in(&self, m: &MNode, d: &MNode, name: &[u8]) -> Result<()> {
+        let (ino, parent) = (m.ino, d.ino);
         refuse(d.iflags(), InodeFlags::IMMUTABLE, "link into a directory")?;
         let dir = d.dir().expect("dir");
         {
@@ -391,11 +427,11 @@ impl Engine {
         let t = now();
         m.touch_ctime(t);
         d.touch(t);
-        self.note_name_dir(&m, parent);
+        self.note_name_dir(m, parent);
         self.count_op();
-        self.mark_dirty(&d);
-        self.mark_dirty(&m);
-        Ok(m)
+        self.mark_dirty(d);
+        self.mark_dirty(m);
+        Ok(())
     }
 
     /// Remembers the directory of `m`'s latest name: for a directory its parent, which ".."
@@ -424,7 +460,12 @@ impl Engine {
         }
         check_name(name)?;
         let _g = self.pass.shared();
-        let d = self.dir_mnode(parent)?;
+        self.with_dir(parent, |d| self.remove_in(d, name, want_dir))
+    }
+
+    /// [`Engine::remove_name`] in directory `d`, pinned, with the name checked.
+    fn remove_in(&self, d: &MNode, name: &[u8], want_dir: bool) -> Result<()> {
+        let parent = d.ino;
         let dir = d.dir().expect("dir");
         let e = dir.map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?;
         let child = self.mnode(e.ino)?;
@@ -474,7 +515,7 @@ impl Engine {
         }
         d.touch(t);
         self.count_op();
-        self.mark_dirty(&d);
+        self.mark_dirty(d);
         Ok(())
     }
 
@@ -502,6 +543,11 @@ impl Engine {
     /// rename(2) with RENAME_NOREPLACE, RENAME_EXCHANGE or RENAME_WHITEOUT (which may come with
     /// RENAME_NOREPLACE). A whiteout is owned by `owner` (uid, gid); the rename and its whiteout
     /// are one logged operation, so they are durable together or not at all.
+    ///
+    /// In steps: the arguments here; both directories pinned (`Engine::with_dir`: no
+    /// reference count of a directory is written); the names looked up and checked
+    /// (`rename_pinned`); the two names changed together (`rename_commit`); links, parents
+    /// and times settled (`rename_settle`).
     pub fn rename(
         &self,
         sp: u32,
@@ -527,25 +573,38 @@ impl Engine {
             return Err(Error::errno(libc::EINVAL, "rename flags"));
         }
         let _g = self.pass.shared();
-        let sd = self.dir_mnode(sp)?;
-        let dd = self.dir_mnode(dp)?;
+        self.with_dir(sp, |sd| {
+            self.with_dir(dp, |dd| self.rename_pinned(&RenameArgs { sd, sname, dd, dname, flags, owner }))
+        })
+    }
+
+    /// [`Engine::rename`] with both directories pinned: looks both names up and checks the
+    /// rename as ext4 does (may_delete and may_create, loops, a directory replaced only when
+    /// empty), then commits it. A directory about to be replaced is marked dead (no create
+    /// slips in after its emptiness check) and unmarked if the rename fails after all.
+    fn rename_pinned(&self, a: &RenameArgs) -> Result<()> {
+        let (sp, dp, flags) = (a.sd.ino, a.dd.ino, a.flags);
         let se =
-            sd.dir().expect("dir").map.lookup(sname).ok_or_else(|| enoent(String::from_utf8_lossy(sname)))?;
+            a.sd.dir()
+                .expect("dir")
+                .map
+                .lookup(a.sname)
+                .ok_or_else(|| enoent(String::from_utf8_lossy(a.sname)))?;
         let src = self.mnode(se.ino)?;
         // Both names are removed from their directory (an exchange) or one is removed and one
         // added: ext4's may_delete and may_create.
-        refuse(sd.iflags(), InodeFlags::PRIVILEGED, "rename out of a directory")?;
+        refuse(a.sd.iflags(), InodeFlags::PRIVILEGED, "rename out of a directory")?;
         refuse(src.iflags(), InodeFlags::PRIVILEGED, "rename")?;
-        refuse(dd.iflags(), InodeFlags::IMMUTABLE, "rename into a directory")?;
+        refuse(a.dd.iflags(), InodeFlags::IMMUTABLE, "rename into a directory")?;
         // Moving a directory to another directory can create a loop: one at a time, globally
         // (the only global lock ScaleFS and Max allow on this path).
         let _rl = (src.is_dir() && sp != dp || flags & RENAME_EXCHANGE != 0).then(|| self.rename_lock.lock());
-        let de = dd.dir().expect("dir").map.lookup(dname);
+        let de = a.dd.dir().expect("dir").map.lookup(a.dname);
         if flags & RENAME_NOREPLACE != 0 && de.is_some() {
-            return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(dname)));
+            return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(a.dname)));
         }
         if flags & RENAME_EXCHANGE != 0 && de.is_none() {
-            return Err(enoent(String::from_utf8_lossy(dname)));
+            return Err(enoent(String::from_utf8_lossy(a.dname)));
         }
         if src.is_dir() && sp != dp && self.is_ancestor(src.ino, dp)? {
             return Err(Error::errno(libc::EINVAL, "cannot move a directory into itself"));
@@ -556,19 +615,19 @@ impl Engine {
         }
         let dst = de.map(|e| self.mnode(e.ino)).transpose()?;
         if let Some(dst) = &dst {
-            refuse(dd.iflags(), InodeFlags::APPEND, "replace an entry")?;
+            refuse(a.dd.iflags(), InodeFlags::APPEND, "replace an entry")?;
             refuse(dst.iflags(), InodeFlags::PRIVILEGED, "replace")?;
         }
         if let (Some(dst), true) = (&dst, flags & RENAME_EXCHANGE == 0) {
             match (src.is_dir(), dst.is_dir()) {
-                (true, false) => return Err(Error::errno(libc::ENOTDIR, String::from_utf8_lossy(dname))),
-                (false, true) => return Err(Error::errno(libc::EISDIR, String::from_utf8_lossy(dname))),
+                (true, false) => return Err(Error::errno(libc::ENOTDIR, String::from_utf8_lossy(a.dname))),
+                (false, true) => return Err(Error::errno(libc::EISDIR, String::from_utf8_lossy(a.dname))),
                 (true, true) => {
                     let dm = dst.dir().expect("dir");
                     dm.dead.store(true, Ordering::Release);
                     if !dm.map.is_empty() {
                         dm.dead.store(false, Ordering::Release);
-                        return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(dname)));
+                        return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(a.dname)));
                     }
                 }
                 _ => {}
@@ -581,12 +640,9 @@ impl Engine {
                 }
             }
         }
-        let exchange = flags & RENAME_EXCHANGE != 0;
-        let replaced = dst.as_ref().map(|d| d.ino).unwrap_or(0);
-        // The whiteout's inode exists (in the inode table, not yet named) before the names
-        // change, as a create's does, so that a lookup that finds its name finds it.
-        let wh = match whiteout.then(|| self.new_whiteout(sp, owner)).transpose() {
-            Ok(w) => w,
+        let wh = self.rename_commit(a, &src, dst.as_deref());
+        let wh = match wh {
+            Ok(wh) => wh,
             Err(e) => {
                 // The directory it would replace is not being removed after all.
                 if let Some(dm) = dst.as_ref().and_then(|d| d.dir()) {
@@ -595,13 +651,29 @@ impl Engine {
                 return Err(e);
             }
         };
+        self.rename_settle(a, &src, dst.as_deref(), wh.as_deref());
+        Ok(())
+    }
+
+    /// Changes both names of a checked rename at once, under both names' shard locks (taken in
+    /// the global order), with its record logged at that linearization point; makes the
+    /// whiteout first when one is asked for, and returns it. On an error nothing changed (a
+    /// whiteout made for it is gone again).
+    fn rename_commit(&self, a: &RenameArgs, src: &MNode, dst: Option<&MNode>) -> Result<Option<Arc<MNode>>> {
+        let (sp, dp) = (a.sd.ino, a.dd.ino);
+        let exchange = a.flags & RENAME_EXCHANGE != 0;
+        let replaced = dst.map(|d| d.ino).unwrap_or(0);
+        // The whiteout's inode exists (in the inode table, not yet named) before the names
+        // change, as a create's does, so that a lookup that finds its name finds it.
+        let wh = (a.flags & RENAME_WHITEOUT != 0).then(|| self.new_whiteout(sp, a.owner)).transpose()?;
         let wh_rec =
             wh.as_ref().map(|w| crate::journal::Whiteout { ino: w.ino, attr: w.attr_record(&w.meta.lock()) });
-        // Lock both names' shards in a global order and change them together.
-        let sdir = sd.dir().expect("dir");
-        let ddir = dd.dir().expect("dir");
-        let result =
-            crate::mem::dir::update_two((sp, &sdir.map, sname), (dp, &ddir.map, dname), |s_cur, d_cur| {
+        let sdir = a.sd.dir().expect("dir");
+        let ddir = a.dd.dir().expect("dir");
+        let result = crate::mem::dir::update_two(
+            (sp, &sdir.map, a.sname),
+            (dp, &ddir.map, a.dname),
+            |s_cur, d_cur| {
                 if s_cur.map(|e| e.ino) != Some(src.ino) || d_cur.map(|e| e.ino).unwrap_or(0) != replaced {
                     return Err(Error::errno(libc::EAGAIN, "names changed meanwhile; retry"));
                 }
@@ -613,9 +685,9 @@ impl Engine {
                 let rec = Record::Rename {
                     stamp,
                     src_dir: sp,
-                    src_name: sname.to_vec(),
+                    src_name: a.sname.to_vec(),
                     dst_dir: dp,
-                    dst_name: dname.to_vec(),
+                    dst_name: a.dname.to_vec(),
                     ino: src.ino,
                     replaced,
                     exchange,
@@ -626,7 +698,7 @@ impl Engine {
                         src.note_pending(d, 1);
                     } else if let Some(w) = wh.as_ref().filter(|w| w.ino == x) {
                         w.note_pending(d, 1);
-                    } else if let Some(t) = &dst {
+                    } else if let Some(t) = dst {
                         t.note_pending(d, 1);
                     }
                 }
@@ -643,29 +715,33 @@ impl Engine {
                 };
                 let d_new = Some((src.ino, s_cur.expect("checked").file_type));
                 Ok((s_new, d_new))
-            });
+            },
+        );
         if let Err(e) = result {
-            if let Some(dst) = &dst {
-                if let Some(dm) = dst.dir() {
-                    dm.dead.store(false, Ordering::Release);
-                }
-            }
             if let Some(w) = &wh {
                 self.cells.remove(w.ino as u64);
                 let _ = self.nat.free_nid(w.ino);
             }
             return Err(e);
         }
+        Ok(wh)
+    }
+
+    /// After a committed rename: link counts and parents of moved directories, the replaced
+    /// inode's lost name, times, and the dirty set.
+    fn rename_settle(&self, a: &RenameArgs, src: &MNode, dst: Option<&MNode>, wh: Option<&MNode>) {
+        let (sd, dd, sp, dp) = (a.sd, a.dd, a.sd.ino, a.dd.ino);
+        let exchange = a.flags & RENAME_EXCHANGE != 0;
         let t = now();
         if src.is_dir() && sp != dp {
             src.parent.store(dp, Ordering::Release);
-            if !exchange || !dst.as_ref().is_some_and(|d| d.is_dir()) {
+            if !exchange || !dst.is_some_and(|d| d.is_dir()) {
                 sd.add_nlink(-1);
                 dd.add_nlink(1);
             }
         }
         if exchange {
-            let dst = dst.as_ref().expect("exchange has a target");
+            let dst = dst.expect("exchange has a target");
             if dst.is_dir() && sp != dp {
                 dst.parent.store(sp, Ordering::Release);
                 if !src.is_dir() {
@@ -676,24 +752,23 @@ impl Engine {
             dst.touch_ctime(t);
             self.note_name_dir(dst, sp);
             self.mark_dirty(dst);
-        } else if let Some(dst) = &dst {
+        } else if let Some(dst) = dst {
             if dst.is_dir() {
                 dd.add_nlink(-1);
             }
             self.drop_link(dst, dst.is_dir(), t);
         }
         src.touch_ctime(t);
-        self.note_name_dir(&src, dp);
+        self.note_name_dir(src, dp);
         sd.touch(t);
         dd.touch(t);
         self.count_op();
-        self.mark_dirty(&src);
-        self.mark_dirty(&sd);
-        self.mark_dirty(&dd);
-        if let Some(w) = &wh {
+        self.mark_dirty(src);
+        self.mark_dirty(sd);
+        self.mark_dirty(dd);
+        if let Some(w) = wh {
             self.mark_dirty(w);
         }
-        Ok(())
     }
 
     /// A whiteout inode for a rename out of directory `dir`, in the inode table but not yet
