@@ -300,7 +300,15 @@ impl Fs {
     /// no lock, and no store to a line other threads read.
     pub(crate) fn attr(&self, m: &MNode) -> Attr {
         let meta = m.meta.stat();
-        let blocks = self.engine.allocated_blocks(m);
+        // A directory's size is summed over its map's shards (`DirMap::len`): once, and its
+        // blocks derived from it as `Engine::allocated_blocks` does.
+        let (size, blocks) = match m.dir() {
+            Some(d) => {
+                let size = d.map.reported_size();
+                (size, size / crate::device::BLOCK_SIZE as u64)
+            }
+            None => (m.size.load(Ordering::Acquire), self.engine.allocated_blocks(m)),
+        };
         Attr {
             ino: m.ino as Ino,
             kind: FileKind::of(meta.mode),
@@ -308,10 +316,7 @@ impl Fs {
             nlink: meta.nlink,
             uid: meta.uid,
             gid: meta.gid,
-            size: match m.dir() {
-                Some(d) => d.map.reported_size(),
-                None => m.size.load(Ordering::Acquire),
-            },
+            size,
             blocks: blocks * 8,
             atime: m.atime(),
             mtime: m.mtime(),
