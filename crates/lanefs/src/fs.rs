@@ -300,7 +300,15 @@ impl Fs {
     /// no lock, and no store to a line other threads read.
     pub(crate) fn attr(&self, m: &MNode) -> Attr {
         let meta = m.meta.stat();
-        let blocks = self.engine.allocated_blocks(m);
+        // A directory's size is summed over its map's shards (`DirMap::len`): once, and its
+        // blocks derived from it as `Engine::allocated_blocks` does.
+        let (size, blocks) = match m.dir() {
+            Some(d) => {
+                let size = d.map.reported_size();
+                (size, size / crate::device::BLOCK_SIZE as u64)
+            }
+            None => (m.size.load(Ordering::Acquire), self.engine.allocated_blocks(m)),
+        };
         Attr {
             ino: m.ino as Ino,
             kind: FileKind::of(meta.mode),
@@ -308,10 +316,7 @@ impl Fs {
             nlink: meta.nlink,
             uid: meta.uid,
             gid: meta.gid,
-            size: match m.dir() {
-                Some(d) => d.map.reported_size(),
-                None => m.size.load(Ordering::Acquire),
-            },
+            size,
             blocks: blocks * 8,
             atime: m.atime(),
             mtime: m.mtime(),
@@ -458,12 +463,20 @@ impl Fs {
     }
 
     /// After an entry change in directory `dir`: durable now if it is DIRSYNC or SYNC.
+    /// The flags are read pinned (`Engine::with_mnode`), and the mnode taken only when it must
+    /// be synced: every create, unlink and rename ends here, and a reference taken each time
+    /// would write the shared directory's count, a line every core bounces.
     fn dirsync(&self, dir: Ino) -> Result<()> {
+        let which = InodeFlags(InodeFlags::DIRSYNC.bits() | InodeFlags::SYNC.bits());
         let m = {
             let _g = self.engine.pass.shared();
-            self.engine.mnode(ino32(dir)?)?
+            let ino = ino32(dir)?;
+            if !self.engine.with_mnode(ino, |m| InodeFlags(m.iflags()).intersects(which))? {
+                return Ok(());
+            }
+            self.engine.mnode(ino)?
         };
-        self.sync_if(&m, InodeFlags(InodeFlags::DIRSYNC.bits() | InodeFlags::SYNC.bits()))
+        self.sync_if(&m, which)
     }
 
     /// Creates a regular file (`mode`: permission bits).

@@ -48,7 +48,7 @@ const LAYERS: &[(&str, u32)] = &[
 /// Upward references that exist today: (from, to, why). Issue 15 splits `Engine` into per-layer
 /// parts, after which these go.
 const KNOWN_DEPARTURES: &[(&str, &str, &str)] = &[
-    ("mem", "engine", "MEMFS operations are `impl Engine` blocks in mem/ops.rs, atime.rs, perm.rs"),
+    ("mem", "engine", "MEMFS operations are `impl Engine` blocks in mem/ops/, atime.rs, perm.rs"),
     ("flush", "engine", "fsync, writeback and checkpoints are `impl Engine` blocks"),
     ("flush", "mem", "flush reads MEMFS's mnodes and page maps directly, not through an interface"),
     ("gc", "engine", "the cleaner is an `impl Engine` block that marks mnodes dirty"),

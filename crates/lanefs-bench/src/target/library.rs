@@ -56,28 +56,31 @@ impl LibTarget {
         Ok(LibTarget { fs: Arc::new(fs), spec, cache })
     }
 
-    /// The inode of the directory holding `path`, and the last component. Walks the
-    /// components as it parses them, with no allocation: the walk is what MRPL and MRPM
-    /// measure, not the benchmark's own bookkeeping.
+    /// The inode of the directory holding `path`, and the last component: one walk of the
+    /// library over the components before it (`Fs::walk`), with no allocation, as a kernel
+    /// resolves the parent of a name it creates, removes or renames. A lookup per component
+    /// would enter the engine once per directory and compute each one's attributes.
     fn parent_of<'p>(&self, path: &'p Path) -> io::Result<(Ino, &'p [u8])> {
-        let mut dir = ROOT;
-        let mut last: Option<&[u8]> = None;
-        for c in path.components() {
-            let name = match c {
-                Component::Normal(n) => n.as_encoded_bytes(),
-                Component::RootDir | Component::CurDir => continue,
-                _ => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("{}: unsupported path", path.display()),
-                    ))
-                }
-            };
-            if let Some(prev) = last.replace(name) {
-                dir = self.fs.lookup(dir, prev).map_err(err)?.ino;
-            }
+        if path
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::RootDir | Component::CurDir))
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: unsupported path", path.display()),
+            ));
         }
-        let last = last.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty path"))?;
+        let names = || {
+            path.components().filter_map(|c| match c {
+                Component::Normal(n) => Some(n.as_encoded_bytes()),
+                _ => None,
+            })
+        };
+        let count = names().count();
+        let last =
+            names().next_back().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty path"))?;
+        let dir =
+            if count == 1 { ROOT } else { self.fs.walk(ROOT, names().take(count - 1)).map_err(err)?.ino };
         Ok((dir, last))
     }
 

@@ -94,29 +94,48 @@ impl StatMeta {
 /// lock (`sync::seqlock`): [`MetaLock::stat`] reads them without writing a shared line, so
 /// threads that stat or walk through one directory do not bounce its lock between cores.
 ///
-/// Invariant: whenever the mutex is free, the mirror equals `StatMeta::of(&meta)`. A guard that
-/// was dereferenced mutably publishes the mirror as it drops, still holding the mutex (so
-/// publications are serialised and in the order of the changes).
+/// Invariant: whenever the mutex is free, the mirror equals `StatMeta::of(&meta)` and
+/// `has_xattrs` says whether `meta.xattrs.set` is non-empty. A guard that was dereferenced
+/// mutably publishes both as it drops, still holding the mutex (so publications are serialised
+/// and in the order of the changes).
 pub struct MetaLock {
     inner: Mutex<Meta>,
     mirror: SeqWords<5>,
+    /// Whether `meta.xattrs.set` holds any attribute, published like the mirror: a create
+    /// asks it of the directory (a default ACL to inherit?) without taking the directory's
+    /// mutex, which every create in a shared directory would otherwise bounce between cores.
+    has_xattrs: AtomicBool,
 }
 
 /// A held [`MetaLock`].
 pub struct MetaGuard<'a> {
     guard: MutexGuard<'a, Meta>,
     mirror: &'a SeqWords<5>,
+    has_xattrs: &'a AtomicBool,
     changed: bool,
 }
 
 impl MetaLock {
     pub fn new(meta: Meta) -> MetaLock {
         let mirror = SeqWords::new(StatMeta::of(&meta).encode());
-        MetaLock { inner: Mutex::new(Rank::Meta, meta), mirror }
+        let has_xattrs = AtomicBool::new(!meta.xattrs.set.is_empty());
+        MetaLock { inner: Mutex::new(Rank::Meta, meta), mirror, has_xattrs }
+    }
+
+    /// Whether the inode has any extended attribute, as of the last change: lock-free and
+    /// storing nothing. A change published before this read began is seen.
+    #[inline]
+    pub fn has_xattrs(&self) -> bool {
+        self.has_xattrs.load(Ordering::Acquire)
     }
 
     pub fn lock(&self) -> MetaGuard<'_> {
-        MetaGuard { guard: self.inner.lock(), mirror: &self.mirror, changed: false }
+        MetaGuard {
+            guard: self.inner.lock(),
+            mirror: &self.mirror,
+            has_xattrs: &self.has_xattrs,
+            changed: false,
+        }
     }
 
     /// What stat reports, as of the last change: lock-free unless a change keeps overlapping
@@ -148,6 +167,10 @@ impl Drop for MetaGuard<'_> {
     fn drop(&mut self) {
         if self.changed {
             self.mirror.write(StatMeta::of(&self.guard).encode());
+            let any = !self.guard.xattrs.set.is_empty();
+            if self.has_xattrs.load(Ordering::Relaxed) != any {
+                self.has_xattrs.store(any, Ordering::Release);
+            }
         }
     }
 }
@@ -663,6 +686,37 @@ impl MNode {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn has_xattrs_follows_every_change_of_the_set() {
+        let meta = |x: bool| {
+            let mut set = crate::mem::xattr::XattrSet::default();
+            if x {
+                set.set(b"user.a", b"1".to_vec());
+            }
+            Meta {
+                mode: S_IFDIR | 0o755,
+                uid: 0,
+                gid: 0,
+                nlink: 2,
+                crtime: Timespec { sec: 0, nsec: 0 },
+                rdev: 0,
+                generation: 0,
+                xattrs: XattrState { set: Arc::new(set), ..Default::default() },
+                symlink: Vec::new(),
+            }
+        };
+        assert!(MetaLock::new(meta(true)).has_xattrs());
+        let l = MetaLock::new(meta(false));
+        assert!(!l.has_xattrs());
+        Arc::make_mut(&mut l.lock().xattrs.set).set(b"system.posix_acl_default", b"acl".to_vec());
+        assert!(l.has_xattrs());
+        // A change of something else keeps it.
+        l.lock().nlink = 3;
+        assert!(l.has_xattrs());
+        Arc::make_mut(&mut l.lock().xattrs.set).remove(b"system.posix_acl_default");
+        assert!(!l.has_xattrs());
+    }
 
     #[test]
     fn truncate_makes_garbage_of_exactly_the_blocks_no_tree_holds() {

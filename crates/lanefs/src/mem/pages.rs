@@ -25,7 +25,7 @@ use crate::sync::rank::{Mutex, Rank};
 use crossbeam::utils::CachePadded;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub const PAGE_SIZE: usize = 4096;
 const SHARDS: usize = 16;
@@ -109,8 +109,10 @@ impl Shard {
 
 /// The pages of one file.
 pub struct PageMap {
-    /// Padded: writers of neighbouring shards must not share a cache line.
-    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    /// Padded: writers of neighbouring shards must not share a cache line. Made when the first
+    /// page goes in: most files a create makes and an unlink removes never cache one, and then
+    /// cost neither the sixteen padded locks (2 KiB) nor a pass over them when dropped.
+    shards: OnceLock<Box<[CachePadded<Mutex<Shard>>]>>,
     /// Bit s set: shard s may list dirty pages. Set under the shard's lock after a page is
     /// listed, so a `take_*` that clears the mask first and then visits the marked shards
     /// sees every page listed before its call.
@@ -125,9 +127,7 @@ pub struct PageMap {
 impl PageMap {
     pub fn new(stats: Arc<CacheStats>) -> PageMap {
         PageMap {
-            shards: (0..SHARDS)
-                .map(|_| CachePadded::new(Mutex::new(Rank::PageShard, Shard::default())))
-                .collect(),
+            shards: OnceLock::new(),
             dirty_shards: AtomicU32::new(0),
             dirty: AtomicU64::new(0),
             logged: AtomicU64::new(0),
@@ -135,8 +135,22 @@ impl PageMap {
         }
     }
 
+    /// The shard of page `idx`, made with all the others if none is yet: for adding pages.
     fn shard(&self, idx: u64) -> &Mutex<Shard> {
-        &self.shards[shard_of(idx)]
+        let all = self.shards.get_or_init(|| {
+            (0..SHARDS).map(|_| CachePadded::new(Mutex::new(Rank::PageShard, Shard::default()))).collect()
+        });
+        &all[shard_of(idx)]
+    }
+
+    /// The shard of page `idx` if the shards exist (a page may be cached): for looking.
+    fn cached_shard(&self, idx: u64) -> Option<&Mutex<Shard>> {
+        self.shards.get().map(|all| &*all[shard_of(idx)])
+    }
+
+    /// Every shard, none before the first page went in.
+    fn all(&self) -> &[CachePadded<Mutex<Shard>>] {
+        self.shards.get().map_or(&[], |all| all)
     }
 
     /// Makes `page` (at `idx`, in `shard`, whose lock the caller holds) dirty if it is not.
@@ -160,7 +174,7 @@ impl PageMap {
 
     /// The cached page `idx`, if any.
     pub fn get(&self, idx: u64) -> Option<PageBuf> {
-        self.shard(idx).lock().pages.get(&idx).map(|p| p.data.clone())
+        self.cached_shard(idx)?.lock().pages.get(&idx).map(|p| p.data.clone())
     }
 
     /// Number of dirty pages of this file (logged ones not included).
@@ -261,7 +275,7 @@ impl PageMap {
         let mask = if logged { u32::MAX } else { 0 } | self.dirty_shards.swap(0, Ordering::AcqRel);
         let mut out = Vec::new();
         let (mut n_dirty, mut n_logged) = (0u64, 0u64);
-        for (i, s) in self.shards.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0) {
+        for (i, s) in self.all().iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0) {
             let mut guard = s.lock();
             let s = &mut *guard;
             let n = s.dirty.len().min(max - out.len());
@@ -302,13 +316,14 @@ impl PageMap {
 
     /// Whether page `idx` is cached (a truncate or punch removes it).
     pub fn is_cached(&self, idx: u64) -> bool {
-        self.shard(idx).lock().pages.contains_key(&idx)
+        self.cached_shard(idx).is_some_and(|s| s.lock().pages.contains_key(&idx))
     }
 
     /// Ends page `idx`'s flight; returns whether the page still exists (a truncate or punch
     /// removed it otherwise, and its new block must not be mapped).
     pub fn settle(&self, idx: u64) -> bool {
-        match self.shard(idx).lock().pages.get_mut(&idx) {
+        let Some(shard) = self.cached_shard(idx) else { return false };
+        match shard.lock().pages.get_mut(&idx) {
             Some(p) => {
                 p.in_flight = false;
                 true
@@ -360,7 +375,7 @@ impl PageMap {
     /// exclusive phase does not wait for it.
     pub fn truncate(&self, from: u64) -> Vec<Page> {
         let mut out = Vec::new();
-        for s in self.shards.iter() {
+        for s in self.all().iter() {
             let mut guard = s.lock();
             let s = &mut *guard;
             let start = out.len();
@@ -392,7 +407,8 @@ impl PageMap {
 
     /// Drops page `idx`, dirty or not (a punched hole); returns whether it was cached.
     pub fn truncate_one(&self, idx: u64) -> bool {
-        let mut guard = self.shard(idx).lock();
+        let Some(shard) = self.cached_shard(idx) else { return false };
+        let mut guard = shard.lock();
         let s = &mut *guard;
         let Some(p) = s.pages.remove(&idx) else { return false };
         if p.dirty {
@@ -412,7 +428,7 @@ impl PageMap {
         if self.dirty_count() == 0 && self.logged_count() == 0 {
             return 0;
         }
-        self.shards
+        self.all()
             .iter()
             .map(|s| {
                 let s = s.lock();
@@ -434,7 +450,7 @@ impl PageMap {
     /// Drops clean pages to free memory; returns how many were dropped.
     pub fn evict_clean(&self, max: usize) -> usize {
         let mut n = 0;
-        for s in self.shards.iter() {
+        for s in self.all().iter() {
             let mut s = s.lock();
             let clean: Vec<u64> = s
                 .pages
@@ -471,7 +487,7 @@ impl PageMap {
 
 impl Drop for PageMap {
     fn drop(&mut self) {
-        for s in self.shards.iter() {
+        for s in self.all().iter() {
             for p in s.lock().pages.values() {
                 self.forget(p);
             }
@@ -486,6 +502,26 @@ mod tests {
     /// Writes with a zero base (a hole), as the engine does for a page with no block.
     fn w(m: &PageMap, idx: u64, off: usize, bytes: &[u8]) {
         assert!(m.write(idx, off, bytes, Some(&[0; PAGE_SIZE])));
+    }
+
+    #[test]
+    fn a_map_makes_its_shards_only_for_its_first_page() {
+        let stats = Arc::new(CacheStats::default());
+        let m = PageMap::new(stats.clone());
+        // Looking, taking, settling and truncating find nothing and make nothing.
+        assert!(m.get(5).is_none());
+        assert!(!m.is_cached(5));
+        assert!(!m.settle(5));
+        assert!(!m.truncate_one(5));
+        assert!(m.take_dirty().is_empty());
+        assert!(m.truncate(0).is_empty());
+        assert_eq!(m.evict_clean(10), 0);
+        assert_eq!(m.dirty_unmapped(|_| false), 0);
+        assert!(m.shards.get().is_none(), "no page, no shards");
+        w(&m, 5, 0, b"x");
+        assert!(m.shards.get().is_some());
+        assert_eq!(m.get(5).expect("cached")[0], b'x');
+        assert_eq!(m.take_dirty().len(), 1);
     }
 
     #[test]
@@ -526,7 +562,7 @@ mod tests {
     impl PageMap {
         fn check(&self) {
             let mask = self.dirty_shards.load(Ordering::Acquire);
-            for (i, s) in self.shards.iter().enumerate() {
+            for (i, s) in self.all().iter().enumerate() {
                 let s = s.lock();
                 s.check();
                 assert!(

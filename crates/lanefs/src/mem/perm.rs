@@ -55,6 +55,11 @@ impl Engine {
         if mode & S_IFMT == S_IFLNK {
             return Ok((mode, Vec::new()));
         }
+        // No attribute at all, so no default ACL: answered without the directory's mutex, which
+        // every create in the directory would take (`MetaLock::has_xattrs`).
+        if !dir.meta.has_xattrs() {
+            return Ok((masked, Vec::new()));
+        }
         let default = dir.meta.lock().xattrs.set.get(acl::DEFAULT).map(<[u8]>::to_vec);
         let Some(bytes) = default else { return Ok((masked, Vec::new())) };
         // A stored value that does not decode (from before ACLs were checked) counts as none.
