@@ -43,13 +43,15 @@
 //! Where each step lives: this file takes a checkpoint (steps 1 and 4, and step 3's commit);
 //! `snapshot.rs` is the exclusive phase (step 2); `installs.rs` the install queue and
 //! `install.rs` the installs themselves (step 3); `pauses.rs` what the phases cost the
-//! foreground.
+//! foreground; `background.rs` the thread that takes checkpoints on a timer and cleans.
 
+mod background;
 mod install;
 mod installs;
 mod pauses;
 mod snapshot;
 
+pub(crate) use background::Background;
 pub(crate) use installs::Installs;
 pub use pauses::{CpPauses, ExclusiveWork};
 
