@@ -313,6 +313,9 @@ fn check_inode(g: &Geometry, ino: u32, inode: &Inode) -> Result<()> {
 /// `map`) over the tree `old`, into `log` of the writer's lane. Returns the new tree and the
 /// encoded node blocks, which the caller must write. Only new and changed nodes get new
 /// blocks; the inode node always does.
+///
+/// The steps run in this order so that the call is all or nothing for the tables: steps 1 to
+/// 5 only check, take ids and blocks (given back on failure); step 6 changes the NAT and SIT.
 pub fn write_inode(
     w: &NodeWriter,
     inode: &Inode,
@@ -320,7 +323,60 @@ pub fn write_inode(
     old: &InodeTree,
     log: LogType,
 ) -> Result<(InodeTree, NodeBlocks)> {
-    let (g, ino) = (w.g, old.ino);
+    let ino = old.ino;
+    check_write(w, ino, inode, log)?;
+    // 1. What the nodes must hold.
+    let mut shape = shape_of(w.g, ino, map)?;
+    // 2. The tree being replaced must be the current one: a stale tree would invalidate
+    //    blocks that belong to someone else now. Checked before anything changes.
+    check_current(w, old)?;
+    // 3. Node ids.
+    let (nids, fresh) = assign_nids(w, old, &mut shape)?;
+    // 4. Encode what changed.
+    let encoded = match encode_changed(w, ino, inode, old, &mut shape, &nids) {
+        Ok(e) => e,
+        Err(e) => {
+            give_back_nids(w.nat, &fresh);
+            return Err(e);
+        }
+    };
+    let changed = encoded.nodes.len();
+    // 5. Blocks: children first, the inode last (it names them all).
+    let Placed { out, placed, inode_addr } = place(w, log, ino, encoded, &nids, &fresh)?;
+    debug_assert!(out.iter().all(|(a, _)| w.g.in_main(*a)));
+    debug_assert!(out.iter().all(|(a, b)| Node::decode(b, w.g, Some(*a)).is_ok()));
+    // 6. Commit to the tables: nothing below can fail except on a broken invariant.
+    commit_tables(w, old, &shape.contents, &placed, &nids, inode_addr)?;
+
+    // 7. The new tree: changed nodes at their new blocks, the rest where they were.
+    let placed: BTreeMap<NodePos, u32> = placed.into_iter().collect();
+    let nodes: BTreeMap<NodePos, TreeNode> = shape
+        .contents
+        .into_iter()
+        .map(|(pos, slots)| {
+            let addr = placed.get(&pos).copied().unwrap_or_else(|| old.nodes[&pos].addr);
+            (pos, TreeNode { nid: nids[&pos], addr, slots })
+        })
+        .collect();
+    let tree = InodeTree { ino, inode_addr: inode_addr as u32, nodes, relocate: Default::default() };
+    debug_assert_eq!(out.len(), changed + 1);
+    debug_assert!(tree.nodes.values().all(|n| w.nat.get(n.nid) == NatEntry { block_addr: n.addr, ino }));
+    Ok((tree, out))
+}
+
+/// What a tree must hold for a block map: the inode's own slots and ids, each node's slots.
+struct Shape {
+    inode_addrs: Vec<u32>,
+    inode_nids: [u32; INODE_NIDS],
+    /// Every node the map needs, with its slots (indirect nodes' ids filled by `assign_nids`).
+    contents: BTreeMap<NodePos, Box<[u32]>>,
+    /// Mapped blocks (holes excluded).
+    blocks: u64,
+}
+
+/// `write_inode`'s arguments, checked before anything is computed.
+fn check_write(w: &NodeWriter, ino: u32, inode: &Inode, log: LogType) -> Result<()> {
+    let g = w.g;
     debug_assert_eq!(g, w.lanes.table().geometry(), "writer geometry differs from the lanes'");
     if ino == 0 || ino > g.max_nid {
         return Err(Error::InvalidArgument(format!("inode number {ino} out of 1..={}", g.max_nid)));
@@ -331,9 +387,12 @@ pub fn write_inode(
     if w.lane >= g.lanes || w.lane > u16::MAX as u32 {
         return Err(Error::InvalidArgument(format!("lane {} does not exist", w.lane)));
     }
-    check_inode(g, ino, inode)?;
+    check_inode(g, ino, inode)
+}
 
-    // 1. What the nodes must hold. Zero entries are holes.
+/// Step 1 of `write_inode`: what the nodes must hold for `map`. Zero entries are holes; every
+/// ancestor of a direct node is needed too. Changes nothing.
+fn shape_of(g: &Geometry, ino: u32, map: &BlockMap) -> Result<Shape> {
     let mut inode_addrs = vec![0u32; INODE_ADDRS];
     let mut contents: BTreeMap<NodePos, Box<[u32]>> = BTreeMap::new();
     let mut blocks = 0u64;
@@ -360,7 +419,7 @@ pub fn write_inode(
         }
         blocks += 1;
     }
-    // Every ancestor of a direct node is needed too (indirect contents are filled below).
+    // Every ancestor of a direct node is needed too (indirect contents are filled later).
     let directs: Vec<NodePos> = contents.keys().copied().collect();
     for pos in directs {
         let mut p = pos;
@@ -371,16 +430,21 @@ pub fn write_inode(
             p = parent;
         }
     }
+    debug_assert!(blocks as usize <= map.len());
+    Ok(Shape { inode_addrs, inode_nids: [0; INODE_NIDS], contents, blocks })
+}
 
-    // 2. The tree being replaced must be the current one: a stale tree would invalidate
-    //    blocks that belong to someone else now. Checked before anything changes.
-    check_current(w, old)?;
-    let table = w.lanes.table();
-
-    // 3. Node ids: kept positions keep theirs, new positions get fresh ones.
+/// Step 3 of `write_inode`: kept positions keep their node ids, new positions get fresh ones
+/// (returned too, to give back if a later step fails); each id is then written into its
+/// parent's slot (or the inode's). On failure the fresh ids are given back.
+fn assign_nids(
+    w: &NodeWriter,
+    old: &InodeTree,
+    shape: &mut Shape,
+) -> Result<(BTreeMap<NodePos, u32>, Vec<u32>)> {
     let mut nids: BTreeMap<NodePos, u32> = BTreeMap::new();
     let mut fresh: Vec<u32> = Vec::new();
-    for &pos in contents.keys() {
+    for &pos in shape.contents.keys() {
         let nid = match old.nodes.get(&pos) {
             Some(n) => n.nid,
             None => match w.nat.alloc_nid(w.cpu) {
@@ -396,18 +460,37 @@ pub fn write_inode(
         };
         nids.insert(pos, nid);
     }
-    let mut inode_nids = [0u32; INODE_NIDS];
     for (&pos, &nid) in &nids {
         match parent_of(pos) {
             Some((parent, slot)) => {
-                contents.get_mut(&parent).expect("ancestors were added above")[slot] = nid;
+                shape.contents.get_mut(&parent).expect("ancestors were added above")[slot] = nid;
             }
-            None => inode_nids[pos.root as usize] = nid,
+            None => shape.inode_nids[pos.root as usize] = nid,
         }
     }
+    debug_assert_eq!(nids.len(), shape.contents.len());
+    Ok((nids, fresh))
+}
 
-    // 4. Encode what changed (infallible after check_inode, but not assumed).
-    let changed: Vec<NodePos> = contents
+/// The encoded blocks of step 4: the nodes whose content changed, then the inode.
+struct Encoded {
+    nodes: Vec<(NodePos, Vec<u8>)>,
+    inode: Vec<u8>,
+}
+
+/// Step 4 of `write_inode`: encodes the nodes that changed (or that the cleaner moves) and the
+/// inode (infallible after `check_inode`, but not assumed). Changes no table; the inode's
+/// slots move from `shape` into its encoding.
+fn encode_changed(
+    w: &NodeWriter,
+    ino: u32,
+    inode: &Inode,
+    old: &InodeTree,
+    shape: &mut Shape,
+    nids: &BTreeMap<NodePos, u32>,
+) -> Result<Encoded> {
+    let changed: Vec<NodePos> = shape
+        .contents
         .iter()
         .filter(|(pos, c)| old.relocate.contains(pos) || old.nodes.get(pos).is_none_or(|n| n.slots != **c))
         .map(|(p, _)| *p)
@@ -422,55 +505,73 @@ pub fn write_inode(
         lane: w.lane as u16,
         seq: 0,
     };
-    let mut encoded: Vec<(NodePos, Vec<u8>)> = Vec::with_capacity(changed.len());
+    let mut nodes: Vec<(NodePos, Vec<u8>)> = Vec::with_capacity(changed.len());
     for &pos in &changed {
-        let slots = contents[&pos].to_vec();
+        let slots = shape.contents[&pos].to_vec();
         let body = if pos.is_direct() { NodeBody::Direct(slots) } else { NodeBody::Indirect(slots) };
-        match (Node { footer: footer(nids[&pos], pos.node_ofs()), body }).encode() {
-            Ok(b) => encoded.push((pos, b)),
-            Err(e) => {
-                give_back_nids(w.nat, &fresh);
-                return Err(e);
-            }
-        }
+        nodes.push((pos, (Node { footer: footer(nids[&pos], pos.node_ofs()), body }).encode()?));
     }
     let mut new_inode = inode.clone();
-    new_inode.addrs = inode_addrs;
-    new_inode.nids = inode_nids;
-    new_inode.blocks = blocks;
-    let inode_block =
-        match (Node { footer: footer(ino, 0), body: NodeBody::Inode(Box::new(new_inode)) }).encode() {
-            Ok(b) => b,
-            Err(e) => {
-                give_back_nids(w.nat, &fresh);
-                return Err(e);
-            }
-        };
+    new_inode.addrs = std::mem::take(&mut shape.inode_addrs);
+    new_inode.nids = shape.inode_nids;
+    new_inode.blocks = shape.blocks;
+    let inode = (Node { footer: footer(ino, 0), body: NodeBody::Inode(Box::new(new_inode)) }).encode()?;
+    Ok(Encoded { nodes, inode })
+}
 
-    // 5. Blocks: children first, the inode last (it names them all).
-    let mut out: NodeBlocks = Vec::with_capacity(encoded.len() + 1);
-    let mut placed: Vec<(NodePos, u32)> = Vec::with_capacity(encoded.len());
-    for (pos, bytes) in encoded {
+/// Where step 5 put the encoded blocks.
+struct Placed {
+    /// The blocks to write: (address, encoded node), the inode last.
+    out: NodeBlocks,
+    /// Each changed node's new block.
+    placed: Vec<(NodePos, u32)>,
+    inode_addr: u64,
+}
+
+/// Step 5 of `write_inode`: a block in `log` for each encoded node, children first, the inode
+/// last. On failure every block and fresh id taken is given back.
+fn place(
+    w: &NodeWriter,
+    log: LogType,
+    ino: u32,
+    encoded: Encoded,
+    nids: &BTreeMap<NodePos, u32>,
+    fresh: &[u32],
+) -> Result<Placed> {
+    let mut out: NodeBlocks = Vec::with_capacity(encoded.nodes.len() + 1);
+    let mut placed: Vec<(NodePos, u32)> = Vec::with_capacity(encoded.nodes.len());
+    for (pos, bytes) in encoded.nodes {
         let owner = SummaryEntry { kind: SummaryKind::Node, nid: nids[&pos], ofs: pos.node_ofs() };
         match w.lanes.alloc(w.lane, log, owner, w.mtime) {
             Ok(a) => {
                 placed.push((pos, a as u32));
                 out.push((a, bytes));
             }
-            Err(e) => return Err(undo_alloc(w, &out, &fresh, e)),
+            Err(e) => return Err(undo_alloc(w, &out, fresh, e)),
         }
     }
     let inode_owner = SummaryEntry { kind: SummaryKind::Node, nid: ino, ofs: 0 };
     let inode_addr = match w.lanes.alloc(w.lane, log, inode_owner, w.mtime) {
         Ok(a) => a,
-        Err(e) => return Err(undo_alloc(w, &out, &fresh, e)),
+        Err(e) => return Err(undo_alloc(w, &out, fresh, e)),
     };
-    out.push((inode_addr, inode_block));
-    debug_assert!(out.iter().all(|(a, _)| g.in_main(*a)));
-    debug_assert!(out.iter().all(|(a, b)| Node::decode(b, g, Some(*a)).is_ok()));
+    out.push((inode_addr, encoded.inode));
+    debug_assert_eq!(out.len(), placed.len() + 1);
+    Ok(Placed { out, placed, inode_addr })
+}
 
-    // 6. Commit to the tables: nothing below can fail except on a broken invariant.
-    for &(pos, _) in &placed {
+/// Step 6 of `write_inode`: the replaced and dropped nodes' blocks become invalid, dropped
+/// nodes' ids free, and the NAT maps every written node (and the inode) to its new block.
+fn commit_tables(
+    w: &NodeWriter,
+    old: &InodeTree,
+    contents: &BTreeMap<NodePos, Box<[u32]>>,
+    placed: &[(NodePos, u32)],
+    nids: &BTreeMap<NodePos, u32>,
+    inode_addr: u64,
+) -> Result<()> {
+    let (ino, table) = (old.ino, w.lanes.table());
+    for &(pos, _) in placed {
         if let Some(n) = old.nodes.get(&pos) {
             table.invalidate(n.addr as u64)?;
         }
@@ -485,24 +586,11 @@ pub fn write_inode(
             w.nat.free_nid(n.nid)?;
         }
     }
-    for &(pos, addr) in &placed {
+    for &(pos, addr) in placed {
         w.nat.set(nids[&pos], NatEntry { block_addr: addr, ino });
     }
     w.nat.set(ino, NatEntry { block_addr: inode_addr as u32, ino });
-
-    // 7. The new tree: changed nodes at their new blocks, the rest where they were.
-    let placed: BTreeMap<NodePos, u32> = placed.into_iter().collect();
-    let nodes: BTreeMap<NodePos, TreeNode> = contents
-        .into_iter()
-        .map(|(pos, slots)| {
-            let addr = placed.get(&pos).copied().unwrap_or_else(|| old.nodes[&pos].addr);
-            (pos, TreeNode { nid: nids[&pos], addr, slots })
-        })
-        .collect();
-    let tree = InodeTree { ino, inode_addr: inode_addr as u32, nodes, relocate: Default::default() };
-    debug_assert_eq!(out.len(), changed.len() + 1);
-    debug_assert!(tree.nodes.values().all(|n| w.nat.get(n.nid) == NatEntry { block_addr: n.addr, ino }));
-    Ok((tree, out))
+    Ok(())
 }
 
 /// Checks that `old` is the inode's current tree: every node (and the inode, if written) is

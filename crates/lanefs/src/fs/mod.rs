@@ -36,7 +36,8 @@ use crate::device::BlockDevice;
 use crate::engine::Engine;
 pub use crate::engine::FsOptions;
 use crate::error::{Error, Result};
-use crate::format::node::{Timespec, S_IFMT};
+use crate::flush::checkpoint::Background;
+use crate::format::node::S_IFMT;
 pub use crate::fsctl::TrimRange;
 pub use crate::mem::atime::{AtimeMode, AtimePolicy};
 pub use crate::mem::iflags::InodeFlags;
@@ -51,190 +52,25 @@ pub use crate::perm::{Caller, Privileged};
 pub use crate::recovery::RecoveryReport;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use types::kind_of_dtype;
+
+mod handle;
+mod types;
+
+pub use handle::Handle;
+pub use types::{Attr, DirEntry, FileKind, IoStats, Listing, New, SetAttr, StatFs};
 
 /// An inode number.
 pub type Ino = u64;
 /// The root directory.
 pub const ROOT: Ino = 1;
 
-/// What an inode is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileKind {
-    File,
-    Dir,
-    Symlink,
-    Fifo,
-    Socket,
-    CharDevice,
-    BlockDevice,
-}
-
-impl FileKind {
-    fn of(mode: u32) -> FileKind {
-        match mode & S_IFMT {
-            0o040000 => FileKind::Dir,
-            0o120000 => FileKind::Symlink,
-            0o010000 => FileKind::Fifo,
-            0o140000 => FileKind::Socket,
-            0o020000 => FileKind::CharDevice,
-            0o060000 => FileKind::BlockDevice,
-            _ => FileKind::File,
-        }
-    }
-}
-
-/// Attributes, as stat(2) reports them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attr {
-    pub ino: Ino,
-    pub kind: FileKind,
-    /// Type and permission bits, as `st_mode`.
-    pub mode: u32,
-    pub nlink: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub size: u64,
-    /// 512-byte units allocated.
-    pub blocks: u64,
-    pub atime: Timespec,
-    pub mtime: Timespec,
-    pub ctime: Timespec,
-    pub crtime: Timespec,
-    pub rdev: u64,
-    pub blksize: u32,
-    /// Tells this inode from earlier ones that had its number (file handles carry it).
-    pub generation: u32,
-}
-
-/// Attributes to change; `None` leaves one alone.
-#[derive(Debug, Clone, Default)]
-pub struct SetAttr {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    pub atime: Option<Timespec>,
-    pub mtime: Option<Timespec>,
-    /// Defaults to now.
-    pub ctime: Option<Timespec>,
-    /// `atime` and `mtime`, where given, are the current time (utimensat with NULL or
-    /// UTIME_NOW): allowed on an append-only inode, where explicit times are not (as ext4).
-    pub times_now: bool,
-}
-
-/// A new inode for [`Fs::make`].
-#[derive(Debug, Clone, Default)]
-pub struct New {
-    /// Type and permission bits (any type but a symlink; a regular file if none).
-    pub mode: u32,
-    /// For a device.
-    pub rdev: u64,
-    pub uid: u32,
-    pub gid: u32,
-    /// The creating process's umask: it masks `mode` unless the parent has a default ACL.
-    pub umask: u32,
-}
-
-/// One directory entry from [`Fs::readdir`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirEntry {
-    pub name: Vec<u8>,
-    pub ino: Ino,
-    pub kind: FileKind,
-    /// Pass to `readdir` to continue after this entry.
-    pub cookie: u64,
-}
-
-/// A directory listing in progress: from [`Fs::listing`], for [`Fs::readdir_listing`].
-///
-/// It holds where the directory's cookies stood when it started, so it returns every entry
-/// that exists throughout it exactly once, no entry created during it, and it ends, even while
-/// the caller renames each entry it reads (a renamed entry has a new cookie, past the
-/// horizon). Start a new one to see the directory as it is now (as `rewinddir` does).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listing {
-    ino: Ino,
-    horizon: crate::mem::dir::Horizon,
-}
-
-/// statfs(2).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StatFs {
-    pub bsize: u32,
-    pub blocks: u64,
-    pub bfree: u64,
-    pub bavail: u64,
-    pub files: u64,
-    pub ffree: u64,
-    pub namelen: u32,
-}
-
-/// Bytes written to the device since mount, by cause, and the cleaner's work.
-///
-/// Write amplification is every byte the file system wrote over the bytes users wrote.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct IoStats {
-    /// Bytes passed to write calls.
-    pub user_bytes: u64,
-    /// fsync: data and journal blocks.
-    pub journal_bytes: u64,
-    /// Dirty pages written under cache pressure.
-    pub writeback_bytes: u64,
-    /// Checkpoints: data, nodes (including nodes the cleaner moved), NAT, SIT, summaries.
-    pub checkpoint_bytes: u64,
-    /// Data blocks the cleaner moved.
-    pub cleaning_bytes: u64,
-    /// Bytes fsync committed to the persistent-memory region's lane journals instead (not
-    /// device bytes: entries with their head words and padding).
-    pub nvm_journal_bytes: u64,
-    /// Device flushes fsync called for (group commit may share one among several fsyncs).
-    pub fsync_flushes: u64,
-    /// Cleaning rounds run and segments they emptied.
-    pub cleaning_rounds: u64,
-    pub segments_cleaned: u64,
-    /// Checkpoints begun (their snapshot taken) and made durable since mount. Equal when none
-    /// is in progress.
-    pub checkpoints_begun: u64,
-    pub checkpoints_durable: u64,
-    /// The longest time, since mount, that a checkpoint's exclusive phase (its snapshot) held
-    /// every operation out, and that its write phase held fsync and writeback out (µs).
-    pub cp_exclusive_us_max: u64,
-    pub cp_write_phase_us_max: u64,
-    /// fsyncs and writebacks that waited for a checkpoint in progress since mount: to be
-    /// durable (a directory in its snapshot, or the checkpoint fenced every fsync off), or to
-    /// install a regular file in its snapshot.
-    pub cp_waits: u64,
-    /// fsyncs that journaled a checkpoint's bridge (`mem::mnode::Bridge`): of a file the
-    /// checkpoint in progress captured, instead of waiting for it to be durable.
-    pub cp_bridges: u64,
-    /// Captured files an fsync or writeback installed for the checkpoint in progress, on its
-    /// own thread, instead of waiting for the checkpoint's writer to reach them.
-    pub cp_helped: u64,
-}
-
-impl IoStats {
-    /// Bytes written to the device for any cause: journal, writeback, checkpoints, cleaning.
-    pub fn device_bytes(&self) -> u64 {
-        self.journal_bytes + self.writeback_bytes + self.checkpoint_bytes + self.cleaning_bytes
-    }
-
-    /// Device bytes written per user byte (0 when users wrote nothing).
-    pub fn write_amplification(&self) -> f64 {
-        let dev = self.device_bytes();
-        if self.user_bytes == 0 {
-            0.0
-        } else {
-            dev as f64 / self.user_bytes as f64
-        }
-    }
-}
-
 /// A mounted lanefs.
 pub struct Fs {
     pub(crate) engine: Arc<Engine>,
     recovery: RecoveryReport,
-    background: Option<JoinHandle<()>>,
+    /// The checkpoint and cleaning thread (none on a read-only mount).
+    background: Option<Background>,
 }
 
 pub(crate) fn ino32(ino: Ino) -> Result<u32> {
@@ -255,33 +91,7 @@ impl Fs {
         let interval = opts.checkpoint_interval;
         let read_only = opts.read_only;
         let (engine, recovery) = crate::recovery::mount(dev, opts)?;
-        let background = if read_only {
-            None
-        } else {
-            let bg = engine.clone();
-            let h = std::thread::Builder::new()
-                .name("lanefs-checkpoint".into())
-                .spawn(move || {
-                    let e = bg.clone();
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        background_checkpoints(bg, interval)
-                    }));
-                    if let Err(p) = r {
-                        // Writers waiting for a checkpoint would wait for ever: stop the file
-                        // system instead (every later change fails with EIO, as after a failed
-                        // checkpoint), and let `unmount` report the panic.
-                        let what = p
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
-                        e.stop_with_failure(format!("the background checkpoint thread panicked: {what}"));
-                        std::panic::resume_unwind(p);
-                    }
-                })
-                .map_err(Error::Io)?;
-            Some(h)
-        };
+        let background = if read_only { None } else { Some(Background::start(engine.clone(), interval)?) };
         Ok(Fs { engine, recovery, background })
     }
 
@@ -964,20 +774,10 @@ impl Fs {
     /// Stops the background thread and takes the final checkpoint (none after a shutdown).
     fn stop(&mut self) -> Result<()> {
         // Read-only mounts have no background thread and write nothing.
-        let Some(h) = self.background.take() else { return Ok(()) };
-        {
-            // Under the lock the thread checks before it waits, so the wake-up cannot fall
-            // between its check and its wait.
-            let (m, cv) = &self.engine.cp_kick;
-            let mut kicked = m.lock();
-            *kicked = true;
-            self.engine.stop.store(true, Ordering::Release);
-            cv.notify_all();
-        }
-        if h.join().is_err() {
-            // Its state is unknown: no final checkpoint. What was fsynced is in the journal.
-            return Err(Error::errno(libc::EIO, "the background checkpoint thread panicked"));
-        }
+        let Some(background) = self.background.take() else { return Ok(()) };
+        // A panic in it is an error: then no final checkpoint (its state is unknown; what was
+        // fsynced is in the journal).
+        background.stop()?;
         if self.is_shut_down() {
             // The image stays as the shutdown left it: the next mount recovers.
             return Ok(());
@@ -990,121 +790,6 @@ impl Drop for Fs {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
             tracing::error!("lanefs: final checkpoint failed: {e}");
-        }
-    }
-}
-
-/// An open file. Dropping it releases the open count.
-pub struct Handle {
-    engine: Arc<Engine>,
-    m: Arc<MNode>,
-}
-
-impl Handle {
-    pub fn ino(&self) -> Ino {
-        self.m.ino as Ino
-    }
-
-    pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
-        self.engine.check_live()?;
-        self.engine.read_mnode(&self.m, off, buf)
-    }
-
-    pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize> {
-        self.engine.check_live()?;
-        self.engine.write_mnode(&self.m, off, data)
-    }
-
-    pub fn fsync(&self, datasync: bool) -> Result<()> {
-        self.engine.check_live()?;
-        self.engine.fsync_mnode(&self.m, datasync)
-    }
-
-    pub fn size(&self) -> u64 {
-        self.m.size.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        if let Err(e) = self.engine.release(self.m.ino) {
-            tracing::error!("lanefs: releasing inode {}: {e}", self.m.ino);
-        }
-    }
-}
-
-fn kind_of_dtype(t: u8) -> FileKind {
-    match t {
-        4 => FileKind::Dir,
-        10 => FileKind::Symlink,
-        1 => FileKind::Fifo,
-        12 => FileKind::Socket,
-        2 => FileKind::CharDevice,
-        6 => FileKind::BlockDevice,
-        _ => FileKind::File,
-    }
-}
-
-/// How often the background thread looks at free space while it is short.
-const GC_TICK: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// How often it looks at free space otherwise.
-const GC_IDLE_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// User bytes per tick below which the file system counts as lightly loaded (20 MiB/s): the
-/// background cleaner runs only then, so it does not compete with a busy writer, which cleans
-/// in the foreground if it must.
-const QUIET_BYTES_PER_TICK: u64 = 4 << 20;
-
-/// Checkpoints on a timer and whenever a bound is passed; cleans in the background while free
-/// segments are short and the file system is quiet, or whatever the load once they near the
-/// cleaning reserve.
-fn background_checkpoints(e: Arc<Engine>, interval: Option<std::time::Duration>) {
-    let mut last_cp = std::time::Instant::now();
-    let mut last_user = e.io.user.sum();
-    loop {
-        let gc_wanted = e.table.free_segments() < e.gc_threshold();
-        let until_cp = interval.map(|d| d.saturating_sub(last_cp.elapsed()));
-        // Free space changes without a kick (a sync from another thread, deletes): look again
-        // at least every GC_IDLE_LOOK.
-        let tick = if gc_wanted { GC_TICK } else { GC_IDLE_LOOK };
-        let wait = until_cp.map_or(tick, |d| d.min(tick));
-        let kicked = {
-            let (m, cv) = &e.cp_kick;
-            let mut kicked = m.lock();
-            if !*kicked && !e.stop.load(Ordering::Acquire) {
-                cv.wait_for(&mut kicked, wait);
-            }
-            std::mem::take(&mut *kicked)
-        };
-        if e.stop.load(Ordering::Acquire) || e.failed.load(Ordering::Acquire) || e.halt.is_halted() {
-            return;
-        }
-        let due = kicked || interval.is_some_and(|d| last_cp.elapsed() >= d);
-        let user = e.io.user.sum();
-        let quiet = user.wrapping_sub(last_user) < QUIET_BYTES_PER_TICK;
-        last_user = user;
-        let r = if due {
-            last_cp = std::time::Instant::now();
-            e.checkpoint(false)
-        } else if gc_wanted && (quiet || e.gc_urgent()) {
-            match e.clean_background() {
-                Ok(plan) if plan.victims > 0 => {
-                    last_cp = std::time::Instant::now();
-                    Ok(())
-                }
-                Ok(_) => Ok(()),
-                Err(err) => Err(err),
-            }
-        } else {
-            Ok(())
-        };
-        if let Err(err) = r {
-            if e.failed.load(Ordering::Acquire) {
-                // Logged where the file system was stopped.
-                return;
-            }
-            tracing::warn!("lanefs: background cleaning: {err}");
         }
     }
 }
