@@ -276,6 +276,18 @@ impl DirMap {
         self.len() == 0
     }
 
+    /// Whether the map is empty, counted with each shard's lock taken in turn, after the caller
+    /// stored something that adders check under their shard's lock (rmdir's `dead` mark). An
+    /// add whose critical section ended before its shard was reached is counted; one that
+    /// starts after it sees the caller's store (the lock orders the two). The plain count could
+    /// miss an add that checked before the store and counts after the read.
+    pub fn is_empty_barrier(&self) -> bool {
+        self.shards.iter().all(|c| {
+            let _held = c.read();
+            c.len.load(Ordering::Relaxed) == 0
+        })
+    }
+
     #[inline]
     fn names(&self) -> &Names {
         self.names.as_ref().expect("a directory map has its names until it is dropped")

@@ -342,8 +342,10 @@ impl Engine {
         if want_dir {
             let cd = child.dir().expect("dir");
             // Mark dead first so no create slips in after the emptiness check; undo if not empty.
+            // Every add checks the mark under its shard's lock, so the check takes each shard's
+            // lock in turn: an add that found the mark clear is counted.
             cd.dead.store(true, Ordering::Release);
-            if !cd.map.is_empty() {
+            if !cd.map.is_empty_barrier() {
                 cd.dead.store(false, Ordering::Release);
                 return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(name)));
             }
@@ -486,7 +488,8 @@ impl Engine {
                 (true, true) => {
                     let dm = dst.dir().expect("dir");
                     dm.dead.store(true, Ordering::Release);
-                    if !dm.map.is_empty() {
+                    // As rmdir: an add that found the mark clear is counted.
+                    if !dm.map.is_empty_barrier() {
                         dm.dead.store(false, Ordering::Release);
                         return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(a.dname)));
                     }
