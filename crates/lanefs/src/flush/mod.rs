@@ -40,6 +40,7 @@ use crate::journal::{Record, Transaction};
 use crate::mem::mnode::MNode;
 use crate::mem::pages::PageBuf;
 use crate::oplog::dirlog::{names, removes, LoggedOp};
+use crate::sync::rank::MutexGuard;
 use crate::sync::ticket::{Ticket, TicketGuard};
 use nvm::RegionCommit;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -226,7 +227,7 @@ impl Engine {
     /// `DirOps::before`. The locks go before the caller writes: flushes of one directory
     /// collect one after the other and write side by side.
     fn take_dir_ops(&self, dirs: &[Arc<MNode>], m_ino: u32) -> Result<(DirOps, TicketGuard)> {
-        let mut locks: Vec<_> = dirs.iter().map(|d| d.dir().expect("dir").flush_lock.lock()).collect();
+        let mut locks = flush_locks(dirs);
         // Operations already stamped but still appending their records must land first.
         self.inflight.wait_below(crate::oplog::Timestamp::now());
         let mut dir_ops = self.collect_dir_ops(dirs, m_ino)?;
@@ -247,7 +248,7 @@ impl Engine {
     /// Gives back what a flush took and did not write, so that a later fsync journals it again.
     fn give_back(&self, dirs: &[Arc<MNode>], dir_ops: &DirOps, m: &MNode, pages: &[(u64, PageBuf)]) {
         // Under the flush locks again: no flush collects while the records go back.
-        let _locks: Vec<_> = dirs.iter().map(|d| d.dir().expect("dir").flush_lock.lock()).collect();
+        let _locks = flush_locks(dirs);
         for op in &dir_ops.taken {
             op.journaled.store(false, Ordering::Release);
         }
@@ -644,6 +645,13 @@ impl Engine {
     pub(crate) fn elapsed_secs(&self) -> u64 {
         self.age_at_mount + self.mounted_at.elapsed().as_secs()
     }
+}
+
+/// The flush locks of `dirs` (ascending inode order, as `Engine::dir_closure` lists them: the
+/// order their rank allows), each holding its directory's last ticket.
+fn flush_locks(dirs: &[Arc<MNode>]) -> Vec<MutexGuard<'_, Option<Arc<Ticket>>>> {
+    debug_assert!(dirs.windows(2).all(|w| w[0].ino < w[1].ino));
+    dirs.iter().map(|d| d.dir().expect("dir").flush_lock.lock()).collect()
 }
 
 /// What became of an fsync's transaction.

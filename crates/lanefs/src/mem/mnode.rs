@@ -446,6 +446,22 @@ pub struct DirState {
     pub dead: AtomicBool,
 }
 
+impl DirState {
+    /// Marks the directory dead (no name may be added) if it holds no name, for rmdir and a
+    /// rename over it; returns whether it did. The mark goes first and stays only if the map is
+    /// then empty: every add checks the mark under its name's shard lock, and the emptiness
+    /// check takes each shard's lock in turn (`DirMap::is_empty_barrier`), so an add that found
+    /// the mark clear is counted.
+    pub fn mark_dead_if_empty(&self) -> bool {
+        self.dead.store(true, Ordering::Release);
+        if self.map.is_empty_barrier() {
+            return true;
+        }
+        self.dead.store(false, Ordering::Release);
+        false
+    }
+}
+
 /// What an mnode holds besides attributes.
 pub enum Content {
     File { pages: PageMap, range: RangeLock },

@@ -6,9 +6,7 @@ impl Engine {
     /// A directory's mnode, or ENOTDIR / ENOENT.
     pub(crate) fn dir_mnode(&self, ino: u32) -> Result<Arc<MNode>> {
         let m = self.mnode(ino)?;
-        if !m.is_dir() {
-            return Err(Error::errno(libc::ENOTDIR, format!("inode {ino}")));
-        }
+        require_dir(&m)?;
         Ok(m)
     }
 
@@ -19,9 +17,7 @@ impl Engine {
     /// not wait for another operation.
     pub(crate) fn with_dir<R>(&self, ino: u32, f: impl FnOnce(&MNode) -> Result<R>) -> Result<R> {
         self.with_mnode(ino, |d| {
-            if !d.is_dir() {
-                return Err(Error::errno(libc::ENOTDIR, format!("inode {ino}")));
-            }
+            require_dir(d)?;
             f(d)
         })?
     }
@@ -339,16 +335,8 @@ impl Engine {
                 Error::errno(libc::EISDIR, String::from_utf8_lossy(name))
             });
         }
-        if want_dir {
-            let cd = child.dir().expect("dir");
-            // Mark dead first so no create slips in after the emptiness check; undo if not empty.
-            // Every add checks the mark under its shard's lock, so the check takes each shard's
-            // lock in turn: an add that found the mark clear is counted.
-            cd.dead.store(true, Ordering::Release);
-            if !cd.map.is_empty_barrier() {
-                cd.dead.store(false, Ordering::Release);
-                return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(name)));
-            }
+        if want_dir && !child.dir().expect("dir").mark_dead_if_empty() {
+            return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(name)));
         }
         let ino = e.ino;
         let r = dir.map.update(name, |cur| match cur {
@@ -485,14 +473,8 @@ impl Engine {
             match (src.is_dir(), dst.is_dir()) {
                 (true, false) => return Err(Error::errno(libc::ENOTDIR, String::from_utf8_lossy(a.dname))),
                 (false, true) => return Err(Error::errno(libc::EISDIR, String::from_utf8_lossy(a.dname))),
-                (true, true) => {
-                    let dm = dst.dir().expect("dir");
-                    dm.dead.store(true, Ordering::Release);
-                    // As rmdir: an add that found the mark clear is counted.
-                    if !dm.map.is_empty_barrier() {
-                        dm.dead.store(false, Ordering::Release);
-                        return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(a.dname)));
-                    }
+                (true, true) if !dst.dir().expect("dir").mark_dead_if_empty() => {
+                    return Err(Error::errno(libc::ENOTEMPTY, String::from_utf8_lossy(a.dname)));
                 }
                 _ => {}
             }
@@ -672,5 +654,14 @@ impl Engine {
             dir = self.dir_mnode(dir)?.parent.load(Ordering::Acquire);
         }
         Err(Error::corrupt(crate::error::Structure::Dentry, None, "directory parents form a loop"))
+    }
+}
+
+/// ENOTDIR unless `m` is a directory ([`Engine::dir_mnode`], [`Engine::with_dir`]).
+fn require_dir(m: &MNode) -> Result<()> {
+    if m.is_dir() {
+        Ok(())
+    } else {
+        Err(Error::errno(libc::ENOTDIR, format!("inode {}", m.ino)))
     }
 }
