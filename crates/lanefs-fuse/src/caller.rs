@@ -3,7 +3,7 @@
 //! FUSE forwards ioctls in restricted mode: the kernel copies in `_IOC_SIZE` bytes only when
 //! the command's direction has `_IOC_WRITE`. XFS_IOC_GOINGDOWN (= EXT4_IOC_SHUTDOWN) is
 //! declared `_IOR('X', 125, __u32)` although the file system reads its flags from the
-//! pointer, so lanefs gets no flags, and fuser does not hand over the pointer either. The
+//! pointer, so lanefs gets no flags (FUSE_IOCTL's `arg` is the bare pointer). The
 //! caller is blocked in that ioctl while lanefs answers, so its arguments can be read where
 //! the kernel shows them: the pointer in `/proc/TID/syscall` (after checking that the task is
 //! in `ioctl` with this very command), the value at it in `/proc/TID/mem`. Both need the

@@ -70,13 +70,15 @@
 //! every request by opcode; [`stats`] publishes the counts as the `lanefs.requests` xattr of
 //! the mount's root (`lanefs inspect MNT` prints them).
 
-// `unsafe` lives in `syslog` only, where each call says why it is sound.
+// `unsafe` lives in `syslog` and in `proto::dev` (the clone ioctl) only, where each call says why
+// it is sound.
 #![deny(unsafe_code)]
 
 pub mod adapter;
 mod caller;
 pub mod inflight;
 pub mod mount;
+pub mod proto;
 pub mod stats;
 mod syslog;
 

@@ -10,11 +10,11 @@
 //!
 //! The value is text, one line per opcode the adapter serves, in a fixed order, zeros
 //! included: `NAME COUNT\n`, NAME as the kernel's protocol spells the opcode (`LOOKUP`,
-//! `CREATE`, ...). Counts run from the mount on. FORGET counts inodes forgotten: fuser hands
-//! a BATCH_FORGET to the adapter one inode at a time. Reading the counters is not counted. Not
-//! counted either: INIT, DESTROY and INTERRUPT, and the opcodes fuser 0.18 answers with
-//! ENOSYS itself before the adapter sees them (STATX, TMPFILE, SYNCFS, ...: the kernel then
-//! stops sending most of them).
+//! `CREATE`, ...). Counts run from the mount on. FORGET counts inodes forgotten: the session
+//! hands a BATCH_FORGET to the adapter one inode at a time. Reading the counters is not
+//! counted. Not counted either: INIT, DESTROY and INTERRUPT, and the opcodes the session
+//! answers with ENOSYS itself before the adapter sees them (STATX, TMPFILE, SYNCFS, ...: the
+//! kernel then stops sending most of them).
 //!
 //! A second attribute, `lanefs.engine`, holds what the engine counts since the mount, as
 //! `key value` lines in a fixed order: checkpoints made durable, the longest time a

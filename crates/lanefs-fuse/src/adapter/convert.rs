@@ -1,11 +1,11 @@
 //! Conversions between lanefs's types and FUSE's: errors, file kinds, times, attributes.
 
-use fuser::{Errno, FileAttr, FileType, Generation, INodeNo, TimeOrNow};
+use crate::proto::{Errno, FileAttr, FileType, Generation, TimeOrNow};
 use lanefs::format::node::Timespec;
 use lanefs::{Attr, FileKind};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 pub(super) fn errno(e: lanefs::Error) -> Errno {
     let n = e.to_errno();
@@ -29,58 +29,46 @@ pub(super) fn kind(k: FileKind) -> FileType {
     }
 }
 
-pub(super) fn system_time(t: Timespec) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec.min(999_999_999))
-    } else {
-        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
-    }
-}
-
 pub(super) fn time_or_now(t: TimeOrNow) -> Timespec {
     match t {
-        TimeOrNow::SpecificTime(t) => Timespec::from(t),
+        TimeOrNow::Specific(t) => t,
         TimeOrNow::Now => Timespec::from(SystemTime::now()),
     }
 }
 
+const EPOCH: Timespec = Timespec { sec: 0, nsec: 0 };
+
 /// The attributes of a negative entry (node id 0), which the kernel does not read.
 pub(super) const NO_ENTRY: FileAttr = FileAttr {
-    ino: INodeNo(0),
+    ino: 0,
     size: 0,
     blocks: 0,
-    atime: UNIX_EPOCH,
-    mtime: UNIX_EPOCH,
-    ctime: UNIX_EPOCH,
-    crtime: UNIX_EPOCH,
-    kind: FileType::RegularFile,
-    perm: 0,
+    atime: EPOCH,
+    mtime: EPOCH,
+    ctime: EPOCH,
+    mode: libc::S_IFREG,
     nlink: 0,
     uid: 0,
     gid: 0,
     rdev: 0,
     blksize: 0,
-    flags: 0,
 };
 
 /// stat(2) attributes as FUSE sends them.
 pub fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
-        ino: INodeNo(a.ino),
+        ino: a.ino,
         size: a.size,
         blocks: a.blocks,
-        atime: system_time(a.atime),
-        mtime: system_time(a.mtime),
-        ctime: system_time(a.ctime),
-        crtime: system_time(a.crtime),
-        kind: kind(a.kind),
-        perm: (a.mode & 0o7777) as u16,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        mode: a.mode,
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev as u32,
         blksize: a.blksize,
-        flags: 0,
     }
 }
 
@@ -104,14 +92,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn times_round_trip_before_and_after_the_epoch() {
-        for t in [
-            Timespec { sec: 0, nsec: 0 },
-            Timespec { sec: 1_700_000_000, nsec: 123_456_789 },
-            Timespec { sec: -1, nsec: 500_000_000 },
-            Timespec { sec: -86_400, nsec: 0 },
-        ] {
-            assert_eq!(Timespec::from(system_time(t)), t);
-        }
+    fn attributes_keep_times_before_the_epoch_and_the_type_bits() {
+        let t = Timespec { sec: -86_400, nsec: 5 };
+        let a = Attr {
+            ino: 7,
+            kind: FileKind::Dir,
+            mode: libc::S_IFDIR | 0o755,
+            nlink: 2,
+            uid: 1,
+            gid: 2,
+            size: 0,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            rdev: 0,
+            blksize: 4096,
+            generation: 3,
+        };
+        let f = file_attr(&a);
+        assert_eq!((f.atime, f.mode, f.ino), (t, libc::S_IFDIR | 0o755, 7));
+        assert_eq!(time_or_now(TimeOrNow::Specific(t)), t);
     }
 }

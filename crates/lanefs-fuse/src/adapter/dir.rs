@@ -2,7 +2,7 @@
 
 use super::convert::{errno, file_attr, generation, kind};
 use super::LaneFuse;
-use fuser::{FileHandle, INodeNo, ReplyDirectory, ReplyDirectoryPlus};
+use crate::proto::{FileHandle, INodeNo, ReplyDirectory, ReplyDirectoryPlus};
 use lanefs::Fs;
 use std::collections::HashMap;
 use std::ffi::OsStr;

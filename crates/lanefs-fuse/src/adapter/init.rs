@@ -1,7 +1,8 @@
 //! What the adapter and the kernel agree on at INIT, and how long the kernel may cache replies.
 
 use super::LaneFuse;
-use fuser::{InitFlags, KernelConfig};
+use crate::proto::abi::init;
+use crate::proto::KernelConfig;
 use std::time::Duration;
 
 /// How long the kernel may cache what the adapter tells it (`-o cache_timeout=S`,
@@ -18,8 +19,8 @@ use std::time::Duration;
 /// not exist on every later stat, and lets the CREATE of such a name come without one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ttl {
-    /// Names and attributes of existing inodes (one value: fuser's CREATE and READDIRPLUS
-    /// replies carry one TTL for both).
+    /// Names and attributes of existing inodes (one value: CREATE and READDIRPLUS replies
+    /// carry one TTL for both).
     pub cache: Duration,
     /// Names that do not exist (0: ENOENT, not cached).
     pub negative: Duration,
@@ -51,40 +52,43 @@ impl LaneFuse {
     /// What to ask of the kernel at INIT, from what it offers; records what it agreed to.
     pub(super) fn negotiate(&mut self, config: &mut KernelConfig) {
         let caps = config.capabilities();
-        let mut want = InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_MAX_PAGES
-            | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+        // Reads of one file in parallel (readahead among them), writes past 4 KiB.
+        let mut want = init::ASYNC_READ
+            | init::BIG_WRITES
+            | init::PARALLEL_DIROPS
+            | init::DO_READDIRPLUS
+            | init::READDIRPLUS_AUTO
+            | init::CACHE_SYMLINKS
+            | init::MAX_PAGES
+            | init::ASYNC_DIO
+            | init::DIRECT_IO_ALLOW_MMAP
             // Node ids are inode numbers and every reply carries the inode's generation, both
             // stable across mounts: the kernel may hand out file handles (name_to_handle_at,
             // NFS export) and resolve them with LOOKUP "." and "..".
-            | InitFlags::FUSE_EXPORT_SUPPORT;
+            | init::EXPORT_SUPPORT;
         if self.writeback_cache {
-            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+            want |= init::WRITEBACK_CACHE;
         }
         if self.idmap {
-            want |= InitFlags::FUSE_ALLOW_IDMAP;
+            want |= init::ALLOW_IDMAP;
         }
         // The engine drops set-ID bits itself (no GETXATTR("security.capability") before each
         // write), inherits default ACLs (so the umask is ours to apply) and keeps the mode in
         // step with ACLs the kernel then enforces.
-        want |= InitFlags::FUSE_HANDLE_KILLPRIV_V2 | InitFlags::FUSE_DONT_MASK;
+        want |= init::HANDLE_KILLPRIV_V2 | init::DONT_MASK;
         if self.posix_acl {
-            want |= InitFlags::FUSE_POSIX_ACL;
+            want |= init::POSIX_ACL;
         }
         // Ask only for what this kernel offers; a missing optional feature is not an error.
         let got = want & caps;
-        let _ = config.add_capabilities(got);
-        self.killpriv = got.contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
-        self.writeback_cache_on = got.contains(InitFlags::FUSE_WRITEBACK_CACHE);
-        self.dont_mask = got.contains(InitFlags::FUSE_DONT_MASK);
-        let _ = config.set_max_write(self.max_write);
-        let _ = config.set_max_readahead(self.max_write);
+        config.add_capabilities(got);
+        self.killpriv = got & init::HANDLE_KILLPRIV_V2 != 0;
+        self.writeback_cache_on = got & init::WRITEBACK_CACHE != 0;
+        self.dont_mask = got & init::DONT_MASK != 0;
+        config.set_max_write(self.max_write);
+        config.set_max_readahead(self.max_write);
         // Background requests (readahead, async direct I/O) in flight at once.
-        let _ = config.set_max_background(64);
+        config.set_max_background(64);
     }
 }
 

@@ -3,7 +3,7 @@
 use super::convert::errno;
 use super::process::{capable, CAP_LINUX_IMMUTABLE, CAP_SYS_ADMIN};
 use super::LaneFuse;
-use fuser::{Errno, Request};
+use crate::proto::{Errno, Request};
 use lanefs::{InodeFlags, TrimRange};
 
 /// `_IOR('X', 125, __u32)`: XFS_IOC_GOINGDOWN, the same number as EXT4_IOC_SHUTDOWN.

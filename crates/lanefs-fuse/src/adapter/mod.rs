@@ -35,15 +35,14 @@ pub use convert::file_attr;
 pub use init::{max_write, Ttl, DEFAULT_TTL, MAX_WRITE};
 
 use crate::inflight::{Inflight, Op};
+use crate::proto::abi::{fopen, WRITE_KILL_SUIDGID};
+use crate::proto::{
+    Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, Notifier, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetattrIn, TimeOrNow,
+};
 use convert::{errno, generation, name, time_or_now, NO_ENTRY};
 use dir::DirHandles;
-use fuser::{
-    AccessFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
-    IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
-};
-use lanefs::format::node::Timespec;
 use lanefs::fs_seek::Seek;
 use lanefs::{Attr, FileKind, Fs, SetAttr};
 use process::ReqCaller;
@@ -52,7 +51,6 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::SystemTime;
 
 /// The FUSE file system: a shared handle on a mounted lanefs.
 pub struct LaneFuse {
@@ -73,7 +71,7 @@ pub struct LaneFuse {
     writeback_cache_on: bool,
     dont_mask: bool,
     /// Tells the kernel of changes it did not ask for (set once the session exists).
-    notifier: Arc<OnceLock<fuser::Notifier>>,
+    notifier: Arc<OnceLock<Notifier>>,
     ttl: Ttl,
 }
 
@@ -111,11 +109,9 @@ impl LaneFuse {
     /// requests that create an inode (mknod, mkdir, symlink, create, and rename with a
     /// whiteout), and sends `FUSE_INVALID_UIDGID` (u32::MAX) as uid and gid with every other
     /// request. Nothing here reads the ids of another request when the kernel checks
-    /// permissions (`access` is never sent then). But fuser 0.18 compares the uid of each
-    /// request with the daemon's own unless the session allows everyone
-    /// (`SessionACL::All`, i.e. `allow_other`), and answers EACCES when they differ: with a
-    /// session limited to its owner, every lookup would fail. So the caller asks for this
-    /// only with `default_permissions` and `allow_other` both in force.
+    /// permissions (`access` is never sent then). An idmapped mount serves other users than
+    /// the daemon's, so the caller asks for this only with `default_permissions` and
+    /// `allow_other` both in force.
     pub fn allow_idmap(mut self, on: bool) -> LaneFuse {
         self.idmap = on;
         self
@@ -128,8 +124,8 @@ impl LaneFuse {
         self
     }
 
-    /// Where the session's notifier goes once the session exists (`fuser::Session::notifier`).
-    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+    /// Where the session's notifier goes once the session exists (`Session::notifier`).
+    pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
         self.notifier.clone()
     }
 
@@ -193,21 +189,20 @@ impl LaneFuse {
         // Writes reach the engine as they are made, so close has nothing to flush: no FLUSH
         // round trip on every close (the kernel still sends it when its writeback cache holds
         // dirty pages).
-        let f = FopenFlags::FOPEN_NOFLUSH;
+        let f = fopen::NOFLUSH;
         if flags & libc::O_DIRECT != 0 {
             // Direct I/O skips the kernel's inode lock on writes, so writers of disjoint ranges
             // of one file reach the range lock together.
-            f | FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+            FopenFlags(f | fopen::DIRECT_IO | fopen::PARALLEL_DIRECT_WRITES)
         } else {
-            f
+            FopenFlags(f)
         }
     }
 }
 
 impl Filesystem for LaneFuse {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) {
         self.negotiate(config);
-        Ok(())
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
@@ -233,8 +228,7 @@ impl Filesystem for LaneFuse {
     fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
         // Nothing to drop: inode numbers are lanefs's own and no per-lookup state is kept. (Not
         // marked in flight, nor are FLUSH and RELEASEDIR: they cannot wait on anything.)
-        // fuser passes a BATCH_FORGET on as one call per inode (its `ForgetOne` cannot be
-        // named outside the crate to override that): this counts inodes forgotten.
+        // A BATCH_FORGET comes as one call per inode: this counts inodes forgotten.
         self.inflight.count(Op::Forget);
     }
 
@@ -246,39 +240,22 @@ impl Filesystem for LaneFuse {
         }
     }
 
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
+    fn setattr(&self, req: &Request, ino: INodeNo, s: &SetattrIn, reply: ReplyAttr) {
         let _busy = self.inflight.enter(Op::Setattr, ino.0, req.pid());
         let now = |t: &Option<TimeOrNow>| t.as_ref().is_none_or(|t| matches!(t, TimeOrNow::Now));
         let a = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            times_now: now(&atime) && now(&mtime),
-            atime: atime.map(time_or_now),
-            mtime: mtime.map(time_or_now),
-            ctime: ctime.map(Timespec::from),
+            mode: s.mode,
+            uid: s.uid,
+            gid: s.gid,
+            size: s.size,
+            times_now: now(&s.atime) && now(&s.mtime),
+            atime: s.atime.map(time_or_now),
+            mtime: s.mtime.map(time_or_now),
+            ctime: s.ctime,
         };
         // The kernel asks us to drop set-ID bits on a truncate by a caller without CAP_FSETID and
-        // on every chown (FATTR_KILL_SUIDGID, which fuser does not pass on: the engine applies
-        // the kernel's own rule for the caller, which is what that flag stands for).
+        // on every chown (FATTR_KILL_SUIDGID): the engine applies the kernel's own rule for the
+        // caller, which is what that flag stands for.
         let r = if self.killpriv {
             self.fs.setattr_as(ino.0, &a, &self.caller(req, None))
         } else {
@@ -358,25 +335,24 @@ impl Filesystem for LaneFuse {
         n: &OsStr,
         newparent: INodeNo,
         newname: &OsStr,
-        flags: RenameFlags,
+        flags: u32,
         reply: ReplyEmpty,
     ) {
         let _busy = self.inflight.enter(Op::Rename, parent.0, req.pid());
-        let known =
-            RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT;
-        if !known.contains(flags) {
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
+        if flags & !known != 0 {
             return reply.error(Errno::EINVAL);
         }
         let mut f = 0;
-        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+        if flags & libc::RENAME_NOREPLACE != 0 {
             f |= lanefs::fs::RENAME_NOREPLACE;
         }
-        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+        if flags & libc::RENAME_EXCHANGE != 0 {
             f |= lanefs::fs::RENAME_EXCHANGE;
         }
         // The whiteout (overlayfs asks for one) is a new inode in `parent`, owned as any other:
         // the kernel sends the caller's ids with this request (mapped, on an idmapped mount).
-        let (uid, gid) = if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+        let (uid, gid) = if flags & libc::RENAME_WHITEOUT != 0 {
             f |= lanefs::fs::RENAME_WHITEOUT;
             match self.new_owner(req, parent, libc::S_IFCHR) {
                 Ok((uid, gid, _)) => (uid, gid),
@@ -393,11 +369,11 @@ impl Filesystem for LaneFuse {
         self.entry(self.fs.link(ino.0, newparent.0, name(newname)), reply)
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: i32, reply: ReplyOpen) {
         let _busy = self.inflight.enter(Op::Open, ino.0, req.pid());
         // The kernel does not see the inode flags: the engine refuses write opens they forbid.
-        match self.fs.open_with(ino.0, flags.0) {
-            Ok(_) => reply.opened(FileHandle(0), Self::open_flags(flags.0)),
+        match self.fs.open_with(ino.0, flags) {
+            Ok(_) => reply.opened(FileHandle(0), Self::open_flags(flags)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -409,8 +385,7 @@ impl Filesystem for LaneFuse {
         _fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        _flags: i32,
         reply: ReplyData,
     ) {
         let _busy = self.inflight.enter(Op::Read, ino.0, req.pid());
@@ -434,13 +409,12 @@ impl Filesystem for LaneFuse {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        write_flags: WriteFlags,
-        flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        write_flags: u32,
+        flags: i32,
         reply: ReplyWrite,
     ) {
         let _busy = self.inflight.enter(Op::Write, ino.0, req.pid());
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let kill = write_flags & WRITE_KILL_SUIDGID != 0;
         let caller = self.killpriv.then(|| self.caller(req, Some(!kill)));
         let caller = caller.as_ref().map(|c| c as &dyn lanefs::perm::Caller);
         // With the writeback cache the kernel keeps a regular file's mtime and ctime: it
@@ -458,8 +432,8 @@ impl Filesystem for LaneFuse {
         // O_SYNC / O_DSYNC (the kernel sets them in the request from the file and the call):
         // after a buffered write the kernel sends FSYNC itself, after a direct-I/O one it does
         // not, so such a write is made durable here before it is acknowledged.
-        if flags.0 & libc::O_DIRECT != 0 && flags.0 & libc::O_DSYNC != 0 {
-            let datasync = flags.0 & libc::O_SYNC != libc::O_SYNC;
+        if flags & libc::O_DIRECT != 0 && flags & libc::O_DSYNC != 0 {
+            let datasync = flags & libc::O_SYNC != libc::O_SYNC;
             if let Err(e) = self.fs.fsync(ino.0, datasync) {
                 return reply.error(errno(e));
             }
@@ -467,7 +441,7 @@ impl Filesystem for LaneFuse {
         reply.written(n as u32)
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, reply: ReplyEmpty) {
         // WRITEs reach the engine as they come, so a close has nothing to push here. With
         // FOPEN_NOFLUSH the kernel sends no FLUSH, but with its writeback cache it does on
         // every close (after writing the dirty pages back itself): ENOSYS makes it stop for
@@ -477,16 +451,7 @@ impl Filesystem for LaneFuse {
         reply.error(Errno::ENOSYS)
     }
 
-    fn release(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn release(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _flags: i32, reply: ReplyEmpty) {
         let _busy = self.inflight.enter(Op::Release, ino.0, req.pid());
         self.empty(self.fs.release(ino.0), reply)
     }
@@ -496,11 +461,11 @@ impl Filesystem for LaneFuse {
         self.empty(self.fs.fsync(ino.0, datasync), reply)
     }
 
-    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: i32, reply: ReplyOpen) {
         let _busy = self.inflight.enter(Op::Opendir, ino.0, req.pid());
         match self.fs.getattr(ino.0) {
             Ok(a) if a.kind == FileKind::Dir => match self.fs.listing(ino.0) {
-                Ok(l) => reply.opened(FileHandle(self.dirs.open(l)), FopenFlags::empty()),
+                Ok(l) => reply.opened(FileHandle(self.dirs.open(l)), FopenFlags::default()),
                 Err(e) => reply.error(errno(e)),
             },
             Ok(_) => reply.error(Errno::ENOTDIR),
@@ -525,14 +490,7 @@ impl Filesystem for LaneFuse {
         self.fill_readdirplus(ino, fh, offset, reply)
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: i32, reply: ReplyEmpty) {
         self.inflight.count(Op::Releasedir);
         self.dirs.close(fh.0);
         reply.ok()
@@ -549,22 +507,13 @@ impl Filesystem for LaneFuse {
         reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize)
     }
 
-    fn setxattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        n: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
+    fn setxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, value: &[u8], flags: i32, reply: ReplyEmpty) {
         let _busy = self.inflight.enter(Op::Setxattr, ino.0, req.pid());
         if name(n).starts_with(crate::stats::RESERVED_PREFIX) {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
         }
         // The kernel would say whether an ACL keeps set-group-ID only with FUSE_SETXATTR_EXT,
-        // which fuser cannot parse: the engine asks the caller itself.
+        // which is not negotiated: the engine asks the caller itself.
         self.empty(self.fs.setxattr_as(ino.0, name(n), value, flags, &self.caller(req, None)), reply)
     }
 
@@ -615,7 +564,7 @@ impl Filesystem for LaneFuse {
         self.empty(self.fs.removexattr(ino.0, name(n)), reply)
     }
 
-    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, req: &Request, ino: INodeNo, mask: u32, reply: ReplyEmpty) {
         let _busy = self.inflight.enter(Op::Access, ino.0, req.pid());
         // Only asked when the mount has no default_permissions; the caller's primary group
         // stands for its groups (FUSE does not send supplementary groups).
@@ -623,7 +572,7 @@ impl Filesystem for LaneFuse {
             Ok(a) => a,
             Err(e) => return reply.error(errno(e)),
         };
-        let want = mask.bits() & 0o7;
+        let want = (mask & 0o7) as i32;
         let ok = if req.uid() == 0 {
             // root may read and write anything, and execute what anyone may execute.
             want & 1 == 0 || a.mode & 0o111 != 0 || a.kind == FileKind::Dir
@@ -733,7 +682,7 @@ impl Filesystem for LaneFuse {
         req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
-        _flags: IoctlFlags,
+        _flags: u32,
         cmd: u32,
         in_data: &[u8],
         out_size: u32,
@@ -759,7 +708,6 @@ impl Filesystem for LaneFuse {
         _fh_out: FileHandle,
         offset_out: u64,
         len: u64,
-        _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
         let _busy = self.inflight.enter(Op::CopyFileRange, ino_in.0, req.pid());

@@ -1,6 +1,6 @@
 //! The process behind a request: its credentials and capabilities, as the engine asks of them.
 
-use fuser::{INodeNo, Request};
+use crate::proto::{INodeNo, Notifier, Request};
 use std::cell::OnceCell;
 use std::sync::OnceLock;
 
@@ -21,7 +21,7 @@ pub(super) struct ReqCaller<'a> {
     pid: u32,
     fsetid: Option<bool>,
     status: OnceCell<Option<ProcStatus>>,
-    notifier: &'a OnceLock<fuser::Notifier>,
+    notifier: &'a OnceLock<Notifier>,
 }
 
 /// What /proc/PID/status says of a process's credentials.
@@ -83,7 +83,7 @@ impl<'a> ReqCaller<'a> {
     pub(super) fn new(
         req: &Request,
         fsetid: Option<bool>,
-        notifier: &'a OnceLock<fuser::Notifier>,
+        notifier: &'a OnceLock<Notifier>,
     ) -> ReqCaller<'a> {
         ReqCaller {
             uid: req.uid(),

@@ -36,7 +36,7 @@ pub use table::{lanefs_mounts, mounted_at, unescape_mountinfo, MountEntry};
 
 use crate::adapter::LaneFuse;
 use crate::inflight::{Inflight, Watcher};
-use fuser::{Config, MountOption, Session, SessionACL};
+use crate::proto::{MountOption, Session, SessionACL};
 use lanefs::device::{DeviceOptions, FileDevice, IoChoice};
 use lanefs::{AtimeMode, Fs, FsOptions};
 use std::ffi::OsString;
@@ -165,36 +165,34 @@ fn serve(
         }
     };
     let fs = Arc::new(fs);
-    let mut config = Config::default();
-    config.mount_options = parsed.fuse.clone();
+    let mut options = parsed.fuse.clone();
     // A write-protected image is mounted read-only in the kernel too, so that a change fails
     // with EROFS there, as on a kernel file system.
     // (mount(8) passes `rw` on when nothing else is asked for.)
-    if read_only && !config.mount_options.contains(&MountOption::RO) {
-        config.mount_options.retain(|o| *o != MountOption::RW);
-        config.mount_options.push(MountOption::RO);
+    if read_only && !options.contains(&MountOption::RO) {
+        options.retain(|o| *o != MountOption::RW);
+        options.push(MountOption::RO);
     }
-    if !config.mount_options.iter().any(|o| matches!(o, MountOption::FSName(_))) {
-        config.mount_options.push(MountOption::FSName(image.display().to_string()));
+    if !options.iter().any(|o| matches!(o, MountOption::FSName(_))) {
+        options.push(MountOption::FSName(image.display().to_string()));
     }
-    config.acl = parsed.acl;
     let threads = args.threads.or(parsed.threads).unwrap_or_else(default_threads).max(1);
-    config.n_threads = Some(threads);
-    config.clone_fd = true;
     let inflight = Arc::new(Inflight::new(threads));
     let kernel_acls = parsed.fuse.contains(&MountOption::DefaultPermissions);
-    // Idmapped mounts need the kernel to check permissions, and fuser to let requests
-    // through whose uid is unset (see `LaneFuse::allow_idmap`).
+    // Idmapped mounts need the kernel to check permissions, and requests from every uid (see
+    // `LaneFuse::allow_idmap`).
     let idmap = kernel_acls && parsed.acl == SessionACL::All;
     let fuse = LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone())
         .with_posix_acl(kernel_acls)
         .allow_idmap(idmap)
         .with_ttl(parsed.ttl);
     let notifier = fuse.notifier_slot();
-    let session = match Session::new(fuse, &mountpoint, &config) {
-        Ok(s) => {
+    let root_and_owner = (parsed.acl == SessionACL::RootAndOwner).then(|| rustix::process::getuid().as_raw());
+    let (session, mounted) = match crate::proto::mount(&mountpoint, &options, parsed.acl) {
+        Ok((dev, mounted)) => {
+            let s = Session::new(fuse, dev, root_and_owner);
             let _ = notifier.set(s.notifier());
-            s
+            (s, mounted)
         }
         Err(e) => {
             let e = format!("cannot mount on {}: {}", mountpoint.display(), plain(&e));
@@ -220,7 +218,14 @@ fn serve(
         Watcher::spawn(inflight, threshold, log).ok()
     });
     ready();
-    let run = session.run();
+    let run = session.run(threads, crate::adapter::max_write());
+    // The kernel ended the connection: the mount is gone (or was never served, on an error:
+    // then it is taken down here).
+    if run.is_ok() {
+        mounted.forget();
+    } else {
+        drop(mounted);
+    }
     drop(watcher);
     if let Some((handle, thread)) = signals {
         handle.close();
@@ -452,7 +457,8 @@ fn per_mount_flags(parsed: &Parsed) -> rustix::mount::MountFlags {
     use rustix::mount::MountFlags;
     let has = |o: MountOption| parsed.fuse.contains(&o);
     let mut flags = MountFlags::empty();
-    // FUSE's defaults, as fuser applies them to a fresh mount: nosuid and nodev unless asked.
+    // FUSE's defaults, as `proto::mount` applies them to a fresh mount: nosuid and nodev unless
+    // asked.
     for (set, flag) in [
         (has(MountOption::RO), MountFlags::RDONLY),
         (!has(MountOption::Suid), MountFlags::NOSUID),
@@ -470,7 +476,7 @@ fn per_mount_flags(parsed: &Parsed) -> rustix::mount::MountFlags {
 }
 
 /// Makes the mount table show `strictatime` and `nodiratime` as a kernel file system's mount
-/// does: fuser's mount(2) cannot pass them, so the per-mount flags are set again with a bind
+/// does: mount(2) of a new FUSE mount does not take them, so the per-mount flags are set again with a bind
 /// remount (root only: for another user the table shows relatime, while the daemon applies
 /// the options all the same). It changes per-mount flags only, and sends the file system no
 /// request: it can run before the workers serve.

@@ -1,8 +1,8 @@
-//! `lanefs mount`'s arguments and `-o` options: which go to the kernel (through fuser), which
+//! `lanefs mount`'s arguments and `-o` options: which go to the kernel, which
 //! are lanefs's own, and their defaults.
 
 use crate::adapter::Ttl;
-use fuser::{MountOption, SessionACL};
+use crate::proto::{MountOption, SessionACL};
 use lanefs::{AtimeMode, AtimePolicy};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -59,7 +59,7 @@ pub struct Parsed {
     pub cooperative: bool,
 }
 
-/// Parses `-o` lists. Standard options become fuser's; `allow_other` / `allow_root` set the
+/// Parses `-o` lists. Standard options become `MountOption`s; `allow_other` / `allow_root` set the
 /// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (off by default;
 /// `nowriteback_cache` is off too), `checkpoint_secs=N`,
 /// `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S`, `cooperative=on|off` and
@@ -97,9 +97,9 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     if default_permissions {
         p.fuse.push(MountOption::DefaultPermissions);
     }
-    // What the mount table shows. noatime is a flag fuser passes; lazytime a superblock flag the
+    // What the mount table shows. noatime is a mount(2) flag; lazytime a superblock flag the
     // kernel takes as a mount option from root's mount(2) (fusermount3 3.14, which mounts for a
-    // user, refuses it). strictatime and nodiratime have no fuser option: `show_atime_flags`
+    // user, refuses it). strictatime and nodiratime are not passed at mount: `show_atime_flags`
     // sets them once the mount is up.
     if p.atime.mode == AtimeMode::Never {
         p.fuse.push(MountOption::NoAtime);
@@ -178,7 +178,7 @@ fn seconds(o: &str, value: &str, zero: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("option {o}: give seconds from 0 ({zero}) to 86400"))
 }
 
-/// The kernel's (fuser's) form of a standard option, or anything else passed on for the kernel
+/// The `MountOption` form of a standard option, or anything else passed on for the kernel
 /// to judge; None for the words mount(8) and fstab use that are no mount option, and for
 /// `subtype=` (lanefs names its own: fuse.lanefs).
 fn kernel_option(o: &str) -> Option<MountOption> {
@@ -207,7 +207,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn options_map_to_fuser_and_lanefs() {
+    fn options_map_to_the_kernel_and_lanefs() {
         let p = parse_options(&["ro,allow_other,threads=3".into(), "noatime,max_read=65536".into()]).unwrap();
         assert_eq!(p.acl, SessionACL::All);
         assert_eq!(p.threads, Some(3));

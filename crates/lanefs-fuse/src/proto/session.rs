@@ -1,0 +1,472 @@
+//! A FUSE session: the INIT handshake, then worker threads that each read requests from their
+//! own /dev/fuse descriptor, decode them and call the [`Filesystem`].
+//!
+//! Each worker owns a clone of the session's descriptor (FUSE_DEV_IOC_CLONE), so the kernel
+//! hands requests to the workers with no lock between them, and a reply goes back through the
+//! descriptor its request came from. A worker ends when its read says ENODEV: the file system
+//! was unmounted (or the connection aborted); `run` returns once all have ended.
+
+use super::abi::{self, init, opcode, Out};
+use super::dev::DevFuse;
+use super::reply::*;
+use super::request::{decode, Header, InitIn, Op, Request, SetattrIn};
+use std::ffi::OsStr;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+/// What a file system answers. Each method gets its request and the reply to send; every
+/// request is answered exactly once (a dropped reply answers EIO).
+#[allow(clippy::too_many_arguments)]
+pub trait Filesystem: Send + Sync {
+    /// INIT: what to ask of the kernel, from what it offers.
+    fn init(&mut self, req: &Request, config: &mut KernelConfig);
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry);
+    fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64);
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr);
+    fn setattr(&self, req: &Request, ino: INodeNo, attr: &SetattrIn, reply: ReplyAttr);
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData);
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    );
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry);
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty);
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty);
+    fn symlink(&self, req: &Request, parent: INodeNo, name: &OsStr, target: &Path, reply: ReplyEntry);
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: u32,
+        reply: ReplyEmpty,
+    );
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry);
+    fn open(&self, req: &Request, ino: INodeNo, flags: i32, reply: ReplyOpen);
+    fn read(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        flags: i32,
+        reply: ReplyData,
+    );
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: u32,
+        flags: i32,
+        reply: ReplyWrite,
+    );
+    fn flush(&self, req: &Request, ino: INodeNo, fh: FileHandle, reply: ReplyEmpty);
+    fn release(&self, req: &Request, ino: INodeNo, fh: FileHandle, flags: i32, reply: ReplyEmpty);
+    fn fsync(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty);
+    fn opendir(&self, req: &Request, ino: INodeNo, flags: i32, reply: ReplyOpen);
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory);
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    );
+    fn releasedir(&self, req: &Request, ino: INodeNo, fh: FileHandle, flags: i32, reply: ReplyEmpty);
+    fn fsyncdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty);
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs);
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        reply: ReplyEmpty,
+    );
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr);
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr);
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty);
+    fn access(&self, req: &Request, ino: INodeNo, mask: u32, reply: ReplyEmpty);
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    );
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    );
+    fn lseek(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek);
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        flags: u32,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    );
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        reply: ReplyWrite,
+    );
+}
+
+/// What INIT settles: the kernel's offer, the file system's choice and limits.
+#[derive(Debug, Clone)]
+pub struct KernelConfig {
+    offered: u64,
+    wanted: u64,
+    max_write: u32,
+    max_readahead: u32,
+    max_background: u16,
+}
+
+impl KernelConfig {
+    fn new(offered: u64, max_readahead: u32) -> KernelConfig {
+        KernelConfig { offered, wanted: 0, max_write: 128 << 10, max_readahead, max_background: 16 }
+    }
+
+    /// What the kernel offers (`abi::init` bits).
+    pub fn capabilities(&self) -> u64 {
+        self.offered
+    }
+
+    /// Asks for `flags`; only what the kernel offers is taken.
+    pub fn add_capabilities(&mut self, flags: u64) {
+        self.wanted |= flags & self.offered;
+    }
+
+    /// What was asked for (and offered).
+    pub fn wanted(&self) -> u64 {
+        self.wanted
+    }
+
+    pub fn set_max_write(&mut self, n: u32) {
+        self.max_write = n.max(4096);
+    }
+
+    pub fn set_max_readahead(&mut self, n: u32) {
+        self.max_readahead = self.max_readahead.min(n);
+    }
+
+    pub fn set_max_background(&mut self, n: u16) {
+        self.max_background = n.max(1);
+    }
+
+    /// `struct fuse_init_out` (64 bytes).
+    fn reply_body(&self) -> Vec<u8> {
+        let flags = self.wanted | init::INIT_EXT;
+        let max_pages = if flags & init::MAX_PAGES != 0 { (self.max_write / 4096).max(1) as u16 } else { 0 };
+        let mut o = Out::with_capacity(64);
+        o.u32(abi::KERNEL_VERSION).u32(abi::KERNEL_MINOR_VERSION).u32(self.max_readahead).u32(flags as u32);
+        o.u16(self.max_background).u16(self.max_background * 3 / 4).u32(self.max_write);
+        // time_gran 1: nanosecond times.
+        o.u32(1).u16(max_pages).u16(0).u32((flags >> 32) as u32).u32(0).bytes(&[0; 24]);
+        debug_assert_eq!(o.buf.len(), 64);
+        o.buf
+    }
+}
+
+/// Tells the kernel of changes it did not ask for (FUSE notifications).
+#[derive(Clone)]
+pub struct Notifier {
+    dev: Arc<DevFuse>,
+}
+
+impl Notifier {
+    /// Drops the kernel's cached attributes of `ino` and its pages in `[off, off + len)` (`off`
+    /// -1: the attributes only; `len` 0: to the end).
+    pub fn inval_inode(&self, ino: INodeNo, off: i64, len: i64) -> io::Result<()> {
+        let mut o = Out::with_capacity(24);
+        o.u64(ino.0).u64(off as u64).u64(len as u64);
+        self.dev.write_reply(0, abi::NOTIFY_INVAL_INODE, &[&o.buf])
+    }
+
+    /// Drops the kernel's cached entry `name` in `parent`.
+    pub fn inval_entry(&self, parent: INodeNo, name: &OsStr) -> io::Result<()> {
+        let name = std::os::unix::ffi::OsStrExt::as_bytes(name);
+        let mut o = Out::with_capacity(16);
+        o.u64(parent.0).u32(name.len() as u32).u32(0);
+        self.dev.write_reply(0, abi::NOTIFY_INVAL_ENTRY, &[&o.buf, name, &[0]])
+    }
+}
+
+/// A mounted FUSE connection and the file system that serves it.
+pub struct Session<F: Filesystem> {
+    fs: F,
+    dev: Arc<DevFuse>,
+    /// Requests come only from the owner and root (`allow_root`): the kernel lets everyone
+    /// through (`allow_other`), this filters.
+    root_and_owner: Option<u32>,
+}
+
+impl<F: Filesystem> Session<F> {
+    /// A session on `dev`, a /dev/fuse descriptor whose mount is up.
+    pub fn new(fs: F, dev: DevFuse, root_and_owner: Option<u32>) -> Session<F> {
+        Session { fs, dev: Arc::new(dev), root_and_owner }
+    }
+
+    pub fn notifier(&self) -> Notifier {
+        Notifier { dev: self.dev.clone() }
+    }
+
+    /// Answers INIT (and any INIT before it of a newer major version).
+    fn handshake(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        loop {
+            let n = match self.dev.read(buf) {
+                Ok(n) => n,
+                Err(e) if retry(&e) => continue,
+                Err(e) => return Err(e),
+            };
+            let h = Header::parse(&buf[..n]).ok_or_else(|| bad("a request shorter than its header"))?;
+            let (arg, rest) = split(&h, &buf[..n]);
+            let Ok(Op::Init(i)) = decode(&h, arg, rest) else {
+                return Err(bad(&format!("the first request was opcode {}, not INIT", h.opcode)));
+            };
+            let dev = self.dev.clone();
+            let sink = dev.as_sink();
+            if i.major > abi::KERNEL_VERSION {
+                // The kernel sends INIT again with our major.
+                let mut o = Out::default();
+                o.u32(abi::KERNEL_VERSION).u32(abi::KERNEL_MINOR_VERSION);
+                ReplyInit::new(h.unique, &sink).init(&o.buf);
+                continue;
+            }
+            if i.major < abi::KERNEL_VERSION || i.minor < 31 {
+                ReplyInit::new(h.unique, &sink).error(Errno(libc::EPROTO));
+                return Err(bad(&format!("kernel FUSE protocol {}.{} is older than 7.31", i.major, i.minor)));
+            }
+            return self.init(&h, &i, &sink);
+        }
+    }
+
+    fn init(&mut self, h: &Header, i: &InitIn, sink: &dyn Sink) -> io::Result<()> {
+        let mut config = KernelConfig::new(i.flags, i.max_readahead);
+        self.fs.init(&Request::new(*h), &mut config);
+        ReplyInit::new(h.unique, sink).init(&config.reply_body());
+        Ok(())
+    }
+
+    /// Serves with `threads` workers until the file system is unmounted.
+    pub fn run(mut self, threads: usize, max_write: u32) -> io::Result<()> {
+        let size = (max_write as usize + 4096).max(abi::MIN_READ_BUFFER);
+        let mut buf = vec![0u8; size];
+        self.handshake(&mut buf)?;
+        let mut devs = vec![self.dev.clone()];
+        for _ in 1..threads.max(1) {
+            devs.push(Arc::new(self.dev.clone_dev()?));
+        }
+        let this = &self;
+        std::thread::scope(|s| {
+            let workers: Vec<_> = devs
+                .into_iter()
+                .enumerate()
+                .map(|(i, dev)| {
+                    std::thread::Builder::new()
+                        .name(format!("fuse-{i}"))
+                        .spawn_scoped(s, move || this.serve(&dev, size))
+                })
+                .collect();
+            let mut first_err = None;
+            for w in workers {
+                let r = match w {
+                    Ok(h) => h.join().unwrap_or_else(|_| Err(bad("a worker panicked"))),
+                    Err(e) => Err(e),
+                };
+                if let (Err(e), None) = (r, &first_err) {
+                    first_err = Some(e);
+                }
+            }
+            first_err.map_or(Ok(()), Err)
+        })
+    }
+
+    /// One worker's loop over `dev`.
+    fn serve(&self, dev: &DevFuse, size: usize) -> io::Result<()> {
+        let mut buf = vec![0u8; size];
+        let sink = dev.as_sink();
+        loop {
+            let n = match dev.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if retry(&e) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            let Some(h) = Header::parse(&buf[..n]) else { continue };
+            let (arg, rest) = split(&h, &buf[..n]);
+            self.request(&h, arg, rest, &sink);
+        }
+    }
+
+    /// Decodes and serves one request (shared by the transports).
+    pub fn request(&self, h: &Header, arg: &[u8], rest: &[u8], sink: &dyn Sink) {
+        match decode(h, arg, rest) {
+            Ok(op) => {
+                if let Some(owner) = self.root_and_owner {
+                    if h.uid != owner && h.uid != 0 && expects_reply(h.opcode) {
+                        return ReplyEmpty::new(h.unique, sink).error(Errno::EACCES);
+                    }
+                }
+                dispatch(&self.fs, &Request::new(*h), op, rest, sink)
+            }
+            Err(_) if expects_reply(h.opcode) => ReplyEmpty::new(h.unique, sink).error(Errno::EINVAL),
+            Err(_) => {}
+        }
+    }
+}
+
+fn expects_reply(op: u32) -> bool {
+    !matches!(op, opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT)
+}
+
+/// Reads that may simply be tried again: a signal, or a request the kernel took back
+/// (interrupted before it was read).
+fn retry(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::ENOENT))
+}
+
+fn bad(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+}
+
+/// A request read from /dev/fuse, split as `decode` takes it: the fixed argument struct and
+/// the rest, without the header and without the extensions at the end.
+fn split<'a>(h: &Header, req: &'a [u8]) -> (&'a [u8], &'a [u8]) {
+    let end = (h.len as usize).min(req.len());
+    let body = req.get(abi::IN_HEADER_LEN..end).unwrap_or(&[]);
+    let body = &body[..body.len().saturating_sub(h.total_extlen as usize * 8)];
+    body.split_at(abi::arg_size(h.opcode).min(body.len()))
+}
+
+/// Calls the handler of `op`.
+fn dispatch<F: Filesystem>(fs: &F, req: &Request, op: Op<'_>, rest: &[u8], sink: &dyn Sink) {
+    let (u, ino) = (req.unique(), INodeNo(req.nodeid()));
+    match op {
+        Op::Lookup { name } => fs.lookup(req, ino, name, ReplyEntry::new(u, sink)),
+        Op::Forget { nlookup } => fs.forget(req, ino, nlookup),
+        Op::BatchForget { count } => {
+            for one in rest.chunks_exact(16).take(count as usize) {
+                let mut b = abi::Bytes::new(one);
+                if let (Some(n), Some(c)) = (b.u64(), b.u64()) {
+                    fs.forget(req, INodeNo(n), c);
+                }
+            }
+        }
+        Op::Getattr { fh } => fs.getattr(req, ino, fh.map(FileHandle), ReplyAttr::new(u, sink)),
+        Op::Setattr(a) => fs.setattr(req, ino, &a, ReplyAttr::new(u, sink)),
+        Op::Readlink => fs.readlink(req, ino, ReplyData::new(u, sink)),
+        Op::Symlink { name, target } => {
+            fs.symlink(req, ino, name, Path::new(target), ReplyEntry::new(u, sink))
+        }
+        Op::Mknod { name, mode, rdev, umask } => {
+            fs.mknod(req, ino, name, mode, umask, rdev, ReplyEntry::new(u, sink))
+        }
+        Op::Mkdir { name, mode, umask } => fs.mkdir(req, ino, name, mode, umask, ReplyEntry::new(u, sink)),
+        Op::Unlink { name } => fs.unlink(req, ino, name, ReplyEmpty::new(u, sink)),
+        Op::Rmdir { name } => fs.rmdir(req, ino, name, ReplyEmpty::new(u, sink)),
+        Op::Rename { name, newdir, newname, flags } => {
+            fs.rename(req, ino, name, INodeNo(newdir), newname, flags, ReplyEmpty::new(u, sink))
+        }
+        Op::Link { oldnodeid, newname } => {
+            fs.link(req, INodeNo(oldnodeid), ino, newname, ReplyEntry::new(u, sink))
+        }
+        Op::Open { flags } => fs.open(req, ino, flags, ReplyOpen::new(u, sink)),
+        Op::Read(r) => {
+            fs.read(req, ino, FileHandle(r.fh), r.offset, r.size, r.flags, ReplyData::new(u, sink))
+        }
+        Op::Write { fh, offset, data, write_flags, flags } => {
+            fs.write(req, ino, FileHandle(fh), offset, data, write_flags, flags, ReplyWrite::new(u, sink))
+        }
+        Op::Statfs => fs.statfs(req, ino, ReplyStatfs::new(u, sink)),
+        Op::Release { fh, flags } => fs.release(req, ino, FileHandle(fh), flags, ReplyEmpty::new(u, sink)),
+        Op::Fsync { fh, datasync } => fs.fsync(req, ino, FileHandle(fh), datasync, ReplyEmpty::new(u, sink)),
+        Op::Setxattr { name, value, flags } => {
+            fs.setxattr(req, ino, name, value, flags, ReplyEmpty::new(u, sink))
+        }
+        Op::Getxattr { name, size } => fs.getxattr(req, ino, name, size, ReplyXattr::new(u, sink)),
+        Op::Listxattr { size } => fs.listxattr(req, ino, size, ReplyXattr::new(u, sink)),
+        Op::Removexattr { name } => fs.removexattr(req, ino, name, ReplyEmpty::new(u, sink)),
+        Op::Flush { fh } => fs.flush(req, ino, FileHandle(fh), ReplyEmpty::new(u, sink)),
+        // A second INIT is a protocol error.
+        Op::Init(_) => ReplyEmpty::new(u, sink).error(Errno(libc::EPROTO)),
+        Op::Opendir { flags } => fs.opendir(req, ino, flags, ReplyOpen::new(u, sink)),
+        Op::Readdir(r) => {
+            fs.readdir(req, ino, FileHandle(r.fh), r.offset, ReplyDirectory::new(u, sink, r.size))
+        }
+        Op::Readdirplus(r) => {
+            fs.readdirplus(req, ino, FileHandle(r.fh), r.offset, ReplyDirectoryPlus::new(u, sink, r.size))
+        }
+        Op::Releasedir { fh, flags } => {
+            fs.releasedir(req, ino, FileHandle(fh), flags, ReplyEmpty::new(u, sink))
+        }
+        Op::Fsyncdir { fh, datasync } => {
+            fs.fsyncdir(req, ino, FileHandle(fh), datasync, ReplyEmpty::new(u, sink))
+        }
+        Op::Access { mask } => fs.access(req, ino, mask, ReplyEmpty::new(u, sink)),
+        Op::Create { name, mode, umask, flags } => {
+            fs.create(req, ino, name, mode, umask, flags, ReplyCreate::new(u, sink))
+        }
+        // Requests are not cancelled: each finishes, and the kernel drops an answer it no
+        // longer wants.
+        Op::Interrupt => {}
+        Op::Destroy => ReplyEmpty::new(u, sink).ok(),
+        Op::Ioctl { fh, flags, cmd, in_data, out_size } => {
+            fs.ioctl(req, ino, FileHandle(fh), flags, cmd, in_data, out_size, ReplyIoctl::new(u, sink))
+        }
+        Op::Fallocate { fh, offset, length, mode } => {
+            fs.fallocate(req, ino, FileHandle(fh), offset, length, mode, ReplyEmpty::new(u, sink))
+        }
+        Op::Lseek { fh, offset, whence } => {
+            fs.lseek(req, ino, FileHandle(fh), offset, whence, ReplyLseek::new(u, sink))
+        }
+        Op::CopyFileRange { fh_in, off_in, nodeid_out, fh_out, off_out, len } => fs.copy_file_range(
+            req,
+            ino,
+            FileHandle(fh_in),
+            off_in,
+            INodeNo(nodeid_out),
+            FileHandle(fh_out),
+            off_out,
+            len,
+            ReplyWrite::new(u, sink),
+        ),
+        Op::Unknown => ReplyEmpty::new(u, sink).error(Errno::ENOSYS),
+    }
+}
