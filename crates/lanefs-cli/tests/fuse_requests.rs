@@ -344,3 +344,30 @@ fn with_the_writeback_cache_a_write_is_no_request_until_fsync() {
     m.umount();
     fsck_clean(&img);
 }
+
+/// Every mount names its FUSE transport, and why, in `lanefs.transport`: /dev/fuse when asked
+/// for, io_uring when the kernel offers it, and otherwise the reason it does not (the switch
+/// the administrator has not turned, or a kernel without it).
+#[test]
+fn the_mount_names_its_transport_and_why() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &["-o", "transport=dev"]);
+    let said = lanefs_fuse::stats::read_transport(&m.mp).unwrap();
+    assert_eq!(said, "/dev/fuse (asked for with -o transport=dev)");
+    m.umount();
+    let m = Mounted::daemon(&img, &mp, &["-o", "transport=uring"]);
+    let said = lanefs_fuse::stats::read_transport(&m.mp).unwrap();
+    let switch = fs::read_to_string("/sys/module/fuse/parameters/enable_uring").ok();
+    match switch.as_deref().map(str::trim) {
+        Some("Y") => assert!(said.starts_with("io_uring ("), "{said}"),
+        Some(_) => assert!(said.contains("echo Y > /sys/module/fuse/parameters/enable_uring"), "{said}"),
+        None => assert!(said.contains("no FUSE over io_uring"), "{said}"),
+    }
+    // Requests are served either way (the ring workers serve all but FORGET and INTERRUPT).
+    fs::write(m.mp.join("f"), b"ring").unwrap();
+    assert_eq!(fs::read(m.mp.join("f")).unwrap(), b"ring");
+    m.umount();
+}

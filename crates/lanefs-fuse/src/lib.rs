@@ -1,8 +1,10 @@
 //! FUSE adapter for lanefs.
 //!
 //! [`adapter::LaneFuse`] translates FUSE requests into calls on `lanefs::Fs`; it decides
-//! nothing itself. [`mount`] runs it: the exclusive lock on the image, the daemon, the worker
-//! threads (one cloned /dev/fuse descriptor each), signals, and the final checkpoint.
+//! nothing itself. [`proto`] is the FUSE protocol (lanefs's own: decoding, replies, the mount,
+//! and the two transports, FUSE over io_uring where the kernel offers it and /dev/fuse). [`mount`]
+//! runs it: the exclusive lock on the image, the daemon, the worker threads, signals, and the
+//! final checkpoint.
 //!
 //! What the kernel is offered at INIT: FUSE_PARALLEL_DIROPS (lookups and readdirs of one
 //! directory run in parallel; the engine's directories are concurrent hash maps), 1 MiB writes

@@ -34,6 +34,10 @@ pub const REQUESTS_XATTR: &str = "lanefs.requests";
 /// The attribute of the mount's root that holds the engine's counters.
 pub const ENGINE_XATTR: &str = "lanefs.engine";
 
+/// The attribute of the mount's root that says which transport serves the mount and why (one
+/// line).
+pub const TRANSPORT_XATTR: &str = "lanefs.transport";
+
 /// The prefix the adapter keeps for itself: names under it cannot be set or removed.
 pub const RESERVED_PREFIX: &[u8] = b"lanefs.";
 
@@ -159,6 +163,11 @@ fn read_text(mountpoint: &Path, name: &str) -> Result<String, String> {
     })?;
     buf.truncate(n);
     String::from_utf8(buf).map_err(|_| format!("{}: {name} is not text", mountpoint.display()))
+}
+
+/// The transport of the lanefs mount at `mountpoint`, and why (see [`TRANSPORT_XATTR`]).
+pub fn read_transport(mountpoint: &Path) -> Result<String, String> {
+    Ok(read_text(mountpoint, TRANSPORT_XATTR)?.trim().to_string())
 }
 
 /// The engine counters of the lanefs mount at `mountpoint`.

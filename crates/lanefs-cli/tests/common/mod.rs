@@ -35,6 +35,38 @@ pub fn nvm_args<S: AsRef<std::ffi::OsStr>>(img: &Path, extra: &[S]) -> Vec<std::
     }
 }
 
+/// `LANEFS_TEST_TRANSPORT=dev|uring`: every mount these helpers make asks for that FUSE
+/// transport (`-o transport=...`), and the mount is checked to use it (its `lanefs.transport`
+/// attribute): `uring` where the kernel cannot serve it fails, it does not fall back in silence.
+/// Unset: lanefs's default (io_uring where the kernel offers it). Read only by test code.
+pub fn transport() -> Option<&'static str> {
+    match std::env::var("LANEFS_TEST_TRANSPORT").as_deref() {
+        Ok("dev") => Some("dev"),
+        Ok("uring") => Some("uring"),
+        Ok("") | Err(_) => None,
+        Ok(other) => panic!("LANEFS_TEST_TRANSPORT={other}: give dev or uring"),
+    }
+}
+
+/// `-o transport=...` for [`transport`], unless `extra` names one already.
+pub fn transport_args<S: AsRef<std::ffi::OsStr>>(extra: &[S]) -> Vec<std::ffi::OsString> {
+    let named = extra.iter().any(|a| a.as_ref().to_string_lossy().contains("transport="));
+    match transport() {
+        Some(t) if !named => vec!["-o".into(), format!("transport={t}").into()],
+        _ => Vec::new(),
+    }
+}
+
+/// Checks that the mount at `mp` serves with the transport [`transport`] asks for.
+pub fn check_transport<S: AsRef<std::ffi::OsStr>>(mp: &Path, extra: &[S]) {
+    if transport_args(extra).is_empty() {
+        return;
+    }
+    let said = lanefs_fuse::stats::read_transport(mp).expect("the lanefs.transport attribute");
+    let want = if transport() == Some("uring") { "io_uring" } else { "/dev/fuse" };
+    assert!(said.starts_with(want), "LANEFS_TEST_TRANSPORT asks for {want}, the mount says: {said}");
+}
+
 /// Whether FUSE tests can run here: root, /dev/fuse and fusermount3. Where they are expected to
 /// run (under CI, or as root, who can have FUSE) a missing piece is a failure, not a skip: a suite
 /// that passes by running nothing hides what it was meant to find. Elsewhere it prints why not.
@@ -112,13 +144,16 @@ impl Mounted {
     /// `lanefs mount` as a daemon (the default): the command returns once the mount is up.
     pub fn daemon(img: &Path, mp: &Path, extra: &[&str]) -> Mounted {
         let nvm = nvm_args(img, extra);
+        let transport = transport_args(extra);
         let mut args = vec![os("mount"), img.as_os_str(), mp.as_os_str()];
         args.extend(extra.iter().map(os));
         args.extend(nvm.iter().map(os));
+        args.extend(transport.iter().map(os));
         let out = run(&args, Duration::from_secs(60));
         assert!(out.status.success(), "mount failed: {}", String::from_utf8_lossy(&out.stderr));
         let mp = mp.canonicalize().unwrap();
         assert!(is_mounted(&mp), "mount returned but {} is not mounted", mp.display());
+        check_transport(&mp, extra);
         if !nvm.is_empty() {
             assert!(region_of(img).unwrap().exists(), "nvm mode: the mount made no region");
         }
@@ -144,6 +179,7 @@ impl Mounted {
         if !nvm_args(img, extra).is_empty() {
             assert!(region_of(img).unwrap().exists(), "nvm mode: the mount made no region");
         }
+        check_transport(&m.mp, extra);
         m
     }
 
@@ -160,6 +196,7 @@ impl Mounted {
             ])
             .args(extra)
             .args(nvm_args(img, extra))
+            .args(transport_args(extra))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

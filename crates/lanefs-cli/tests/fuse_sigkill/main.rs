@@ -82,8 +82,10 @@ const SHARED: &str = "shared";
 /// Modes the writer gives its files (it runs with umask 0).
 const MODES: [u32; 5] = [0o600, 0o640, 0o644, 0o664, 0o755];
 
-/// Errors a writer sees once the daemon is gone: the connection is aborted.
-const GONE: [i32; 2] = [libc::ENOTCONN, libc::ECONNABORTED];
+/// Errors a writer sees once the daemon is gone: the connection is aborted. Over FUSE over
+/// io_uring the requests the dead daemon's rings held end with ECANCELED (the kernel cancels
+/// the ring commands when the rings close).
+const GONE: [i32; 3] = [libc::ENOTCONN, libc::ECONNABORTED, libc::ECANCELED];
 
 /// Entry point of the writer process: a no-op unless the test started this binary as one.
 #[test]

@@ -72,6 +72,8 @@ pub struct LaneFuse {
     dont_mask: bool,
     /// Tells the kernel of changes it did not ask for (set once the session exists).
     notifier: Arc<OnceLock<Notifier>>,
+    /// The transport in use and why (the `lanefs.transport` xattr of the root).
+    transport: Arc<OnceLock<String>>,
     ttl: Ttl,
 }
 
@@ -91,6 +93,7 @@ impl LaneFuse {
             writeback_cache_on: false,
             dont_mask: false,
             notifier: Arc::new(OnceLock::new()),
+            transport: Arc::new(OnceLock::new()),
             ttl: Ttl::default(),
         }
     }
@@ -127,6 +130,11 @@ impl LaneFuse {
     /// Where the session's notifier goes once the session exists (`Session::notifier`).
     pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
         self.notifier.clone()
+    }
+
+    /// Where the session says which transport it serves with, once INIT has settled it.
+    pub fn transport_slot(&self) -> Arc<OnceLock<String>> {
+        self.transport.clone()
     }
 
     /// Drops the kernel's cached attributes of `ino` (not its pages: offset -1, so it takes
@@ -521,6 +529,8 @@ impl Filesystem for LaneFuse {
         // The mount's request and engine counters (`crate::stats`); reading them is not counted.
         let r = if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::REQUESTS_XATTR.as_bytes() {
             Ok(crate::stats::format(&self.inflight.requests()).into_bytes())
+        } else if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::TRANSPORT_XATTR.as_bytes() {
+            Ok(format!("{}\n", self.transport.get().map_or("not settled", |t| t.as_str())).into_bytes())
         } else if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::ENGINE_XATTR.as_bytes() {
             Ok(crate::stats::format_engine(&self.fs.io_stats(), &self.fs.lock_census()).into_bytes())
         } else {

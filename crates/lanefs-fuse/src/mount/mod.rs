@@ -36,7 +36,7 @@ pub use table::{lanefs_mounts, mounted_at, unescape_mountinfo, MountEntry};
 
 use crate::adapter::LaneFuse;
 use crate::inflight::{Inflight, Watcher};
-use crate::proto::{MountOption, Session, SessionACL};
+use crate::proto::{MountOption, Session, SessionACL, Transport};
 use lanefs::device::{DeviceOptions, FileDevice, IoChoice};
 use lanefs::{AtimeMode, Fs, FsOptions};
 use std::ffi::OsString;
@@ -187,6 +187,7 @@ fn serve(
         .allow_idmap(idmap)
         .with_ttl(parsed.ttl);
     let notifier = fuse.notifier_slot();
+    let transport_slot = fuse.transport_slot();
     let root_and_owner = (parsed.acl == SessionACL::RootAndOwner).then(|| rustix::process::getuid().as_raw());
     let (session, mounted) = match crate::proto::mount(&mountpoint, &options, parsed.acl) {
         Ok((dev, mounted)) => {
@@ -218,7 +219,24 @@ fn serve(
         Watcher::spawn(inflight, threshold, log).ok()
     });
     ready();
-    let run = session.run(threads, crate::adapter::max_write());
+    let transport = if parsed.uring {
+        // At least two workers per CPU queue: one that blocks (an fsync) leaves the CPU's other
+        // requests another.
+        let queues = crate::proto::uring::queue_count();
+        Transport::Uring { per_queue: threads.div_ceil(queues).max(2) }
+    } else {
+        Transport::DevFuse
+    };
+    let foreground = args.foreground;
+    let run = session.run(threads, crate::adapter::max_write(), transport, &mut |t| {
+        let _ = transport_slot.set(t.why.clone());
+        if foreground {
+            eprintln!("lanefs: {}: transport {}", mountpoint.display(), t.why);
+        } else {
+            crate::syslog::open();
+            crate::syslog::info(&format!("{}: transport {}", mountpoint.display(), t.why));
+        }
+    });
     // The kernel ended the connection: the mount is gone (or was never served, on an error:
     // then it is taken down here).
     if run.is_ok() {

@@ -57,12 +57,15 @@ pub struct Parsed {
     pub ttl: Ttl,
     /// `cooperative=on|off`: lanefs's `FsOptions::cooperative` (on by default).
     pub cooperative: bool,
+    /// `transport=uring|dev`: FUSE over io_uring where the kernel offers it (the default), or
+    /// /dev/fuse always.
+    pub uring: bool,
 }
 
 /// Parses `-o` lists. Standard options become `MountOption`s; `allow_other` / `allow_root` set the
 /// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (off by default;
 /// `nowriteback_cache` is off too), `checkpoint_secs=N`,
-/// `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S`, `cooperative=on|off` and
+/// `transport=uring|dev`, `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S`, `cooperative=on|off` and
 /// `norecovery` (read-only mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
@@ -78,6 +81,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
         atime: AtimePolicy::default(),
         ttl: Ttl::default(),
         cooperative: true,
+        uring: true,
     };
     let mut default_permissions = true;
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
@@ -139,6 +143,9 @@ impl Parsed {
             (_, "writeback_cache" | "writeback_cache=on") => self.writeback_cache = true,
             (_, "writeback_cache=off" | "nowriteback_cache") => self.writeback_cache = false,
             (_, "norecovery") => self.no_recovery = true,
+            (_, "transport=uring") => self.uring = true,
+            (_, "transport=dev") => self.uring = false,
+            ("transport", _) => return Err(format!("option {o}: give transport=uring or transport=dev")),
             (_, "cooperative=on") => self.cooperative = true,
             (_, "cooperative=off") => self.cooperative = false,
             ("cooperative", _) => return Err(format!("option {o}: give cooperative=on or cooperative=off")),
@@ -236,6 +243,10 @@ mod tests {
         assert!(!parse_options(&["cooperative=off".into()]).unwrap().cooperative);
         assert!(parse_options(&["cooperative=off,cooperative=on".into()]).unwrap().cooperative);
         assert!(parse_options(&["cooperative=maybe".into()]).is_err());
+        assert!(parse_options(&[]).unwrap().uring, "io_uring where the kernel offers it, by default");
+        assert!(!parse_options(&["transport=dev".into()]).unwrap().uring);
+        assert!(parse_options(&["transport=dev,transport=uring".into()]).unwrap().uring);
+        assert!(parse_options(&["transport=splice".into()]).is_err());
     }
 
     #[test]

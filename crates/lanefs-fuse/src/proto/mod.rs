@@ -3,8 +3,8 @@
 //! Layers, bottom up: [`abi`] (the kernel's numbers and a bounds-checked byte reader),
 //! [`request`] (a request decoded into an [`Op`]), [`reply`] (one type per answer, each sent
 //! once through a transport's [`Sink`]), [`dev`] (the /dev/fuse descriptor), [`mod@mount`]
-//! (mount(2) or fusermount3) and [`session`] (INIT, then one worker per cloned descriptor,
-//! calling a [`Filesystem`]).
+//! (mount(2) or fusermount3), [`uring`] (FUSE over io_uring: per-CPU queues of ring entries) and
+//! [`session`] (INIT, then the workers of the transport chosen, calling a [`Filesystem`]).
 //!
 //! Why not a crate: fuser 0.18 hides its request decoding behind its own /dev/fuse loop, so it
 //! can serve no other transport (FUSE over io_uring), cannot pass on SETATTR's
@@ -17,9 +17,10 @@ pub mod mount;
 pub mod reply;
 pub mod request;
 pub mod session;
+pub mod uring;
 
 pub use dev::DevFuse;
 pub use mount::{mount, MountOption, Mounted, SessionACL};
 pub use reply::*;
 pub use request::{Op, Request, SetattrIn, TimeOrNow};
-pub use session::{Filesystem, KernelConfig, Notifier, Session};
+pub use session::{Filesystem, KernelConfig, Notifier, Session, Transport};

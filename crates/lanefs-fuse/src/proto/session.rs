@@ -1,10 +1,14 @@
-//! A FUSE session: the INIT handshake, then worker threads that each read requests from their
-//! own /dev/fuse descriptor, decode them and call the [`Filesystem`].
+//! A FUSE session: the INIT handshake, then worker threads that take requests from the
+//! transport, decode them and call the [`Filesystem`].
 //!
-//! Each worker owns a clone of the session's descriptor (FUSE_DEV_IOC_CLONE), so the kernel
-//! hands requests to the workers with no lock between them, and a reply goes back through the
-//! descriptor its request came from. A worker ends when its read says ENODEV: the file system
-//! was unmounted (or the connection aborted); `run` returns once all have ended.
+//! Over /dev/fuse each worker owns a clone of the session's descriptor (FUSE_DEV_IOC_CLONE), so
+//! the kernel hands requests to the workers with no lock between them, and a reply goes back
+//! through the descriptor its request came from. A worker ends when its read says ENODEV: the
+//! file system was unmounted (or the connection aborted); `run` returns once all have ended.
+//!
+//! Over io_uring (see [`super::uring`]) the ring workers serve every request but FORGET and
+//! INTERRUPT, which the kernel still queues on /dev/fuse: one /dev/fuse worker stays for them
+//! (and for what comes before the last queue is registered).
 
 use super::abi::{self, init, opcode, Out};
 use super::dev::DevFuse;
@@ -228,6 +232,23 @@ impl Notifier {
     }
 }
 
+/// How requests reach the workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// read(2) and writev(2) on /dev/fuse.
+    DevFuse,
+    /// FUSE over io_uring where the kernel offers it (else /dev/fuse), `per_queue` workers on
+    /// each CPU's queue.
+    Uring { per_queue: usize },
+}
+
+/// What the session serves with, once INIT has settled it, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportInUse {
+    pub uring: bool,
+    pub why: String,
+}
+
 /// A mounted FUSE connection and the file system that serves it.
 pub struct Session<F: Filesystem> {
     fs: F,
@@ -247,8 +268,9 @@ impl<F: Filesystem> Session<F> {
         Notifier { dev: self.dev.clone() }
     }
 
-    /// Answers INIT (and any INIT before it of a newer major version).
-    fn handshake(&mut self, buf: &mut [u8]) -> io::Result<()> {
+    /// Answers INIT (and any INIT before it of a newer major version); whether io_uring was
+    /// agreed on.
+    fn handshake(&mut self, buf: &mut [u8], uring: bool) -> io::Result<bool> {
         loop {
             let n = match self.dev.read(buf) {
                 Ok(n) => n,
@@ -273,29 +295,52 @@ impl<F: Filesystem> Session<F> {
                 ReplyInit::new(h.unique, &sink).error(Errno(libc::EPROTO));
                 return Err(bad(&format!("kernel FUSE protocol {}.{} is older than 7.31", i.major, i.minor)));
             }
-            return self.init(&h, &i, &sink);
+            return Ok(self.init(&h, &i, &sink, uring));
         }
     }
 
-    fn init(&mut self, h: &Header, i: &InitIn, sink: &dyn Sink) -> io::Result<()> {
+    fn init(&mut self, h: &Header, i: &InitIn, sink: &dyn Sink, uring: bool) -> bool {
         let mut config = KernelConfig::new(i.flags, i.max_readahead);
         self.fs.init(&Request::new(*h), &mut config);
+        if uring {
+            config.add_capabilities(init::OVER_IO_URING);
+        }
         ReplyInit::new(h.unique, sink).init(&config.reply_body());
-        Ok(())
+        config.wanted() & init::OVER_IO_URING != 0
     }
 
-    /// Serves with `threads` workers until the file system is unmounted.
-    pub fn run(mut self, threads: usize, max_write: u32) -> io::Result<()> {
+    /// Serves with `threads` /dev/fuse workers, or over io_uring if `transport` asks and the
+    /// kernel offers it, until the file system is unmounted; `said` is told which, and why,
+    /// once INIT has settled it.
+    pub fn run(
+        mut self,
+        threads: usize,
+        max_write: u32,
+        transport: Transport,
+        said: &mut dyn FnMut(&TransportInUse),
+    ) -> io::Result<()> {
         let size = (max_write as usize + 4096).max(abi::MIN_READ_BUFFER);
         let mut buf = vec![0u8; size];
-        self.handshake(&mut buf)?;
+        let ask = matches!(transport, Transport::Uring { .. });
+        let uring = self.handshake(&mut buf, ask)?;
+        said(&TransportInUse { uring, why: why(ask, uring) });
+        let dev_workers = if uring { 1 } else { threads.max(1) };
         let mut devs = vec![self.dev.clone()];
-        for _ in 1..threads.max(1) {
+        for _ in 1..dev_workers {
             devs.push(Arc::new(self.dev.clone_dev()?));
         }
+        let rings = match (uring, transport) {
+            (true, Transport::Uring { per_queue }) => {
+                let queues = super::uring::queue_count();
+                (0..queues).flat_map(|q| std::iter::repeat_n(q, per_queue.max(1))).collect()
+            }
+            _ => Vec::new(),
+        };
+        let payload = (max_write as usize).max(abi::MIN_READ_BUFFER);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(self.dev.as_file());
         let this = &self;
         std::thread::scope(|s| {
-            let workers: Vec<_> = devs
+            let mut workers: Vec<_> = devs
                 .into_iter()
                 .enumerate()
                 .map(|(i, dev)| {
@@ -304,6 +349,18 @@ impl<F: Filesystem> Session<F> {
                         .spawn_scoped(s, move || this.serve(&dev, size))
                 })
                 .collect();
+            for (i, cpu) in rings.into_iter().enumerate() {
+                workers.push(std::thread::Builder::new().name(format!("fuse-ring-{cpu}-{i}")).spawn_scoped(
+                    s,
+                    move || {
+                        super::uring::pin_to(cpu);
+                        let mut ring = super::uring::RingWorker::new(fd, cpu as u16, payload)?;
+                        ring.run(&|h, arg, rest, sink| this.request(h, arg, rest, sink)).map_err(|e| {
+                            io::Error::new(e.kind(), format!("FUSE ring worker on CPU {cpu}: {e}"))
+                        })
+                    },
+                ));
+            }
             let mut first_err = None;
             for w in workers {
                 let r = match w {
@@ -327,7 +384,7 @@ impl<F: Filesystem> Session<F> {
                 Ok(n) => n,
                 Err(e) if retry(&e) => continue,
                 Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(()),
-                Err(e) => return Err(e),
+                Err(e) => return Err(io::Error::new(e.kind(), format!("reading /dev/fuse: {e}"))),
             };
             let Some(h) = Header::parse(&buf[..n]) else { continue };
             let (arg, rest) = split(&h, &buf[..n]);
@@ -348,6 +405,24 @@ impl<F: Filesystem> Session<F> {
             }
             Err(_) if expects_reply(h.opcode) => ReplyEmpty::new(h.unique, sink).error(Errno::EINVAL),
             Err(_) => {}
+        }
+    }
+}
+
+/// Why the session serves with what it does.
+fn why(asked: bool, uring: bool) -> String {
+    let enabled = super::uring::enabled_by_kernel();
+    match (asked, uring, enabled) {
+        (_, true, _) => format!("io_uring ({} queues, one per CPU)", super::uring::queue_count()),
+        (false, false, _) => "/dev/fuse (asked for with -o transport=dev)".into(),
+        (true, false, Some(false)) => {
+            "/dev/fuse: FUSE over io_uring is off in the kernel (as root: echo Y > \
+             /sys/module/fuse/parameters/enable_uring)"
+                .into()
+        }
+        (true, false, Some(true)) => "/dev/fuse: the kernel did not offer FUSE over io_uring at INIT".into(),
+        (true, false, None) => {
+            "/dev/fuse: this kernel has no FUSE over io_uring (Linux 6.14 and later)".into()
         }
     }
 }

@@ -32,6 +32,10 @@ pub fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Re
     say_image(&mut out, image, &info, &dev, region.as_ref());
     if let Some((mp, counts, engine)) = &mounted {
         say!(out, "mounted at    {} (what follows is the mount's; the lines above are the image's last checkpoint and journals)", mp.display());
+        match lanefs_fuse::stats::read_transport(mp) {
+            Ok(t) => say!(out, "transport     {t}"),
+            Err(e) => say!(out, "transport     unknown: {e}"),
+        }
         match counts {
             Ok(c) => say_requests(&mut out, c),
             Err(e) => say!(out, "requests      unknown: {e}"),
