@@ -21,7 +21,7 @@
 //! blocks ([`ChainWriter::append_flushed`]); [`ChainRead::flushed`] is the highest such seq the
 //! walk met. Any block the walk accepts was written by this chain's writer after the flush the
 //! mark stands for had completed, so the mark is true whatever became of the block's own data
-//! (see `recovery::verified_prefix` for what recovery does with it).
+//! (see `recovery::walk::verified_prefix` for what recovery does with it).
 //!
 //! Why the link: after a crash, a batch may have reached the disk only in part, say a later
 //! transaction's blocks without an earlier one's. Recovery ends the chain at the hole and the

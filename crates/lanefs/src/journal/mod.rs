@@ -21,4 +21,6 @@ pub use record::{
 };
 
 #[cfg(test)]
-mod tests;
+mod chain_tests;
+#[cfg(test)]
+mod record_tests;

@@ -1,8 +1,8 @@
 //! How stores reach persistence: cache-line write-back instructions or msync.
 //!
 //! The only `unsafe` of the crate outside `device/uring.rs`, `device/aligned.rs` and the
-//! mapping in `pmem/mod.rs` is here: one instruction per cache line, in inline assembly because
-//! stable Rust has no intrinsics for CLWB and CLFLUSHOPT.
+//! mapping in `pmem/` (`mod.rs`, `open.rs`, `access.rs`) is here: one instruction per cache
+//! line, in inline assembly because stable Rust has no intrinsics for CLWB and CLFLUSHOPT.
 
 use std::fmt;
 

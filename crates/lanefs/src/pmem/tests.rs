@@ -1,4 +1,5 @@
 use super::*;
+use std::fs::OpenOptions;
 use std::sync::Arc;
 
 const UUID: [u8; 16] = *b"0123456789abcdef";

@@ -1,0 +1,334 @@
+//! Mount's last phase: the kept records applied to MEMFS, in stamp order, on one thread.
+//!
+//! A record that refers to what does not exist, or to a name that no longer names its inode,
+//! is skipped: it was absorbed or superseded before its dependent was journaled. Everything
+//! replayed is marked dirty, so the checkpoint that ends recovery makes it durable.
+
+use crate::device::BLOCK_SIZE;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::format::node::NEW_ADDR;
+use crate::journal::{InodeAttr, Record};
+use crate::mem::mnode::{ts_to_ns, MNode, Meta, S_IFDIR};
+use crate::mem::xattr::XattrSet;
+use crate::oplog::dirlog::LoggedOp;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Replays `records` (in replay order) into MEMFS.
+pub(super) fn replay_all(engine: &Engine, records: &[Record]) -> Result<()> {
+    for r in records {
+        engine.replay(r)?;
+    }
+    Ok(())
+}
+
+/// Marks dirty the checkpoint's orphans that no replayed record linked again, so the
+/// checkpoint that ends recovery deletes them; returns how many.
+pub(super) fn mark_orphans(engine: &Engine, orphans: Vec<u32>) -> usize {
+    let mut removed = 0;
+    for o in orphans {
+        if let Ok(m) = engine.mnode(o) {
+            if m.meta.lock().nlink == 0 {
+                engine.mark_dirty(&m);
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+impl Engine {
+    /// Applies one journal record to MEMFS (recovery; single-threaded, before mount returns).
+    /// Records that refer to what does not exist are skipped: the only way to get them is an
+    /// operation absorbed or superseded before its dependent was journaled.
+    fn replay(&self, r: &Record) -> Result<()> {
+        match r {
+            Record::Create { dir, name, ino, attr, symlink, .. } => {
+                self.replay_create(r, *dir, name, *ino, attr, symlink)
+            }
+            Record::Link { dir, name, ino, file_type, .. } => {
+                self.replay_link(r, *dir, name, *ino, *file_type)
+            }
+            Record::Unlink { dir, name, ino, .. } => self.replay_unlink(r, *dir, name, *ino),
+            Record::Rename { .. } => self.replay_rename(r),
+            Record::SetAttr { ino, attr, .. } => self.replay_setattr(*ino, attr),
+            Record::Map { ino, first, entries, .. } => return self.replay_map(*ino, *first, entries),
+            Record::Truncate { ino, from_block, .. } => self.replay_truncate(*ino, *from_block),
+            Record::Xattrs { ino, attrs, .. } => self.replay_xattrs(*ino, attrs),
+            Record::SetXattr { ino, name, value, .. } => self.replay_xattr(*ino, name, Some(value)),
+            Record::RemoveXattr { ino, name, .. } => self.replay_xattr(*ino, name, None),
+            Record::Free { .. } => {}
+            Record::Data { ino, idx, data, .. } => self.replay_data(*ino, *idx, data),
+        }
+        Ok(())
+    }
+
+    /// A create: the new inode and its name, unless either exists already.
+    fn replay_create(&self, r: &Record, dir: u32, name: &[u8], ino: u32, attr: &InodeAttr, symlink: &[u8]) {
+        let Ok(d) = self.dir_mnode(dir) else { return };
+        if self.replay_new_inode(&d, name, ino, attr, symlink) {
+            self.replayed(&d, r);
+        }
+    }
+
+    /// A hard link: one more name, and one more link, for an inode that exists.
+    fn replay_link(&self, r: &Record, dir: u32, name: &[u8], ino: u32, file_type: u8) {
+        let (Ok(d), Ok(m)) = (self.dir_mnode(dir), self.mnode(ino)) else { return };
+        if d.dir().expect("dir").map.insert(name, ino, file_type).is_ok() {
+            m.add_nlink(1);
+            self.replayed(&d, r);
+            self.mark_dirty(&m);
+        }
+    }
+
+    /// An unlink: the name goes only if it still names `ino`.
+    fn replay_unlink(&self, r: &Record, dir: u32, name: &[u8], ino: u32) {
+        let Ok(d) = self.dir_mnode(dir) else { return };
+        let dm = d.dir().expect("dir");
+        if dm.map.lookup(name).map(|e| e.ino) != Some(ino) {
+            return;
+        }
+        dm.map.remove(name);
+        if let Ok(m) = self.mnode(ino) {
+            self.unlinked(&d, &m);
+        }
+        self.replayed(&d, r);
+    }
+
+    /// A rename (an exchange, or a move that may replace the target and leave a whiteout),
+    /// applied only while the source name still names the inode renamed.
+    fn replay_rename(&self, r: &Record) {
+        let Record::Rename {
+            src_dir, src_name, dst_dir, dst_name, ino, replaced, exchange, whiteout, ..
+        } = r
+        else {
+            unreachable!("replay_rename of {r:?}");
+        };
+        let (Ok(sd), Ok(dd)) = (self.dir_mnode(*src_dir), self.dir_mnode(*dst_dir)) else { return };
+        let (sm, dm) = (sd.dir().expect("dir"), dd.dir().expect("dir"));
+        let Some(se) = sm.map.lookup(src_name).filter(|e| e.ino == *ino) else { return };
+        let de = dm.map.lookup(dst_name);
+        let Ok(src) = self.mnode(*ino) else { return };
+        if *exchange {
+            let Some(de) = de.filter(|e| e.ino == *replaced) else { return };
+            sm.map.update(src_name, |_| (Some((de.ino, de.file_type)), ()));
+            dm.map.update(dst_name, |_| (Some((se.ino, se.file_type)), ()));
+            if let Ok(other) = self.mnode(*replaced) {
+                if other.is_dir() && src_dir != dst_dir {
+                    other.parent.store(*src_dir, Ordering::Relaxed);
+                    dd.add_nlink(-1);
+                    sd.add_nlink(1);
+                }
+                self.mark_dirty(&other);
+            }
+        } else {
+            if let Some(de) = de {
+                if let Ok(old) = self.mnode(de.ino) {
+                    self.unlinked(&dd, &old);
+                }
+            }
+            sm.map.remove(src_name);
+            dm.map.update(dst_name, |_| (Some((se.ino, se.file_type)), ()));
+            if let Some(w) = whiteout {
+                // The rename made it: the source name is free again just now.
+                self.replay_new_inode(&sd, src_name, w.ino, &w.attr, &[]);
+            }
+        }
+        if src.is_dir() && src_dir != dst_dir {
+            src.parent.store(*dst_dir, Ordering::Relaxed);
+            sd.add_nlink(-1);
+            dd.add_nlink(1);
+        }
+        self.replayed(&sd, r);
+        if src_dir != dst_dir {
+            self.replayed(&dd, r);
+        }
+        self.mark_dirty(&src);
+    }
+
+    /// A setattr: the attributes as the fsync saw them (the file type bits stay; a directory's
+    /// size is its own).
+    fn replay_setattr(&self, ino: u32, attr: &InodeAttr) {
+        let Ok(m) = self.mnode(ino) else { return };
+        {
+            let mut meta = m.meta.lock();
+            meta.mode = (meta.mode & crate::format::node::S_IFMT) | (attr.mode & 0o7777);
+            meta.uid = attr.uid;
+            meta.gid = attr.gid;
+            meta.crtime = attr.crtime;
+            meta.rdev = attr.rdev;
+            meta.generation = attr.generation;
+        }
+        m.atime.store(ts_to_ns(attr.atime), Ordering::Relaxed);
+        m.flags.store(attr.flags, Ordering::Release);
+        if !m.is_dir() {
+            m.size.store(attr.size, Ordering::Release);
+        }
+        m.mtime.store(ts_to_ns(attr.mtime), Ordering::Relaxed);
+        m.ctime.store(ts_to_ns(attr.ctime), Ordering::Relaxed);
+        self.mark_dirty(&m);
+    }
+
+    /// A map: blocks `first..` of `ino` now at `entries`' addresses (0 a hole, `NEW_ADDR`
+    /// preallocated); each block installed becomes valid in the segment table.
+    fn replay_map(&self, ino: u32, first: u64, entries: &[(u32, u32)]) -> Result<()> {
+        let Ok(m) = self.mnode(ino) else { return Ok(()) };
+        let pages = m.pages().map(|(p, _)| p);
+        let mut disk = m.disk.lock();
+        for (i, &(addr, _)) in entries.iter().enumerate() {
+            let idx = first + i as u64;
+            // Newer than a page an earlier record logged inline: the block wins.
+            if let Some(p) = pages {
+                p.truncate_one(idx);
+            }
+            if addr == 0 {
+                disk.remap(idx, 0);
+            } else if addr == NEW_ADDR {
+                // Through remap, so the block it replaces is let go like any other.
+                disk.remap(idx, NEW_ADDR);
+            } else {
+                if disk.cur_map.get(&idx) == Some(&addr) {
+                    continue;
+                }
+                // The chain walk and the region's reader checked every address against the
+                // geometry (`Transaction::validate_geometry`) before it got here.
+                debug_assert!(self.g.in_main(addr as u64), "map of {ino} to block {addr}");
+                // Installed: live from now on (its segment was kept out of the free map).
+                self.table.claim_valid(addr as u64, 0)?;
+                disk.remap(idx, addr);
+            }
+        }
+        m.note_reserved(&disk);
+        drop(disk);
+        self.mark_dirty(&m);
+        Ok(())
+    }
+
+    /// A truncate: blocks from `from_block` on are let go, on the device and in the cache.
+    fn replay_truncate(&self, ino: u32, from_block: u64) {
+        let Ok(m) = self.mnode(ino) else { return };
+        {
+            let mut disk = m.disk.lock();
+            disk.truncate(from_block);
+            m.note_reserved(&disk);
+        }
+        if let Some((p, _)) = m.pages() {
+            p.truncate(from_block);
+        }
+        self.mark_dirty(&m);
+    }
+
+    /// A whole xattr set (the record older images wrote): replaces the inode's set.
+    fn replay_xattrs(&self, ino: u32, attrs: &[(Vec<u8>, Vec<u8>)]) {
+        let Ok(m) = self.mnode(ino) else { return };
+        let mut meta = m.meta.lock();
+        let x = &mut meta.xattrs;
+        let old: Vec<Vec<u8>> = x.set.names().map(<[u8]>::to_vec).collect();
+        x.set = Arc::new(XattrSet::from_entries(attrs.to_vec()));
+        for n in old.iter().chain(attrs.iter().map(|(n, _)| n)) {
+            self.xattr_changed(x, n);
+        }
+        drop(meta);
+        self.mark_dirty(&m);
+    }
+
+    /// One xattr set to `value`, or removed (`None`).
+    ///
+    /// Not checked against the per-inode limit: within one transaction the records come in
+    /// name order, not in the order the changes were made, so a set may pass through a larger
+    /// size than it ever had; after the whole transaction it is the set the fsync saw.
+    fn replay_xattr(&self, ino: u32, name: &[u8], value: Option<&Vec<u8>>) {
+        let Ok(m) = self.mnode(ino) else { return };
+        let mut meta = m.meta.lock();
+        let x = &mut meta.xattrs;
+        match value {
+            Some(v) => {
+                Arc::make_mut(&mut x.set).set(name, v.clone());
+            }
+            None => {
+                Arc::make_mut(&mut x.set).remove(name);
+            }
+        }
+        self.xattr_changed(x, name);
+        drop(meta);
+        self.mark_dirty(&m);
+    }
+
+    /// A page logged inline: a dirty page, which the checkpoint that ends recovery writes to
+    /// the device. Written over a preallocated block, it draws on the reservation.
+    fn replay_data(&self, ino: u32, idx: u64, data: &[u8; BLOCK_SIZE]) {
+        let Ok(m) = self.mnode(ino) else { return };
+        let Some((p, _)) = m.pages() else { return };
+        m.disk.lock().draw(idx);
+        let whole = p.write(idx, 0, &data[..], None);
+        debug_assert!(whole, "a logged page is a whole page");
+        self.mark_dirty(&m);
+    }
+
+    /// A new inode `ino` named `name` in directory `d` (a create, or a rename's whiteout), with
+    /// link count 1 (2 for a directory). False, and nothing done, when the name is taken or the
+    /// inode exists already (the record was superseded).
+    fn replay_new_inode(&self, d: &MNode, name: &[u8], ino: u32, attr: &InodeAttr, symlink: &[u8]) -> bool {
+        let dm = d.dir().expect("dir");
+        if dm.map.lookup(name).is_some() || self.cells.get(ino as u64).is_some() {
+            return false;
+        }
+        if self.nat.reserve(ino).is_err() {
+            return false;
+        }
+        let is_dir = attr.mode & crate::format::node::S_IFMT == S_IFDIR;
+        let meta = Meta {
+            mode: attr.mode,
+            uid: attr.uid,
+            gid: attr.gid,
+            nlink: if is_dir { 2 } else { 1 },
+            crtime: attr.crtime,
+            rdev: attr.rdev,
+            generation: attr.generation,
+            xattrs: Default::default(),
+            symlink: symlink.to_vec(),
+        };
+        let stamps = crate::mem::mnode::Stamps {
+            atime: attr.atime,
+            mtime: attr.mtime,
+            ctime: attr.ctime,
+            flags: attr.flags,
+        };
+        let m = MNode::new(ino, meta, attr.size, stamps, &self.cache);
+        m.parent.store(d.ino, Ordering::Relaxed);
+        if is_dir {
+            m.disk.lock().dentries = Some(Default::default());
+            d.add_nlink(1);
+        }
+        let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
+        let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
+        self.mark_dirty(&m);
+        true
+    }
+
+    /// A name of `m` in `d` went away during replay.
+    fn unlinked(&self, d: &MNode, m: &MNode) {
+        // One inode's meta at a time (sync::rank: `Meta` does not nest).
+        let mut meta = m.meta.lock();
+        let was_dir = m.is_dir();
+        if was_dir {
+            meta.nlink = 0;
+        } else {
+            meta.nlink = meta.nlink.saturating_sub(1);
+        }
+        drop(meta);
+        if was_dir {
+            d.add_nlink(-1);
+        }
+        self.mark_dirty(m);
+    }
+
+    /// Logs a replayed operation in `d` (journaled already) so the checkpoint rewrites its names.
+    fn replayed(&self, d: &MNode, r: &Record) {
+        let op = LoggedOp::new(r.clone());
+        op.journaled.store(true, Ordering::Relaxed);
+        d.dir().expect("dir").log.push(op);
+        self.mark_dirty(d);
+    }
+}
