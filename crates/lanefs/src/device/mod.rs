@@ -15,7 +15,8 @@
 //! Back ends: [`FileDevice`] (io_uring + O_DIRECT where direct I/O is real, vectored
 //! `pwritev`/`preadv` otherwise), [`MemDevice`] (RAM, tests) and [`CrashDevice`] (records and
 //! injects faults for crash testing); [`HaltDevice`] stops every write at a shutdown ([`halt`]).
-//! `unsafe` code lives only in `uring.rs` and `aligned.rs`.
+//! This module's `unsafe` code lives only in `uring.rs` and `aligned.rs` (the crate's other
+//! `unsafe` modules: see `pmem/persist.rs`).
 
 use std::io;
 use std::path::Path;

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use super::Engine;
 
 impl Engine {
-    /// The mnode of `ino`, loading it from disk on first use.
     /// Runs `f` on the mnode of `ino` without taking a reference (no shared store when it is
     /// cached: `Cells::with`); loads it first if it is not. `f` runs pinned: keep it short and
     /// lock-free.
@@ -33,6 +32,7 @@ impl Engine {
         Ok((f.take().expect("not called"))(&m))
     }
 
+    /// The mnode of `ino`, loading it from disk on first use.
     pub(crate) fn mnode(&self, ino: u32) -> Result<Arc<MNode>> {
         if let Some(m) = self.cells.get(ino as u64) {
             return Ok(m);

@@ -1,8 +1,10 @@
 //! How stores reach persistence: cache-line write-back instructions or msync.
 //!
-//! The only `unsafe` of the crate outside `device/uring.rs`, `device/aligned.rs` and the
-//! mapping in `pmem/` (`mod.rs`, `open.rs`, `access.rs`) is here: one instruction per cache
-//! line, in inline assembly because stable Rust has no intrinsics for CLWB and CLFLUSHOPT.
+//! The crate's `unsafe` lives in small modules that exist for it: the io_uring buffers
+//! (`device/uring.rs`, `device/aligned.rs`), the per-CPU slots (`sync/percpu.rs`,
+//! `oplog/clock.rs`), the mapping in `pmem/` (`mod.rs`, `open.rs`, `access.rs`), and here: one
+//! instruction per cache line, in inline assembly because stable Rust has no intrinsics for CLWB
+//! and CLFLUSHOPT.
 
 use std::fmt;
 

@@ -124,14 +124,18 @@ mod tests {
             let (table, stop) = (table.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut reads = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                // At least one read, however the threads are scheduled (a loaded machine may
+                // run the churn to its end before this thread starts).
+                loop {
                     let n = table.valid_count();
                     // At most 2 blocks are valid at any moment; a read overlapping the churn
                     // may count the validations it overlapped, never more blocks than exist.
                     assert!(n <= g.main_blocks(), "valid count {n}: it wrapped");
                     reads += 1;
+                    if stop.load(std::sync::atomic::Ordering::Acquire) {
+                        return reads;
+                    }
                 }
-                reads
             })
         };
         for c in churn {
