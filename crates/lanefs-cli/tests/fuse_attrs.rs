@@ -350,3 +350,39 @@ fn fallocate_reserves_space_and_zero_range_zeroes_through_the_mount() {
     umount_settled(m);
     fsck_clean(&img);
 }
+
+/// statx's birth time comes through the mount (FUSE_STATX): set when the inode is made, kept
+/// by later writes and renames, and the same after a remount.
+#[test]
+fn statx_gives_the_birth_time_through_the_mount() {
+    use rustix::fs::{statx, AtFlags, StatxFlags};
+    if !fuse_available() {
+        return;
+    }
+    let btime = |p: &Path| {
+        let x =
+            statx(rustix::fs::CWD, p, AtFlags::empty(), StatxFlags::BASIC_STATS | StatxFlags::BTIME).unwrap();
+        assert!(
+            StatxFlags::from_bits_retain(x.stx_mask).contains(StatxFlags::BTIME),
+            "no birth time in {:#x}",
+            x.stx_mask
+        );
+        (x.stx_btime.tv_sec, x.stx_btime.tv_nsec)
+    };
+    let (_dir, img, mp) = scratch_image();
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let m = Mounted::daemon(&img, &mp, &[]);
+    fs::write(m.mp.join("f"), b"one").unwrap();
+    let born = btime(&m.mp.join("f"));
+    assert!(born.0 >= before - 1 && born.0 <= before + 60, "birth time {born:?}, mounted at {before}");
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(m.mp.join("f"), b"two").unwrap();
+    fs::rename(m.mp.join("f"), m.mp.join("g")).unwrap();
+    assert_eq!(btime(&m.mp.join("g")), born, "a write and a rename keep the birth time");
+    let mtime = fs::metadata(m.mp.join("g")).unwrap().mtime_nsec();
+    assert!(mtime != born.1 as i64 || fs::metadata(m.mp.join("g")).unwrap().mtime() != born.0);
+    m.umount();
+    let m = Mounted::daemon(&img, &mp, &[]);
+    assert_eq!(btime(&m.mp.join("g")), born, "the birth time after a remount");
+    m.umount();
+}

@@ -39,7 +39,7 @@ use crate::proto::abi::{fopen, WRITE_KILL_SUIDGID};
 use crate::proto::{
     Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, Notifier, ReplyAttr,
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SetattrIn, TimeOrNow,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, SetattrIn, TimeOrNow,
 };
 use convert::{errno, generation, name, time_or_now, NO_ENTRY};
 use dir::DirHandles;
@@ -244,6 +244,20 @@ impl Filesystem for LaneFuse {
         let _busy = self.inflight.enter(Op::Getattr, ino.0, req.pid());
         match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&self.ttl.cache, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn statx(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, _mask: u32, reply: ReplyStatx) {
+        // What GETATTR gives, and the birth time (statx's STATX_BTIME, which GETATTR cannot
+        // carry). The kernel sends it when a caller asks for the birth time.
+        let _busy = self.inflight.enter(Op::Statx, ino.0, req.pid());
+        // The inode flags statx reports share their bits with FS_IOC_GETFLAGS's: immutable
+        // (0x10), append-only (0x20), nodump (0x40).
+        const SHOWN: u64 = 0x10 | 0x20 | 0x40;
+        let r = self.fs.getattr(ino.0).and_then(|a| Ok((a, self.fs.get_flags(ino.0)?)));
+        match r {
+            Ok((a, f)) => reply.statx(&self.ttl.cache, &file_attr(&a), a.crtime, f.0 as u64 & SHOWN, SHOWN),
             Err(e) => reply.error(errno(e)),
         }
     }

@@ -56,6 +56,7 @@ pub mod opcode {
     pub const RENAME2: u32 = 45;
     pub const LSEEK: u32 = 46;
     pub const COPY_FILE_RANGE: u32 = 47;
+    pub const STATX: u32 = 52;
 }
 
 /// Size of the fixed argument struct that opens the body of a request with `opcode` (0 for the
@@ -89,6 +90,7 @@ pub fn arg_size(op: u32) -> usize {
         RENAME2 => 16,
         LSEEK => 24,
         COPY_FILE_RANGE => 56,
+        STATX => 24,
         _ => 0,
     }
 }

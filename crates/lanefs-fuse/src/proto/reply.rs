@@ -213,6 +213,40 @@ reply_type!(
     /// INIT.
     ReplyInit
 );
+reply_type!(
+    /// STATX: the attributes with the birth time.
+    ReplyStatx
+);
+
+/// `STATX_BASIC_STATS | STATX_BTIME`: what a STATX reply fills.
+const STATX_FILLED: u32 = 0x7ff | 0x800;
+
+impl ReplyStatx<'_> {
+    /// `struct fuse_statx_out` (288 bytes): the attributes, `btime`, and which of them are
+    /// valid; `attributes` are statx's STATX_ATTR_* bits, of those in `attributes_mask`.
+    pub fn statx(
+        mut self,
+        ttl: &Duration,
+        a: &FileAttr,
+        btime: Timespec,
+        attributes: u64,
+        attributes_mask: u64,
+    ) {
+        let mut o = Out::with_capacity(288);
+        o.u64(ttl.as_secs()).u32(ttl.subsec_nanos()).u32(0).u64(0).u64(0);
+        // struct fuse_statx: mask, blksize, attributes, nlink, uid, gid, mode, spare, ino, size,
+        // blocks, attributes_mask, then atime, btime, ctime, mtime (sec, nsec, reserved), rdev
+        // and dev majors and minors, 14 spare words.
+        o.u32(STATX_FILLED).u32(a.blksize).u64(attributes).u32(a.nlink).u32(a.uid).u32(a.gid);
+        o.u16(a.mode as u16).u16(0).u64(a.ino).u64(a.size).u64(a.blocks).u64(attributes_mask);
+        for t in [a.atime, btime, a.ctime, a.mtime] {
+            o.u64(t.sec as u64).u32(t.nsec).u32(0);
+        }
+        o.u32(libc::major(a.rdev as u64)).u32(libc::minor(a.rdev as u64)).u32(0).u32(0).bytes(&[0; 112]);
+        debug_assert_eq!(o.buf.len(), 288);
+        self.0.ok(&[&o.buf])
+    }
+}
 
 impl ReplyEmpty<'_> {
     pub fn ok(mut self) {
@@ -455,6 +489,13 @@ mod tests {
             FopenFlags(0),
         );
         ReplyStatfs::new(5, &s).statfs(1, 2, 3, 4, 5, 4096, 255, 4096);
+        ReplyStatx::new(8, &s).statx(
+            &Duration::ZERO,
+            &attr(libc::S_IFDIR | 0o755),
+            Timespec { sec: 9, nsec: 8 },
+            0,
+            0,
+        );
         ReplyEmpty::new(6, &s).error(Errno::ENOTDIR);
         drop(ReplyData::new(7, &s));
         let got = s.0.borrow();
@@ -467,6 +508,7 @@ mod tests {
                 (3, 0, 16),
                 (4, 0, 144),
                 (5, 0, 80),
+                (8, 0, 288),
                 (6, -libc::ENOTDIR, 0),
                 (7, -libc::EIO, 0)
             ]

@@ -137,6 +137,11 @@ pub enum Op<'a> {
     Getattr {
         fh: Option<u64>,
     },
+    /// statx(2) asked for more than GETATTR gives (the birth time).
+    Statx {
+        fh: Option<u64>,
+        mask: u32,
+    },
     Setattr(SetattrIn),
     Readlink,
     Symlink {
@@ -293,6 +298,12 @@ fn decode_op<'a>(op: u32, a: &mut Bytes<'a>, r: &mut Bytes<'a>) -> Option<Op<'a>
             a.u32()?;
             let fh = a.u64()?;
             Op::Getattr { fh: (flags & abi::GETATTR_FH != 0).then_some(fh) }
+        }
+        STATX => {
+            let flags = a.u32()?;
+            a.u32()?;
+            let (fh, _sx_flags, mask) = (a.u64()?, a.u32()?, a.u32()?);
+            Op::Statx { fh: (flags & abi::GETATTR_FH != 0).then_some(fh), mask }
         }
         SETATTR => Op::Setattr(setattr(a)?),
         READLINK => Op::Readlink,

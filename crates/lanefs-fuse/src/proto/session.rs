@@ -28,6 +28,7 @@ pub trait Filesystem: Send + Sync {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry);
     fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64);
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr);
+    fn statx(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, mask: u32, reply: ReplyStatx);
     fn setattr(&self, req: &Request, ino: INodeNo, attr: &SetattrIn, reply: ReplyAttr);
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData);
     fn mknod(
@@ -465,6 +466,7 @@ fn dispatch<F: Filesystem>(fs: &F, req: &Request, op: Op<'_>, rest: &[u8], sink:
             }
         }
         Op::Getattr { fh } => fs.getattr(req, ino, fh.map(FileHandle), ReplyAttr::new(u, sink)),
+        Op::Statx { fh, mask } => fs.statx(req, ino, fh.map(FileHandle), mask, ReplyStatx::new(u, sink)),
         Op::Setattr(a) => fs.setattr(req, ino, &a, ReplyAttr::new(u, sink)),
         Op::Readlink => fs.readlink(req, ino, ReplyData::new(u, sink)),
         Op::Symlink { name, target } => {
