@@ -177,7 +177,21 @@ fn serve(
         options.push(MountOption::FSName(image.display().to_string()));
     }
     let threads = args.threads.or(parsed.threads).unwrap_or_else(default_threads).max(1);
-    let inflight = Arc::new(Inflight::new(threads));
+    let transport = if parsed.uring {
+        // At least two workers per CPU queue: one that blocks (an fsync) leaves the CPU's other
+        // requests another.
+        let queues = crate::proto::uring::queue_count();
+        Transport::Uring { per_queue: threads.div_ceil(queues).max(2) }
+    } else {
+        Transport::DevFuse
+    };
+    // A slot for every worker either transport may start (the /dev/fuse workers if the kernel
+    // turns io_uring down at INIT), so that each one's stuck requests are logged.
+    let ring_workers = match transport {
+        Transport::Uring { per_queue } => crate::proto::uring::queue_count() * per_queue,
+        Transport::DevFuse => 0,
+    };
+    let inflight = Arc::new(Inflight::new(threads + ring_workers));
     let kernel_acls = parsed.fuse.contains(&MountOption::DefaultPermissions);
     // Idmapped mounts need the kernel to check permissions, and requests from every uid (see
     // `LaneFuse::allow_idmap`).
@@ -219,14 +233,6 @@ fn serve(
         Watcher::spawn(inflight, threshold, log).ok()
     });
     ready();
-    let transport = if parsed.uring {
-        // At least two workers per CPU queue: one that blocks (an fsync) leaves the CPU's other
-        // requests another.
-        let queues = crate::proto::uring::queue_count();
-        Transport::Uring { per_queue: threads.div_ceil(queues).max(2) }
-    } else {
-        Transport::DevFuse
-    };
     let foreground = args.foreground;
     let run = session.run(threads, crate::adapter::max_write(), transport, &mut |t| {
         let _ = transport_slot.set(t.why.clone());

@@ -503,6 +503,31 @@ mod tests {
         assert!(s.kill_suidgid);
     }
 
+    /// Whatever bytes come with whatever opcode, decoding answers (an operation or Malformed)
+    /// and never panics or reads past what it was given.
+    #[test]
+    fn random_requests_decode_or_are_refused_without_panicking() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut decoded = 0;
+        for round in 0..20_000 {
+            let op = (round % 60) as u32;
+            let arg: Vec<u8> = (0..next() % 100).map(|_| next() as u8).collect();
+            // Names need NULs to decode: make them common.
+            let rest: Vec<u8> =
+                (0..next() % 64).map(|_| if next() % 4 == 0 { 0 } else { next() as u8 }).collect();
+            if decode(&header(op), &arg, &rest).is_ok() {
+                decoded += 1;
+            }
+        }
+        assert!(decoded > 1000, "random requests of every opcode decode sometimes ({decoded})");
+    }
+
     #[test]
     fn init_reads_flags2_only_with_init_ext() {
         let mut a = Out::default();
