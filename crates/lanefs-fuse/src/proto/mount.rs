@@ -157,7 +157,8 @@ fn mount_directly(mountpoint: &Path, options: &[MountOption], acl: SessionACL) -
     let mut data = format!(
         "fd={},rootmode={:o},user_id={},group_id={}",
         dev.as_file().as_raw_fd(),
-        mode & libc::S_IFMT,
+        // The root's type and permissions until the kernel's first GETATTR of it.
+        mode & (libc::S_IFMT | 0o7777),
         rustix::process::getuid().as_raw(),
         rustix::process::getgid().as_raw()
     );
