@@ -216,7 +216,17 @@ impl PageMap {
     ) -> bool {
         debug_assert!(off + bytes.len() <= PAGE_SIZE && !bytes.is_empty());
         let full = may_install_whole && off == 0 && bytes.len() == PAGE_SIZE;
-        let mut guard = self.shard(idx).lock();
+        // Only a write that may add a page makes the shards; one that only updates a cached
+        // page finds none to update in a file with no shards yet.
+        let lock = if full || base.is_some() {
+            self.shard(idx)
+        } else {
+            match self.cached_shard(idx) {
+                Some(s) => s,
+                None => return false,
+            }
+        };
+        let mut guard = lock.lock();
         let shard = &mut *guard;
         let page = match shard.pages.entry(idx) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),

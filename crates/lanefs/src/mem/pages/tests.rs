@@ -23,6 +23,8 @@ fn a_map_makes_its_shards_only_for_its_first_page() {
     assert!(m.truncate(0).is_empty());
     assert_eq!(m.evict_clean(10), 0);
     assert_eq!(m.dirty_unmapped(|_| false), 0);
+    // A cached-only write (the fast path, no base page) finds no page to update either.
+    assert!(!m.write_cached(5, 0, b"y"));
     assert!(m.shards.get().is_none(), "no page, no shards");
     w(&m, 5, 0, b"x");
     assert!(m.shards.get().is_some());
