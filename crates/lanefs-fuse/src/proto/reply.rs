@@ -378,14 +378,23 @@ impl<'a> ReplyDirectory<'a> {
         ReplyDirectory { r: Replier::new(unique, sink), out: Out::with_capacity(max.min(1 << 16)), max }
     }
 
+    /// Whether `len` more bytes fit in the kernel's buffer.
+    fn fits(&self, len: usize) -> bool {
+        self.out.buf.len() + len <= self.max
+    }
+
+    /// `struct fuse_dirent`, padded to 8 bytes.
+    fn dirent(&mut self, ino: INodeNo, offset: u64, dtype: u32, name: &[u8]) {
+        self.out.u64(ino.0).u64(offset).u32(name.len() as u32).u32(dtype).bytes(name).pad8();
+    }
+
     /// Adds an entry whose cookie is `offset`; true if it did not fit (the reply is full).
     pub fn add(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &std::ffi::OsStr) -> bool {
         let name = std::os::unix::ffi::OsStrExt::as_bytes(name);
-        let len = (24 + name.len()).next_multiple_of(8);
-        if self.out.buf.len() + len > self.max {
+        if !self.fits((24 + name.len()).next_multiple_of(8)) {
             return true;
         }
-        self.out.u64(ino.0).u64(offset).u32(name.len() as u32).u32(kind.dtype()).bytes(name).pad8();
+        self.dirent(ino, offset, kind.dtype(), name);
         false
     }
 
@@ -400,16 +409,11 @@ impl<'a> ReplyDirectory<'a> {
 }
 
 /// READDIRPLUS: entries with their attributes, packed until the kernel's buffer is full.
-pub struct ReplyDirectoryPlus<'a> {
-    r: Replier<'a>,
-    out: Out,
-    max: usize,
-}
+pub struct ReplyDirectoryPlus<'a>(ReplyDirectory<'a>);
 
 impl<'a> ReplyDirectoryPlus<'a> {
     pub fn new(unique: u64, sink: &'a dyn Sink, size: u32) -> ReplyDirectoryPlus<'a> {
-        let max = size as usize;
-        ReplyDirectoryPlus { r: Replier::new(unique, sink), out: Out::with_capacity(max.min(1 << 16)), max }
+        ReplyDirectoryPlus(ReplyDirectory::new(unique, sink, size))
     }
 
     /// Adds an entry whose cookie is `offset`; true if it did not fit (the reply is full).
@@ -423,23 +427,20 @@ impl<'a> ReplyDirectoryPlus<'a> {
         generation: Generation,
     ) -> bool {
         let name = std::os::unix::ffi::OsStrExt::as_bytes(name);
-        let len = (128 + 24 + name.len()).next_multiple_of(8);
-        if self.out.buf.len() + len > self.max {
+        if !self.0.fits((128 + 24 + name.len()).next_multiple_of(8)) {
             return true;
         }
-        put_entry(&mut self.out, ttl, attr, generation);
-        let dtype = attr.mode >> 12 & 0o17;
-        self.out.u64(ino.0).u64(offset).u32(name.len() as u32).u32(dtype).bytes(name).pad8();
+        put_entry(&mut self.0.out, ttl, attr, generation);
+        self.0.dirent(ino, offset, attr.mode >> 12 & 0o17, name);
         false
     }
 
-    pub fn ok(mut self) {
-        let body = std::mem::take(&mut self.out.buf);
-        self.r.ok(&[&body])
+    pub fn ok(self) {
+        self.0.ok()
     }
 
-    pub fn error(mut self, e: Errno) {
-        self.r.error(e)
+    pub fn error(self, e: Errno) {
+        self.0.error(e)
     }
 }
 
