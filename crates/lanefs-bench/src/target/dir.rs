@@ -117,9 +117,23 @@ pub fn space_of(path: &Path) -> io::Result<(u64, u64)> {
     Ok(((used + free) * unit, free * unit))
 }
 
+/// The file system type of `path` (see [`fs_type_only`]); for a lanefs mount, with the FUSE
+/// transport its daemon serves with (`fuse.lanefs (io_uring)`), which the root's
+/// `lanefs.transport` attribute names.
+pub fn fs_type_of(path: &Path) -> String {
+    let t = fs_type_only(path);
+    match lanefs_fuse::stats::read_transport(path) {
+        Ok(said) if t == "fuse.lanefs" => {
+            let transport = said.split(" (").next().unwrap_or(&said).split(':').next().unwrap_or(&said);
+            format!("{t} ({transport})")
+        }
+        _ => t,
+    }
+}
+
 /// The file system type of `path`: the statfs magic number by name, refined for FUSE with the
 /// subtype from /proc/self/mountinfo (`fuse.bindfs`), so that a report says what was measured.
-pub fn fs_type_of(path: &Path) -> String {
+pub fn fs_type_only(path: &Path) -> String {
     let magic = match rustix::fs::statfs(path) {
         Ok(s) => s.f_type as u64,
         Err(_) => return "unknown".into(),
