@@ -185,8 +185,8 @@ fn serve(
     } else {
         Transport::DevFuse
     };
-    // A slot for every worker either transport may start (the /dev/fuse workers if the kernel
-    // turns io_uring down at INIT), so that each one's stuck requests are logged.
+    // A slot for every worker, /dev/fuse and ring workers both, so that each one's stuck
+    // requests are logged.
     let ring_workers = match transport {
         Transport::Uring { per_queue } => crate::proto::uring::queue_count() * per_queue,
         Transport::DevFuse => 0,

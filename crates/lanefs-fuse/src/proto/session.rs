@@ -7,8 +7,8 @@
 //! file system was unmounted (or the connection aborted); `run` returns once all have ended.
 //!
 //! Over io_uring (see [`super::uring`]) the ring workers serve every request but FORGET and
-//! INTERRUPT, which the kernel still queues on /dev/fuse: one /dev/fuse worker stays for them
-//! (and for what comes before the last queue is registered).
+//! INTERRUPT, which the kernel still queues on /dev/fuse: the /dev/fuse workers stay for them,
+//! and for what comes before the last queue is registered (or if one cannot be).
 
 use super::abi::{self, init, opcode, Out};
 use super::dev::DevFuse;
@@ -325,7 +325,10 @@ impl<F: Filesystem> Session<F> {
         let ask = matches!(transport, Transport::Uring { .. });
         let uring = self.handshake(&mut buf, ask)?;
         said(&TransportInUse { uring, why: why(ask, uring) });
-        let dev_workers = if uring { 1 } else { threads.max(1) };
+        // The /dev/fuse workers stay whatever the transport: over io_uring they see FORGET and
+        // INTERRUPT only (idle threads cost a buffer each), but if a queue cannot be registered
+        // the kernel keeps every request on /dev/fuse, and they serve it at full width.
+        let dev_workers = threads.max(1);
         let mut devs = vec![self.dev.clone()];
         for _ in 1..dev_workers {
             devs.push(Arc::new(self.dev.clone_dev()?));

@@ -13,7 +13,7 @@
 //! holding one entry: a thread serves one request at a time, synchronously, as a /dev/fuse
 //! worker does, so a request that blocks (an fsync) holds up only its thread, and the kernel
 //! hands the CPU's next request to another thread's entry. FORGET and INTERRUPT still come
-//! through /dev/fuse, so the session keeps a /dev/fuse worker beside the rings.
+//! through /dev/fuse, so the session keeps its /dev/fuse workers beside the rings.
 //!
 //! `unsafe` here: the submission entries are written as the kernel's bytes (the crate's
 //! builder cannot set the iovec count a registration needs), and the kernel is handed the
@@ -137,6 +137,15 @@ impl RingWorker {
     pub fn run(&mut self, serve: &Serve<'_>) -> io::Result<()> {
         let reply = EntryReply::default();
         let mut r = self.submit(CMD_REGISTER, 0)?;
+        if r < 0 && !matches!(-r, libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED) {
+            // Said at once: until every queue has an entry, the kernel serves all through
+            // /dev/fuse, slower but whole.
+            eprintln!(
+                "lanefs: FUSE over io_uring: the kernel refused queue {}'s entry: {}; requests stay on /dev/fuse",
+                self.qid,
+                io::Error::from_raw_os_error(-r)
+            );
+        }
         // Registrations in a row that failed: the entry is not in the kernel's hands.
         let mut refused = 0;
         loop {
