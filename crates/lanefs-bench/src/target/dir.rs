@@ -117,7 +117,7 @@ pub fn space_of(path: &Path) -> io::Result<(u64, u64)> {
     Ok(((used + free) * unit, free * unit))
 }
 
-/// The file system type of `path` (see [`fs_type_only`]); for a lanefs mount, with the FUSE
+/// The file system type of `path` (as `fs_type_only` names it); for a lanefs mount, with the FUSE
 /// transport its daemon serves with (`fuse.lanefs (io_uring)`), which the root's
 /// `lanefs.transport` attribute names.
 pub fn fs_type_of(path: &Path) -> String {

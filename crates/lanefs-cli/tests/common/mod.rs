@@ -153,11 +153,13 @@ impl Mounted {
         assert!(out.status.success(), "mount failed: {}", String::from_utf8_lossy(&out.stderr));
         let mp = mp.canonicalize().unwrap();
         assert!(is_mounted(&mp), "mount returned but {} is not mounted", mp.display());
-        check_transport(&mp, extra);
+        // Checked once the guard exists, so that a failed check still unmounts.
+        let m = Mounted { mp, child: None };
+        check_transport(&m.mp, extra);
         if !nvm.is_empty() {
             assert!(region_of(img).unwrap().exists(), "nvm mode: the mount made no region");
         }
-        Mounted { mp, child: None }
+        m
     }
 
     /// `lanefs mount --foreground` as a child of the test, so that the test can kill it.
