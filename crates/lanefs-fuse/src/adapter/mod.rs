@@ -44,7 +44,7 @@ use crate::proto::{
 use convert::{errno, generation, name, time_or_now, NO_ENTRY};
 use dir::DirHandles;
 use lanefs::fs_seek::Seek;
-use lanefs::{Attr, FileKind, Fs, SetAttr};
+use lanefs::{Attr, FileKind, Fs, InodeFlags, SetAttr};
 use process::ReqCaller;
 use std::cell::RefCell;
 use std::ffi::OsStr;
@@ -252,9 +252,9 @@ impl Filesystem for LaneFuse {
         // What GETATTR gives, and the birth time (statx's STATX_BTIME, which GETATTR cannot
         // carry). The kernel sends it when a caller asks for the birth time.
         let _busy = self.inflight.enter(Op::Statx, ino.0, req.pid());
-        // The inode flags statx reports share their bits with FS_IOC_GETFLAGS's: immutable
-        // (0x10), append-only (0x20), nodump (0x40).
-        const SHOWN: u64 = 0x10 | 0x20 | 0x40;
+        // The inode flags statx reports share their bits with FS_IOC_GETFLAGS's
+        // (STATX_ATTR_IMMUTABLE is FS_IMMUTABLE_FL, and so on).
+        const SHOWN: u64 = (InodeFlags::IMMUTABLE.0 | InodeFlags::APPEND.0 | InodeFlags::NODUMP.0) as u64;
         let r = self.fs.getattr(ino.0).and_then(|a| Ok((a, self.fs.get_flags(ino.0)?)));
         match r {
             Ok((a, f)) => reply.statx(&self.ttl.cache, &file_attr(&a), a.crtime, f.0 as u64 & SHOWN, SHOWN),

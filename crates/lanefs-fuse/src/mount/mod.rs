@@ -177,21 +177,10 @@ fn serve(
         options.push(MountOption::FSName(image.display().to_string()));
     }
     let threads = args.threads.or(parsed.threads).unwrap_or_else(default_threads).max(1);
-    let transport = if parsed.uring {
-        // At least two workers per CPU queue: one that blocks (an fsync) leaves the CPU's other
-        // requests another.
-        let queues = crate::proto::uring::queue_count();
-        Transport::Uring { per_queue: threads.div_ceil(queues).max(2) }
-    } else {
-        Transport::DevFuse
-    };
+    let transport = if parsed.uring { Transport::uring_for(threads) } else { Transport::DevFuse };
     // A slot for every worker, /dev/fuse and ring workers both, so that each one's stuck
     // requests are logged.
-    let ring_workers = match transport {
-        Transport::Uring { per_queue } => crate::proto::uring::queue_count() * per_queue,
-        Transport::DevFuse => 0,
-    };
-    let inflight = Arc::new(Inflight::new(threads + ring_workers));
+    let inflight = Arc::new(Inflight::new(threads + transport.ring_workers()));
     let kernel_acls = parsed.fuse.contains(&MountOption::DefaultPermissions);
     // Idmapped mounts need the kernel to check permissions, and requests from every uid (see
     // `LaneFuse::allow_idmap`).
@@ -584,17 +573,7 @@ fn unmount_path(mp: &Path) {
             let _ = unmount(mp, UnmountFlags::DETACH);
         }
         // Not root: fusermount3 is setuid root and unmounts what this user mounted.
-        Err(_) => {
-            let _ = Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg("--")
-                .arg(mp)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
+        Err(_) => crate::proto::mount::unmount_by_helper(mp),
     }
 }
 

@@ -13,6 +13,16 @@ pub const KERNEL_MINOR_VERSION: u32 = 42;
 pub const IN_HEADER_LEN: usize = 40;
 /// `struct fuse_out_header`: len, error, unique.
 pub const OUT_HEADER_LEN: usize = 16;
+/// `struct fuse_out_header` of a reply whose body is `body_len` bytes (`error`: 0 or a
+/// negative errno; with `unique` 0, a notification's code).
+pub fn out_header(body_len: usize, error: i32, unique: u64) -> [u8; OUT_HEADER_LEN] {
+    let mut h = [0u8; OUT_HEADER_LEN];
+    h[0..4].copy_from_slice(&((OUT_HEADER_LEN + body_len) as u32).to_le_bytes());
+    h[4..8].copy_from_slice(&error.to_le_bytes());
+    h[8..16].copy_from_slice(&unique.to_le_bytes());
+    h
+}
+
 /// The kernel wants a read buffer of at least this many bytes.
 pub const MIN_READ_BUFFER: usize = 8192;
 

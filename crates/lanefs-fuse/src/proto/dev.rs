@@ -57,11 +57,8 @@ impl DevFuse {
 
     /// Writes one reply (or, with `unique` 0, a notification whose code is `error`).
     pub fn write_reply(&self, unique: u64, error: i32, body: &[&[u8]]) -> io::Result<()> {
-        let len = abi::OUT_HEADER_LEN + body.iter().map(|b| b.len()).sum::<usize>();
-        let mut h = [0u8; abi::OUT_HEADER_LEN];
-        h[0..4].copy_from_slice(&(len as u32).to_le_bytes());
-        h[4..8].copy_from_slice(&error.to_le_bytes());
-        h[8..16].copy_from_slice(&unique.to_le_bytes());
+        let body_len = body.iter().map(|b| b.len()).sum::<usize>();
+        let h = abi::out_header(body_len, error, unique);
         // Header plus at most 3 parts: no allocation on the reply path.
         let mut parts = [IoSlice::new(&[]); 4];
         parts[0] = IoSlice::new(&h);
@@ -74,7 +71,7 @@ impl DevFuse {
             n += 1;
         }
         let written = rustix::io::writev(self.file.as_fd(), &parts[..n]).map_err(io::Error::from)?;
-        debug_assert_eq!(written, len, "/dev/fuse takes a reply whole");
+        debug_assert_eq!(written, abi::OUT_HEADER_LEN + body_len, "/dev/fuse takes a reply whole");
         Ok(())
     }
 

@@ -111,17 +111,23 @@ impl Drop for Mounted {
             return;
         }
         if self.by_helper {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z", "--"])
-                .arg(&self.mountpoint)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            unmount_by_helper(&self.mountpoint);
         } else {
             let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
         }
     }
+}
+
+/// `fusermount3 -u -z -- MOUNTPOINT`, quietly: the setuid helper lazily unmounts what this
+/// user mounted (for those who cannot call umount2 themselves).
+pub fn unmount_by_helper(mountpoint: &Path) {
+    let _ = Command::new("fusermount3")
+        .args(["-u", "-z", "--"])
+        .arg(mountpoint)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// Mounts a FUSE file system on `mountpoint`; the descriptor to serve it and the mount.

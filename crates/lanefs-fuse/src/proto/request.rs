@@ -43,6 +43,14 @@ impl Header {
     }
 }
 
+impl Header {
+    /// `body` (what follows the fixed argument) without the extensions the kernel appends to
+    /// a request (`total_extlen` 8-byte units).
+    pub fn without_extensions<'a>(&self, body: &'a [u8]) -> &'a [u8] {
+        &body[..body.len().saturating_sub(self.total_extlen as usize * 8)]
+    }
+}
+
 /// Who asked: what a handler may read of the request's header.
 #[derive(Debug, Clone, Copy)]
 pub struct Request {

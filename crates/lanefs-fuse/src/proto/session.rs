@@ -243,6 +243,30 @@ pub enum Transport {
     Uring { per_queue: usize },
 }
 
+impl Transport {
+    /// FUSE over io_uring where the kernel offers it, for a mount of `threads` workers: at
+    /// least two workers per CPU queue, so that one that blocks (an fsync) leaves the CPU's
+    /// other requests another.
+    pub fn uring_for(threads: usize) -> Transport {
+        Transport::Uring { per_queue: threads.div_ceil(super::uring::queue_count()).max(2) }
+    }
+
+    /// The CPU of each ring worker this transport starts once io_uring is agreed on.
+    fn ring_cpus(&self) -> Vec<usize> {
+        match *self {
+            Transport::Uring { per_queue } => (0..super::uring::queue_count())
+                .flat_map(|q| std::iter::repeat_n(q, per_queue.max(1)))
+                .collect(),
+            Transport::DevFuse => Vec::new(),
+        }
+    }
+
+    /// How many ring workers this transport may start.
+    pub fn ring_workers(&self) -> usize {
+        self.ring_cpus().len()
+    }
+}
+
 /// What the session serves with, once INIT has settled it, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransportInUse {
@@ -333,13 +357,7 @@ impl<F: Filesystem> Session<F> {
         for _ in 1..dev_workers {
             devs.push(Arc::new(self.dev.clone_dev()?));
         }
-        let rings = match (uring, transport) {
-            (true, Transport::Uring { per_queue }) => {
-                let queues = super::uring::queue_count();
-                (0..queues).flat_map(|q| std::iter::repeat_n(q, per_queue.max(1))).collect()
-            }
-            _ => Vec::new(),
-        };
+        let rings = if uring { transport.ring_cpus() } else { Vec::new() };
         let payload = (max_write as usize).max(abi::MIN_READ_BUFFER);
         let fd = std::os::fd::AsRawFd::as_raw_fd(self.dev.as_file());
         let this = &self;
@@ -449,8 +467,7 @@ fn bad(what: &str) -> io::Error {
 /// the rest, without the header and without the extensions at the end.
 fn split<'a>(h: &Header, req: &'a [u8]) -> (&'a [u8], &'a [u8]) {
     let end = (h.len as usize).min(req.len());
-    let body = req.get(abi::IN_HEADER_LEN..end).unwrap_or(&[]);
-    let body = &body[..body.len().saturating_sub(h.total_extlen as usize * 8)];
+    let body = h.without_extensions(req.get(abi::IN_HEADER_LEN..end).unwrap_or(&[]));
     body.split_at(abi::arg_size(h.opcode).min(body.len()))
 }
 

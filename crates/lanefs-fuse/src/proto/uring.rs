@@ -21,7 +21,7 @@
 
 #![allow(unsafe_code)]
 
-use super::abi::{self, Out};
+use super::abi;
 use super::reply::Sink;
 use super::request::Header;
 use io_uring::{cqueue, squeue, IoUring};
@@ -137,7 +137,7 @@ impl RingWorker {
     pub fn run(&mut self, serve: &Serve<'_>) -> io::Result<()> {
         let reply = EntryReply::default();
         let mut r = self.submit(CMD_REGISTER, 0)?;
-        if r < 0 && !matches!(-r, libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED) {
+        if r < 0 && !connection_ended(-r) {
             // Said at once: until every queue has an entry, the kernel serves all through
             // /dev/fuse, slower but whole.
             eprintln!(
@@ -155,8 +155,7 @@ impl RingWorker {
                     let commit_id = self.take_request(&reply, serve);
                     r = self.submit(CMD_COMMIT_AND_FETCH, commit_id)?;
                 }
-                // Unmounted or aborted: the end.
-                libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED => return Ok(()),
+                e if connection_ended(e) => return Ok(()),
                 // The kernel no longer knows the request (it ended it, as it does when the
                 // connection goes down), or refused the command: the entry is out of the ring.
                 // Register it again; a second refusal in a row is the answer.
@@ -185,8 +184,7 @@ impl RingWorker {
         reply.clear();
         if let Some(h) = Header::parse(&hb[..abi::IN_HEADER_LEN]) {
             let arg = &hb[OP_IN..OP_IN + abi::arg_size(h.opcode).min(128)];
-            let rest = self.bufs.payload.get(..payload_sz as usize).unwrap_or(&[]);
-            let rest = &rest[..rest.len().saturating_sub(h.total_extlen as usize * 8)];
+            let rest = h.without_extensions(self.bufs.payload.get(..payload_sz as usize).unwrap_or(&[]));
             reply.unique.set(h.unique);
             serve(&h, arg, rest, reply);
         }
@@ -199,11 +197,14 @@ impl RingWorker {
         let body = reply.body.borrow();
         // Every request on a ring wants an answer; one that got none fails.
         let error = if reply.sent.get() { reply.error.get() } else { -libc::EIO };
+        debug_assert!(body.len() <= self.bufs.payload.len(), "a reply larger than the payload buffer");
         let n = body.len().min(self.bufs.payload.len());
         self.bufs.payload[..n].copy_from_slice(&body[..n]);
-        let mut o = Out::with_capacity(16);
-        o.u32((abi::OUT_HEADER_LEN + n) as u32).i32(error).u64(reply.unique.get());
-        self.bufs.header[..16].copy_from_slice(&o.buf);
+        self.bufs.header[..abi::OUT_HEADER_LEN].copy_from_slice(&abi::out_header(
+            n,
+            error,
+            reply.unique.get(),
+        ));
         self.bufs.header[ENT_IN_OUT + 16..ENT_IN_OUT + 20].copy_from_slice(&(n as u32).to_le_bytes());
     }
 }
@@ -254,6 +255,12 @@ impl Sink for EntryReply {
             b.extend_from_slice(part);
         }
     }
+}
+
+/// Whether a command's errno says the connection is gone (unmounted or aborted; ECANCELED:
+/// the ring's commands cancelled as the connection went down).
+fn connection_ended(errno: i32) -> bool {
+    matches!(errno, libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED)
 }
 
 /// Pins the calling thread to `cpu` (a queue's requests come from that CPU).
