@@ -228,3 +228,60 @@ fn chattr_through_the_mount_sets_flags_the_daemon_enforces() {
     m.umount();
     fsck_clean(&img);
 }
+
+/// ctime and the writeback cache (on by default), in both modes: chattr's ctime shows at once
+/// (the daemon drops the file's cached entry, so the kernel reads the inode afresh), a later
+/// flush of the kernel's own older stamp does not take it back, and what stat shows before an
+/// unmount is what the next mount shows. fstests generic/277 and 079 in short, with a touch
+/// (utime with NULL) of an append-only file allowed and an explicit time refused, though
+/// under the cache the kernel sends the touch's mtime as an explicit time.
+#[test]
+fn chattr_ctime_and_touch_of_an_append_only_file_in_both_cache_modes() {
+    if !fuse_available() {
+        return;
+    }
+    for mode in ["writeback_cache=on", "writeback_cache=off"] {
+        let (_dir, img, mp) = scratch_image();
+        let m = Mounted::daemon(&img, &mp, &["-o", mode]);
+        let ctime = |p: &Path| {
+            let md = fs::metadata(p).unwrap();
+            (md.ctime(), md.ctime_nsec())
+        };
+        // A closed file: the new ctime shows at once.
+        let c = m.mp.join("c");
+        fs::write(&c, b"closed").unwrap();
+        let written = ctime(&c);
+        tick();
+        assert!(chattr("+d", &c).status.success());
+        assert!(ctime(&c) > written, "{mode}: chattr's ctime shows at once: {written:?} -> {:?}", ctime(&c));
+        // A file held open with a dirty page: the kernel's stamp from before the chattr,
+        // flushed by the fsync, does not take the chattr's back, which shows once it is closed.
+        let f = m.mp.join("f");
+        let mut h = OpenOptions::new().create(true).write(true).truncate(true).open(&f).unwrap();
+        io::Write::write_all(&mut h, b"cached").unwrap();
+        let written = ctime(&f);
+        tick();
+        assert!(chattr("+d", &f).status.success());
+        h.sync_all().unwrap();
+        drop(h);
+        let changed = ctime(&f);
+        assert!(changed > written, "{mode}: the chattr's ctime after the flush: {written:?} -> {changed:?}");
+
+        let g = m.mp.join("g");
+        fs::write(&g, b"log").unwrap();
+        assert!(chattr("+a", &g).status.success());
+        let touch = |args: &[&str]| Command::new("touch").args(args).arg(&g).status().expect("touch");
+        assert!(touch(&[]).success(), "{mode}: a touch of an append-only file");
+        assert!(!touch(&["-d", "2001-01-01"]).success(), "{mode}: an explicit time on an append-only file");
+        assert!(!touch(&["-m", "-d", "2001-01-01"]).success(), "{mode}: an explicit mtime");
+        let shown = (ctime(&f), fs::metadata(&g).unwrap().mtime());
+        assert!(shown.1 > 1_000_000_000, "{mode}: the refused times were not set");
+        m.umount();
+
+        let m = Mounted::daemon(&img, &mp, &["-o", mode]);
+        assert_eq!((ctime(&m.mp.join("f")), fs::metadata(m.mp.join("g")).unwrap().mtime()), shown, "{mode}");
+        assert!(chattr("-a", &m.mp.join("g")).status.success());
+        m.umount();
+        fsck_clean(&img);
+    }
+}

@@ -26,8 +26,9 @@
 //! in step with them.
 //!
 //! The kernel's writeback cache is off unless `-o writeback_cache` (or `writeback_cache=on`)
-//! asks for it. With it a buffered write is a copy into the kernel's page cache and no
-//! request; dirty pages come as WRITEs of up to `max_write` bytes at writeback, fsync and close
+//! asks for it. With it a buffered write is a copy into the kernel's page cache and no request
+//! (DWOL 13-19x faster over io_uring, docs/benchmarks.md); dirty pages come as WRITEs of up to
+//! `max_write` bytes at writeback, fsync and close
 //! (the kernel then sends FLUSH on every close, which the adapter answers ENOSYS once so that it
 //! stops; the close still waits for the file's dirty pages to be written back). fsync is correct
 //! with it: the kernel writes the dirty pages back, then the times (SETATTR), then sends FSYNC.
@@ -36,9 +37,14 @@
 //!   ignores the server's (fuse_get_cache_mask). It stamps the times at write(2), direct I/O
 //!   included, and sends them in SETATTR at writeback, fsync and close, so every WRITE goes to
 //!   `Fs::write_keep_times`, which leaves them alone: stamping the time a WRITE arrives would
-//!   change them across a remount (the SIGKILL test saw it). A time the engine changes on its
-//!   own (chattr's ctime, a punched hole's mtime) shows once the kernel reads the inode afresh
-//!   (after it is evicted, or a remount).
+//!   change them across a remount (the SIGKILL test saw it).
+//! - A ctime the kernel flushes never takes back a later one the engine set on a change the
+//!   kernel did not see (`LaneFuse::kernel_ctime`). After a flag change by ioctl (chattr) the
+//!   adapter drops the file's cached entry, so the kernel reads the inode afresh once the
+//!   caller closes it and the new ctime shows at once (fstests generic/277).
+//! - A touch (utime with NULL) comes with its mtime as an explicit time, which append-only
+//!   would refuse; the adapter tells it by the atime's FATTR_ATIME_NOW carrying the same
+//!   reading of the clock (`LaneFuse::times_now`; generic/079).
 //! - Written-back pages start at a page boundary, so an append to an append-only file arrives
 //!   with the bytes before it; the engine takes them if they repeat what the file holds.
 //! - Set-ID bits: with KILLPRIV_V2 the kernel writes through (uncached, with
@@ -46,16 +52,17 @@
 //! - ENOSPC and EIO come from fsync or close, not from write(2), as on NFS.
 //! - The kernel sends LSEEK (SEEK_DATA, SEEK_HOLE) without writing its dirty pages back, so the
 //!   engine could call a hole what the cache holds: LSEEK answers ENOSYS, and the kernel treats
-//!   every byte up to its size as data (correct, but `cp` and `tar` see no holes).
+//!   every byte up to its size as data (correct, but `cp` and `tar` see no holes). Writing the
+//!   pages back first (FUSE_NOTIFY_INVAL_INODE over the range) would make the handler wait for
+//!   WRITEs that need a free worker on the same CPU's queue, and a queue whose workers all wait
+//!   so would hang: not done until that can be bounded.
 //! - A rename or unlink of a regular file sends SETATTR (the ctime the kernel gave it), the
 //!   first stat after a close a GETATTR (st_blocks).
 //!
-//! On 6.18 every pjdfstest case that passes on ext4 passes with it (an older kernel lost 5). It
-//! stays off by default because of what fstests finds with it (9 of the 202 tests of the CI
-//! selection, measured 2026-11-26): generic/277, chattr's ctime not shown; generic/079,
-//! utime(NULL) of an append-only file refused, since the kernel turns "now" into an explicit
-//! time (FATTR_MTIME without FATTR_MTIME_NOW) that append-only must refuse; and seven SEEK_DATA
-//! tests that no longer run (286, 436, 445, 448, 490, 539, 706), from the LSEEK answer above.
+//! On 6.18 every pjdfstest case and every fstests case of the CI selection that passes with the
+//! cache off passes with it on (207 of 207, 2026-11-27). It stays off by default for the LSEEK
+//! answer above alone: with it, sparse files show no holes (a test of `tests/fuse.rs` checks
+//! that they do), and tools that copy sparsely copy them whole.
 //!
 //! ioctls (see `adapter::ioctl`): the shutdown (XFS_IOC_GOINGDOWN, which is also ext4's
 //! EXT4_IOC_SHUTDOWN; its flags are read from the caller, see `caller`), FITRIM, and

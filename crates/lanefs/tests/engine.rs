@@ -871,3 +871,42 @@ fn the_exclusive_phase_is_bounded_by_live_inodes_not_dead_ones_or_log_length() {
         fs.unmount().unwrap();
     }
 }
+
+/// `Fs::name_of` finds an inode's latest name: after a create, a rename into another
+/// directory (found past a batch of the scan), a checkpoint and remount (the directory is kept
+/// with the inode), a rename replayed from the journal after a crash, and none once unlinked.
+#[test]
+fn name_of_finds_the_latest_name_across_renames_remounts_and_replay() {
+    let mut dev = fresh(64 << 20, 1);
+    let opts = || FsOptions { checkpoint_interval: None, ..Default::default() };
+    let fs = mount(&dev, opts());
+    let a = fs.mkdir(ROOT, b"a", 0o755, 0, 0).unwrap().ino;
+    let b = fs.mkdir(ROOT, b"b", 0o755, 0, 0).unwrap().ino;
+    let f = fs.create(a, b"f", 0o644, 0, 0).unwrap().ino;
+    assert_eq!(fs.name_of(f).unwrap(), Some((a, b"f".to_vec())));
+    for n in 0..600 {
+        fs.create(b, format!("filler{n}").as_bytes(), 0o644, 0, 0).unwrap();
+    }
+    fs.rename(a, b"f", b, b"g", 0).unwrap();
+    assert_eq!(fs.name_of(f).unwrap(), Some((b, b"g".to_vec())));
+    assert_eq!(fs.name_of(a).unwrap(), Some((ROOT, b"a".to_vec())), "a directory's name");
+    assert_eq!(fs.name_of(ROOT).unwrap(), None, "the root has none");
+    fs.unmount().unwrap();
+
+    let fs = mount(&dev, opts());
+    assert_eq!(fs.name_of(f).unwrap(), Some((b, b"g".to_vec())), "kept across a remount");
+    fs.rename(b, b"g", a, b"h", 0).unwrap();
+    fs.fsync(f, false).unwrap();
+    fs.fsync(a, false).unwrap();
+    std::mem::forget(fs); // a crash: only the journal has the rename
+    dev.crashed();
+
+    let fs = mount(&dev, opts());
+    assert_eq!(fs.name_of(f).unwrap(), Some((a, b"h".to_vec())), "replayed");
+    fs.link(f, ROOT, b"second").unwrap();
+    assert_eq!(fs.name_of(f).unwrap(), Some((ROOT, b"second".to_vec())), "the latest link");
+    fs.unlink(ROOT, b"second").unwrap();
+    assert_eq!(fs.name_of(f).unwrap(), None, "no name left in its latest directory");
+    fs.unmount().unwrap();
+    fsck_clean(&dev);
+}

@@ -43,6 +43,7 @@ use crate::proto::{
 };
 use convert::{errno, generation, name, time_or_now, NO_ENTRY};
 use dir::DirHandles;
+use lanefs::format::node::Timespec;
 use lanefs::fs_seek::Seek;
 use lanefs::{Attr, FileKind, Fs, InodeFlags, SetAttr};
 use process::ReqCaller;
@@ -76,6 +77,10 @@ pub struct LaneFuse {
     transport: Arc<OnceLock<String>>,
     ttl: Ttl,
 }
+
+/// How long an ioctl's handler waits for the drop of the file's cached entry
+/// (`LaneFuse::drop_cached_entry`) before it replies anyway.
+const ENTRY_DROP_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl LaneFuse {
     /// Serves `fs`; `writeback_cache` asks the kernel to cache writes (see the crate docs);
@@ -137,12 +142,72 @@ impl LaneFuse {
         self.transport.clone()
     }
 
+    /// Whether a SETATTR sets the times it names to the current time (utime with NULL, touch),
+    /// which an append-only file allows and explicit times it refuses. Without the writeback
+    /// cache the kernel says so with FATTR_ATIME_NOW and FATTR_MTIME_NOW. With it the kernel owns
+    /// a regular file's mtime and sends "now" for it as an explicit time, its own reading of the
+    /// clock (fs/fuse/dir.c, `iattr_to_fattr` with `trust_local_cmtime`), while the atime still
+    /// comes as FATTR_ATIME_NOW with that same reading: an mtime equal to it is that "now". The
+    /// one call this mistakes for a touch is utimensat with UTIME_NOW for the atime and an
+    /// explicit mtime equal to the kernel's clock to the nanosecond.
+    fn times_now(&self, s: &SetattrIn) -> bool {
+        let atime_now = s.atime.as_ref().is_none_or(|t| matches!(t, TimeOrNow::Now));
+        let mtime_now = match s.mtime {
+            None | Some(TimeOrNow::Now) => true,
+            Some(TimeOrNow::Specific(m)) => {
+                self.writeback_cache_on && s.atime == Some(TimeOrNow::Now) && m == s.atime_sent
+            }
+        };
+        atime_now && mtime_now
+    }
+
+    /// The ctime to keep when the kernel sends `sent`. Only its writeback cache sends one: the
+    /// stamp it keeps for a regular file, flushed at writeback, fsync and close. That stamp
+    /// predates any change the kernel did not see (chattr, which reaches the daemon as an
+    /// ioctl), and taking it would move the ctime back across such a change: the later of the
+    /// two stands. Both clocks are the coarse real-time clock, and the kernel stamps the
+    /// operations it knows after their replies, so for those its stamp is the later one.
+    fn kernel_ctime(&self, ino: u64, sent: Timespec) -> Timespec {
+        match self.fs.getattr(ino) {
+            Ok(a) if a.ctime > sent => a.ctime,
+            _ => sent,
+        }
+    }
+
     /// Drops the kernel's cached attributes of `ino` (not its pages: offset -1, so it takes
     /// no lock of the inode, which the kernel holds while it waits for a FUSE_IOCTL). A flag
     /// change by ioctl changes the ctime, and the kernel refreshes nothing after a FUSE_IOCTL.
     fn attributes_changed(&self, ino: u64) {
-        if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(INodeNo(ino), -1, 0);
+        let Some(n) = self.notifier.get() else { return };
+        let _ = n.inval_inode(INodeNo(ino), -1, 0);
+        if self.writeback_cache_on && self.fs.getattr(ino).is_ok_and(|a| a.kind == FileKind::File) {
+            self.drop_cached_entry(n, ino);
+        }
+    }
+
+    /// With the writeback cache the kernel keeps a regular file's ctime itself and ignores the
+    /// daemon's while it holds the inode (`fuse_get_cache_mask`), so a change it did not make
+    /// (flags set by ioctl) would not show until the inode leaves its cache. Dropping the
+    /// file's entry makes that happen: the kernel evicts a FUSE inode as soon as nothing holds
+    /// it (`generic_delete_inode`), here when the caller closes the file, and the next lookup
+    /// reads it afresh.
+    ///
+    /// Dropping an entry takes the directory's lock, and the kernel holds the file's own lock
+    /// while it waits for this FUSE_IOCTL: a rename or unlink of the file that holds the
+    /// directory's lock and waits for the file's would deadlock with a drop sent before the
+    /// reply. So a thread of its own sends it, and the handler waits for it at most
+    /// `ENTRY_DROP_WAIT`: long enough to order it before the reply whenever the directory is
+    /// not locked, bounded so that the reply always goes.
+    fn drop_cached_entry(&self, n: &Notifier, ino: u64) {
+        let Ok(Some((parent, name))) = self.fs.name_of(ino) else { return };
+        let n = n.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new().name("lanefs-inval".into()).spawn(move || {
+            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
+            let _ = tx.send(());
+        });
+        if spawned.is_ok() {
+            let _ = rx.recv_timeout(ENTRY_DROP_WAIT);
         }
     }
 
@@ -264,16 +329,15 @@ impl Filesystem for LaneFuse {
 
     fn setattr(&self, req: &Request, ino: INodeNo, s: &SetattrIn, reply: ReplyAttr) {
         let _busy = self.inflight.enter(Op::Setattr, ino.0, req.pid());
-        let now = |t: &Option<TimeOrNow>| t.as_ref().is_none_or(|t| matches!(t, TimeOrNow::Now));
         let a = SetAttr {
             mode: s.mode,
             uid: s.uid,
             gid: s.gid,
             size: s.size,
-            times_now: now(&s.atime) && now(&s.mtime),
+            times_now: self.times_now(s),
             atime: s.atime.map(time_or_now),
             mtime: s.mtime.map(time_or_now),
-            ctime: s.ctime,
+            ctime: s.ctime.map(|c| self.kernel_ctime(ino.0, c)),
         };
         // The kernel asks us to drop set-ID bits on a truncate by a caller without CAP_FSETID and
         // on every chown (FATTR_KILL_SUIDGID): the engine applies the kernel's own rule for the

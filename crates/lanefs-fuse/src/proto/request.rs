@@ -104,6 +104,10 @@ pub struct SetattrIn {
     pub atime: Option<TimeOrNow>,
     pub mtime: Option<TimeOrNow>,
     pub ctime: Option<Timespec>,
+    /// The atime field as sent, whatever the flags: with FATTR_ATIME_NOW it is the kernel's
+    /// own reading of the clock, which the adapter compares with an explicit mtime to tell a
+    /// touch under the writeback cache (see `LaneFuse::setattr`).
+    pub atime_sent: Timespec,
     pub fh: Option<u64>,
     /// FATTR_KILL_SUIDGID: the kernel asks the server to drop set-ID bits (a truncate by a
     /// caller without CAP_FSETID, a chown), under FUSE_HANDLE_KILLPRIV_V2.
@@ -444,6 +448,7 @@ fn setattr(a: &mut Bytes<'_>) -> Option<SetattrIn> {
         atime: t(fattr::ATIME, fattr::ATIME_NOW, atime, atimensec),
         mtime: t(fattr::MTIME, fattr::MTIME_NOW, mtime, mtimensec),
         ctime: has(fattr::CTIME).then(|| time(ctime, ctimensec)),
+        atime_sent: time(atime, atimensec),
         fh: has(fattr::FH).then_some(fh),
         kill_suidgid: has(fattr::KILL_SUIDGID),
     })
@@ -508,6 +513,7 @@ mod tests {
         assert_eq!(s.atime, Some(TimeOrNow::Specific(Timespec { sec: 10, nsec: 1 })));
         assert_eq!(s.mtime, Some(TimeOrNow::Now));
         assert_eq!(s.ctime, Some(Timespec { sec: 30, nsec: 3 }));
+        assert_eq!(s.atime_sent, Timespec { sec: 10, nsec: 1 });
         assert!(s.kill_suidgid);
     }
 

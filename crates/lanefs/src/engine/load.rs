@@ -126,8 +126,10 @@ impl Engine {
                     ));
                 }
             }
-            m.parent.store(inode.parent, Ordering::Relaxed);
         }
+        // A directory's "..", and for any inode the directory of its latest name
+        // (`Fs::name_of`).
+        m.parent.store(inode.parent, Ordering::Relaxed);
         Ok(m)
     }
 

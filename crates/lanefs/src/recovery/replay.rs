@@ -115,8 +115,9 @@ impl Engine {
             sm.map.update(src_name, |_| (Some((de.ino, de.file_type)), ()));
             dm.map.update(dst_name, |_| (Some((se.ino, se.file_type)), ()));
             if let Ok(other) = self.mnode(*replaced) {
+                // Every inode keeps the directory of its latest name (`Fs::name_of`).
+                other.parent.store(*src_dir, Ordering::Relaxed);
                 if other.is_dir() && src_dir != dst_dir {
-                    other.parent.store(*src_dir, Ordering::Relaxed);
                     dd.add_nlink(-1);
                     sd.add_nlink(1);
                 }
@@ -135,8 +136,8 @@ impl Engine {
                 self.replay_new_inode(&sd, src_name, w.ino, &w.attr, &[]);
             }
         }
+        src.parent.store(*dst_dir, Ordering::Relaxed);
         if src.is_dir() && src_dir != dst_dir {
-            src.parent.store(*dst_dir, Ordering::Relaxed);
             sd.add_nlink(-1);
             dd.add_nlink(1);
         }
