@@ -55,6 +55,7 @@ use std::sync::Arc;
 use types::kind_of_dtype;
 
 mod handle;
+mod tmpfile;
 mod types;
 
 pub use handle::Handle;
