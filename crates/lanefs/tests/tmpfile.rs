@@ -8,6 +8,8 @@ use lanefs::fsck::{check, FsckOptions};
 use lanefs::{Fs, FsOptions, Handle, Ino, MkfsOptions, New, ROOT};
 use std::sync::Arc;
 
+mod region;
+
 fn opts() -> FsOptions {
     FsOptions { checkpoint_interval: None, journal_blocks_limit: 64, ..Default::default() }
 }
@@ -381,4 +383,49 @@ fn threads_link_tmpfiles_into_one_directory() {
     let fs = mount(&dev);
     check_all(&fs, "remounted");
     fs.unmount().unwrap();
+}
+
+/// With region journals (`--nvm`): a tmpfile linked and fsynced, and one a checkpoint took
+/// unnamed and that was linked and fsynced after, both come back from the region's journals
+/// after a crash; one never linked does not.
+#[test]
+fn linked_tmpfiles_come_back_from_region_journals_after_a_crash() {
+    let scratch = region::scratch();
+    let (nvm, copy) = (scratch.path().join("r.nvm"), scratch.path().join("copy.nvm"));
+    let mem = Arc::new(region::image());
+    let fs = Fs::open(mem.clone() as Arc<dyn BlockDevice>, region::opts(Some(&nvm))).unwrap();
+    let d = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    let a = tmp(&fs, d);
+    let da = pattern(40_000, 1);
+    a.write_at(0, &da).unwrap();
+    fs.link(a.ino(), d, b"a").unwrap();
+    a.fsync(false).unwrap();
+    let b = tmp(&fs, d);
+    let mut db = pattern(30_000, 2);
+    b.write_at(0, &db).unwrap();
+    let c = tmp(&fs, d);
+    c.write_at(0, &pattern(8000, 3)).unwrap();
+    fs.sync().unwrap();
+    let more = pattern(6000, 4);
+    b.write_at(28_000, &more).unwrap();
+    db.resize(34_000, 0);
+    db[28_000..].copy_from_slice(&more);
+    fs.link(b.ino(), d, b"b").unwrap();
+    b.fsync(false).unwrap();
+    // The crash: the device and the region as they are now.
+    let img = mem.snapshot();
+    std::fs::copy(&nvm, &copy).unwrap();
+    let c_ino = c.ino();
+    drop((a, b, c));
+    fs.unmount().unwrap();
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let fs = Fs::open(dev.clone() as Arc<dyn BlockDevice>, region::opts(Some(&copy))).unwrap();
+    assert!(fs.recovery().transactions > 0, "{:?}", fs.recovery());
+    assert_eq!(read_all(&fs, "/d/a"), da);
+    assert_eq!(read_all(&fs, "/d/b"), db);
+    assert_eq!(names(&fs, d), ["a", "b"]);
+    assert!(fs.getattr(c_ino).is_err(), "the unnamed one is gone");
+    fs.unmount().unwrap();
+    let r = check(&*dev, &FsckOptions { nvm: Some(copy), ..Default::default() }).unwrap();
+    assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 }
