@@ -96,6 +96,17 @@ fn o_tmpfile_is_named_by_linkat_and_o_excl_keeps_it_unnamed() {
     let names: Vec<_> = fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["named"]);
 
+    // In a set-group-ID directory it takes the directory's group, as a create does.
+    let g = m.mp.join("g");
+    fs::create_dir(&g).unwrap();
+    std::os::unix::fs::chown(&g, None, Some(4321)).unwrap();
+    fs::set_permissions(&g, std::os::unix::fs::PermissionsExt::from_mode(0o2777)).unwrap();
+    let t = open_tmpfile(&g, libc::O_RDWR).unwrap();
+    assert_eq!(t.metadata().unwrap().gid(), 4321);
+    link_fd(&t, &g.join("t")).unwrap();
+    drop(t);
+    assert_eq!(fs::metadata(g.join("t")).unwrap().gid(), 4321);
+
     m.umount();
     fsck_clean_when(&img, "after the unmount");
     let m = Mounted::daemon(&img, &mp, &[]);
