@@ -58,7 +58,7 @@ ops! {
     Readdir = "READDIR", Readdirplus = "READDIRPLUS", Fsyncdir = "FSYNCDIR", Statfs = "STATFS", Setxattr = "SETXATTR", Getxattr = "GETXATTR",
     Listxattr = "LISTXATTR", Removexattr = "REMOVEXATTR", Access = "ACCESS", Create = "CREATE",
     Fallocate = "FALLOCATE", Lseek = "LSEEK", CopyFileRange = "COPY_FILE_RANGE", Ioctl = "IOCTL",
-    Statx = "STATX",
+    Statx = "STATX", Tmpfile = "TMPFILE",
     // Counted only (see `Inflight::count`): they cannot wait on anything.
     Forget = "FORGET", Flush = "FLUSH", Releasedir = "RELEASEDIR",
 }

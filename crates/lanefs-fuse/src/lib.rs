@@ -15,6 +15,10 @@
 //! answered with FOPEN_DIRECT_IO and FOPEN_PARALLEL_DIRECT_WRITES, so that writers of disjoint
 //! ranges of one file meet only in the engine's range lock.
 //!
+//! open(2) with O_TMPFILE comes as FUSE_TMPFILE (protocol 7.34 on; nothing at INIT turns it
+//! on or off) and is answered as a create, for a file with no name (`Fs::tmpfile_open`);
+//! linkat(2) names it with a LINK. The kernel refuses that link itself for O_EXCL.
+//!
 //! Every close skips the FLUSH round trip (FOPEN_NOFLUSH: writes reach the engine as they are
 //! made). FUSE_HANDLE_KILLPRIV_V2 makes the server drop set-ID bits on a write, truncate,
 //! fallocate or chown (the engine applies the kernel's rule for the request's process), and lets

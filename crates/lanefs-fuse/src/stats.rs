@@ -13,8 +13,8 @@
 //! `CREATE`, ...). Counts run from the mount on. FORGET counts inodes forgotten: the session
 //! hands a BATCH_FORGET to the adapter one inode at a time. Reading the counters is not
 //! counted. Not counted either: INIT, DESTROY and INTERRUPT, and the opcodes the session
-//! answers with ENOSYS itself before the adapter sees them (TMPFILE, SYNCFS, ...: the
-//! kernel then stops sending most of them).
+//! answers with ENOSYS itself before the adapter sees them (SYNCFS, ...: the kernel then
+//! stops sending most of them).
 //!
 //! A second attribute, `lanefs.engine`, holds what the engine counts since the mount, as
 //! `key value` lines in a fixed order: checkpoints made durable, the longest time a

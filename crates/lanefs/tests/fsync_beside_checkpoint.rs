@@ -12,7 +12,9 @@
 //! checkpoint's bridge instead of waiting for it. A third holds the checkpoint at its first
 //! data write, before it installed the files: their fsyncs install them themselves (Son's
 //! cooperative checkpoint, `cp_helped`). A fourth runs fsyncs against checkpoints taken back to
-//! back, then checks a crash image and a clean remount. Every recovered image passes fsck.
+//! back, then checks a crash image and a clean remount. A fifth links and fsyncs an O_TMPFILE
+//! file the checkpoint captured with no name, which must wait for it rather than journal its
+//! bridge. Every recovered image passes fsck.
 
 use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq};
 use lanefs::fsck::{check, FsckOptions};
@@ -549,4 +551,52 @@ fn fsyncs_against_back_to_back_checkpoints_keep_every_fsynced_byte() {
     // And a clean remount of the image as the run left it.
     Arc::into_inner(fs).expect("the only handle").unmount().unwrap();
     check_image(mem.snapshot(), &with_last, "clean remount");
+}
+
+/// An O_TMPFILE file the checkpoint captured with no name, linked and fsynced while the
+/// checkpoint is held: its name's record is a `Create` stamped after the checkpoint's snapshot,
+/// so a bridge (stamped at the snapshot) would replay before the inode exists on the previous
+/// checkpoint. Its fsync must not count as durable before the checkpoint is: whenever it
+/// returns, a crash image taken then holds its name and bytes.
+#[test]
+fn a_tmpfile_captured_unnamed_and_linked_during_the_write_phase_keeps_its_fsynced_bytes() {
+    let (dev, fs) = held_fs();
+    let d = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
+    fs.sync().unwrap();
+    let (_, h) = fs.tmpfile(d, &lanefs::New { mode: 0o600, ..Default::default() }).unwrap();
+    let first = content("t", 1, 30_000);
+    h.write_at(0, &first).unwrap();
+    // Captured with no name (an orphan) and its pages, then held at its metadata.
+    let cp = dev.hold_checkpoint(&fs);
+    let more = content("t", 2, 7000);
+    h.write_at(20_000, &more).unwrap();
+    let mut want = first.clone();
+    want[20_000..27_000].copy_from_slice(&more);
+    fs.link(h.ino(), d, b"t").unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let h = Arc::new(h);
+    let syncer = {
+        let (h, done) = (h.clone(), done.clone());
+        std::thread::spawn(move || {
+            h.fsync(false).unwrap();
+            done.store(true, Ordering::Release);
+        })
+    };
+    // Time to return if it would; the image is taken only if it did.
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while !done.load(Ordering::Acquire) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let during = done.load(Ordering::Acquire).then(|| dev.inner.snapshot());
+    dev.set(Hold::Released);
+    cp.join().unwrap();
+    syncer.join().unwrap();
+    let after = dev.inner.snapshot();
+    let durable: Durable = [("/d/t".to_string(), want)].into_iter().collect();
+    if let Some(img) = during {
+        check_image(img, &durable, "fsync returned while the checkpoint was held");
+    }
+    check_image(after, &durable, "after the checkpoint");
+    drop(h);
+    Arc::try_unwrap(fs).ok().expect("one owner").unmount().unwrap();
 }

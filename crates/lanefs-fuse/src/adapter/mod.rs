@@ -713,6 +713,29 @@ impl Filesystem for LaneFuse {
         }
     }
 
+    fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let _busy = self.inflight.enter(Op::Tmpfile, parent.0, req.pid());
+        // As a create's: owner and group (a set-group-ID directory's), umask or default ACL.
+        // The kernel checked write and search on the directory, and keeps O_EXCL itself (it
+        // never links a file opened so).
+        let (uid, gid, mode) = match self.new_owner(req, parent, libc::S_IFREG | (mode & 0o7777)) {
+            Ok(o) => o,
+            Err(e) => return reply.error(e),
+        };
+        let new = lanefs::New { mode, rdev: 0, uid, gid, umask: self.umask(umask) };
+        match self.fs.tmpfile_open(parent.0, &new) {
+            // The open count it carries is the handle's: RELEASE gives it back.
+            Ok(a) => reply.created(
+                &self.ttl.cache,
+                &file_attr(&a),
+                generation(&a),
+                FileHandle(0),
+                Self::open_flags(flags),
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
     fn fallocate(
         &self,
         req: &Request,

@@ -66,6 +66,9 @@ pub mod opcode {
     pub const RENAME2: u32 = 45;
     pub const LSEEK: u32 = 46;
     pub const COPY_FILE_RANGE: u32 = 47;
+    /// open(2) with O_TMPFILE (protocol 7.34 on): CREATE's body and reply, for a file with no
+    /// name (the kernel sends its dentry's, "/").
+    pub const TMPFILE: u32 = 51;
     pub const STATX: u32 = 52;
 }
 
@@ -92,7 +95,7 @@ pub fn arg_size(op: u32) -> usize {
         GETXATTR | LISTXATTR => 8,
         INIT => 64,
         ACCESS => 8,
-        CREATE => 16,
+        CREATE | TMPFILE => 16,
         INTERRUPT => 8,
         IOCTL => 32,
         BATCH_FORGET => 8,

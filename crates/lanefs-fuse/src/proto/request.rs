@@ -248,6 +248,13 @@ pub enum Op<'a> {
         umask: u32,
         flags: i32,
     },
+    /// An O_TMPFILE open of the directory `nodeid`; the name the kernel sends is no name the
+    /// file gets, and is dropped.
+    Tmpfile {
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    },
     Interrupt,
     Destroy,
     Ioctl {
@@ -383,6 +390,11 @@ fn decode_op<'a>(op: u32, a: &mut Bytes<'a>, r: &mut Bytes<'a>) -> Option<Op<'a>
             let (flags, mode, umask) = (a.u32()? as i32, a.u32()?, a.u32()?);
             Op::Create { name: os(r.name()?), mode, umask, flags }
         }
+        TMPFILE => {
+            let (flags, mode, umask) = (a.u32()?, a.u32()?, a.u32()?);
+            r.name()?;
+            Op::Tmpfile { mode, umask, flags: flags as i32 }
+        }
         INTERRUPT => Op::Interrupt,
         DESTROY => Op::Destroy,
         IOCTL => {
@@ -496,6 +508,24 @@ mod tests {
         );
         assert_eq!(decode(&h, &a.buf, b"abc"), Err(Malformed), "fewer bytes than the size says");
         assert_eq!(decode(&header(9999), &[], &[]), Ok(Op::Unknown));
+    }
+
+    #[test]
+    fn tmpfile_reads_create_in_and_drops_the_name() {
+        let h = header(opcode::TMPFILE);
+        let mut a = Out::default();
+        a.u32((libc::O_TMPFILE | libc::O_RDWR) as u32).u32(0o100600).u32(0o022).u32(0);
+        assert_eq!(a.buf.len(), abi::arg_size(opcode::TMPFILE));
+        assert_eq!(
+            decode(&h, &a.buf, b"/\0"),
+            Ok(Op::Tmpfile { mode: 0o100600, umask: 0o022, flags: libc::O_TMPFILE | libc::O_RDWR })
+        );
+        assert_eq!(decode(&h, &a.buf, b"/"), Err(Malformed), "the name's NUL is missing");
+        assert_eq!(decode(&h, &a.buf, b""), Err(Malformed), "no name");
+        // flags, mode and umask are what it reads of the 16 bytes.
+        for short in 0..12 {
+            assert_eq!(decode(&h, &a.buf[..short], b"/\0"), Err(Malformed), "{short} argument bytes");
+        }
     }
 
     #[test]

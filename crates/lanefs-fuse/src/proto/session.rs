@@ -117,6 +117,9 @@ pub trait Filesystem: Send + Sync {
         flags: i32,
         reply: ReplyCreate,
     );
+    /// open(2) of directory `parent` with O_TMPFILE: a regular file with no name, answered as
+    /// a create (its entry and its open handle).
+    fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate);
     fn fallocate(
         &self,
         req: &Request,
@@ -539,6 +542,9 @@ fn dispatch<F: Filesystem>(fs: &F, req: &Request, op: Op<'_>, rest: &[u8], sink:
         Op::Access { mask } => fs.access(req, ino, mask, ReplyEmpty::new(u, sink)),
         Op::Create { name, mode, umask, flags } => {
             fs.create(req, ino, name, mode, umask, flags, ReplyCreate::new(u, sink))
+        }
+        Op::Tmpfile { mode, umask, flags } => {
+            fs.tmpfile(req, ino, mode, umask, flags, ReplyCreate::new(u, sink))
         }
         // Requests are not cancelled: each finishes, and the kernel drops an answer it no
         // longer wants.

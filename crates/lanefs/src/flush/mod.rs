@@ -136,6 +136,12 @@ impl Engine {
             return Ok(());
         }
         self.check_writable()?;
+        if m.linkable.load(Ordering::Acquire) {
+            // An O_TMPFILE inode no link named yet: a crash drops it whatever is journaled,
+            // and records for it now would be replayed before its name's `Create` makes it,
+            // to nothing. Its changes stay pending for the fsync after its link.
+            return Ok(());
+        }
         let gate = self.enter_flush(m, true)?;
         // An access time changed by a read is an attribute change for fsync, not for fdatasync
         // (as ext4: it dirties the inode, not its data). The gate keeps the checkpoint's

@@ -56,6 +56,7 @@ use types::kind_of_dtype;
 
 mod handle;
 mod names;
+mod tmpfile;
 mod types;
 
 pub use handle::Handle;

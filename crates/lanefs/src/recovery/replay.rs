@@ -67,9 +67,35 @@ impl Engine {
     /// A create: the new inode and its name, unless either exists already.
     fn replay_create(&self, r: &Record, dir: u32, name: &[u8], ino: u32, attr: &InodeAttr, symlink: &[u8]) {
         let Ok(d) = self.dir_mnode(dir) else { return };
-        if self.replay_new_inode(&d, name, ino, attr, symlink) {
+        if self.replay_new_inode(&d, name, ino, attr, symlink) || self.replay_adopt(&d, name, ino, attr) {
             self.replayed(&d, r);
         }
+    }
+
+    /// The first link of an O_TMPFILE inode that the checkpoint holds as an orphan (taken
+    /// before the link; `mem::ops::tmpfile`): the orphan gets the name and keeps what the
+    /// checkpoint wrote, and the transaction's later records bring it up to date. No other
+    /// create names an inode the checkpoint has: a created inode's number was free in it.
+    fn replay_adopt(&self, d: &MNode, name: &[u8], ino: u32, attr: &InodeAttr) -> bool {
+        let dm = d.dir().expect("dir");
+        if dm.map.lookup(name).is_some() || !self.cp.lock().cp.orphans.contains(&ino) {
+            return false;
+        }
+        let Ok(m) = self.mnode(ino) else { return false };
+        if m.file_type != attr.mode & crate::format::node::S_IFMT || m.is_dir() {
+            return false;
+        }
+        {
+            let mut meta = m.meta.lock();
+            if meta.nlink != 0 {
+                return false;
+            }
+            meta.nlink = 1;
+        }
+        m.parent.store(d.ino, Ordering::Relaxed);
+        let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
+        self.mark_dirty(&m);
+        true
     }
 
     /// A hard link: one more name, and one more link, for an inode that exists.

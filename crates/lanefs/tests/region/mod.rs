@@ -1,4 +1,5 @@
-//! Set-up shared by the tests of the persistent-memory region (`nvm.rs`, `nvm_journal.rs`):
+//! Set-up shared by the tests of the persistent-memory region (`nvm.rs`, `nvm_journal.rs`,
+//! `tmpfile.rs`):
 //! scratch directories in /dev/shm, mount options with a small region, a fresh image, and file
 //! contents derived from a seed.
 

@@ -454,9 +454,12 @@ impl Engine {
 
     /// Whether fsyncs of `m` during a checkpoint's write phase journal a bridge
     /// (`mem::mnode::Bridge`) instead of waiting for the checkpoint to be durable: regular
-    /// files, without region journals (which fence every fsync off anyway: `CpState::fence`).
+    /// files, without region journals (which fence every fsync off anyway: `CpState::fence`),
+    /// not made by O_TMPFILE (`MNode::unnamed_birth`).
     pub(crate) fn bridges(&self, m: &MNode) -> bool {
-        m.file_type == crate::mem::mnode::S_IFREG && self.nvm_log.is_none()
+        m.file_type == crate::mem::mnode::S_IFREG
+            && self.nvm_log.is_none()
+            && !m.unnamed_birth.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Writes the xattr node when the set changed (or the cleaner moves its blocks); returns

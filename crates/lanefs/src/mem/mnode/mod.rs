@@ -125,6 +125,14 @@ pub struct MNode {
     /// could find a page clean because a concurrent one took it, and return before that
     /// transaction is durable (or replay after it under a later stamp with older contents).
     pub fsync_order: Mutex<()>,
+    /// Made by O_TMPFILE and never linked since: the one inode with no links that may gain a
+    /// name (Linux's I_LINKABLE). Memory only: a crash drops the inode anyway.
+    pub linkable: AtomicBool,
+    /// Made by O_TMPFILE (stays set once linked). Its name's record is a `Create` stamped at
+    /// its link, after any checkpoint that took it unnamed; a checkpoint's bridge, stamped at
+    /// that checkpoint, would replay before the inode exists, so its fsyncs wait for the
+    /// checkpoint instead (`Engine::bridges`).
+    pub unnamed_birth: AtomicBool,
 }
 
 pub fn ts_to_ns(t: Timespec) -> i64 {
@@ -202,6 +210,8 @@ impl MNode {
             lazy_queued: AtomicBool::new(false),
             preallocated: AtomicBool::new(false),
             fsync_order: Mutex::new(Rank::FsyncOrder, ()),
+            linkable: AtomicBool::new(false),
+            unnamed_birth: AtomicBool::new(false),
         }
     }
 

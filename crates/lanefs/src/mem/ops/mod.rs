@@ -28,6 +28,7 @@ use std::sync::Arc;
 mod attr;
 mod data;
 mod namespace;
+mod tmpfile;
 
 /// Largest file size in bytes.
 pub const MAX_FILE_SIZE: u64 = MAX_FILE_BLOCKS * BLOCK_SIZE as u64;

@@ -253,34 +253,53 @@ impl Engine {
         let (ino, parent) = (m.ino, d.ino);
         refuse(d.iflags(), InodeFlags::IMMUTABLE, "link into a directory")?;
         let dir = d.dir().expect("dir");
-        {
+        // An O_TMPFILE inode's first name: its create as far as the journal knows.
+        let first = {
             let meta = m.meta.lock();
             if meta.nlink == 0 {
-                return Err(enoent("inode was removed"));
-            }
-            if meta.nlink >= u32::MAX - 1 {
+                // Unlinked names stay gone (Linux refuses them unless I_LINKABLE); the swap
+                // claims the one first link against a concurrent one.
+                if !m.linkable.swap(false, Ordering::AcqRel) {
+                    return Err(enoent("inode was removed"));
+                }
+                Some((m.attr_record(&meta), Self::acls_of(&meta)))
+            } else if meta.nlink >= u32::MAX - 1 {
                 return Err(Error::errno(libc::EMLINK, "too many links"));
+            } else {
+                None
             }
-        }
+        };
         let dtype = dtype_of(m.file_type);
-        dir.map.update(name, |old| {
+        let r = dir.map.update(name, |old| {
             if let Some(refused) = refuse_new_name(dir, name, old) {
                 return refused;
             }
             let op = self.inflight.begin();
             let stamp = self.clock.stamp_of(op.timestamp());
             m.note_pending(parent, 1);
-            dir.log.push(LoggedOp::new(Record::Link {
-                stamp,
-                dir: parent,
-                name: name.to_vec(),
-                ino,
-                file_type: dtype,
-            }));
+            match &first {
+                Some((attr, acls)) => {
+                    dir.log.push_all(Self::tmpfile_link_records(stamp, parent, name, ino, *attr, acls));
+                    // Named now, so no orphan; under the shard lock, before an unlink of the
+                    // new name could put it back on the list.
+                    self.orphans.lock().remove(&ino);
+                }
+                None => dir.log.push(LoggedOp::new(Record::Link {
+                    stamp,
+                    dir: parent,
+                    name: name.to_vec(),
+                    ino,
+                    file_type: dtype,
+                })),
+            }
             m.add_nlink(1);
             drop(op);
             (Some((ino, dtype)), Ok(()))
-        })?;
+        });
+        if r.is_err() && first.is_some() {
+            m.linkable.store(true, Ordering::Release);
+        }
+        r?;
         let t = now();
         m.touch_ctime(t);
         d.touch(t);
