@@ -48,6 +48,7 @@ pub mod sync;
 
 pub use error::{Error, Result};
 pub use fs::{
-    AtimeMode, AtimePolicy, Attr, Caller, DirEntry, FileKind, Fs, FsOptions, Handle, Ino, InodeFlags,
-    IoStats, Listing, MkfsOptions, New, Privileged, SetAttr, StatFs, TrimRange, ROOT,
+    AtimeMode, AtimePolicy, Attr, Caller, DirEntry, FallocMode, FileKind, Fs, FsOptions, Handle, Ino,
+    InodeFlags, IoStats, Listing, MkfsOptions, New, Privileged, RenameFlags, SetAttr, StatFs, TrimRange,
+    XattrFlags, ROOT,
 };

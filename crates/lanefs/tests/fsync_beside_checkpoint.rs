@@ -310,7 +310,8 @@ fn fsyncs_of_captured_files_finish_while_the_checkpoint_is_held_and_recover_on_e
                 }
                 // Attributes only.
                 _ => {
-                    fs.setxattr(ino, b"user.k", format!("v{i}").as_bytes(), 0).unwrap();
+                    fs.setxattr(ino, b"user.k", format!("v{i}").as_bytes(), lanefs::XattrFlags::empty())
+                        .unwrap();
                     fs.setattr(ino, &lanefs::SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
                 }
             }

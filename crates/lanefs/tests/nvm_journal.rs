@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 mod region;
+use lanefs::FallocMode;
 use region::{data, image, opts, scratch};
 
 /// Every entry of the directories `dirs`: path -> (contents (none for a directory), permission
@@ -302,7 +303,7 @@ fn a_crash_at_every_region_event_of_a_run_of_fsyncs() {
         (
             "rename",
             Box::new(|fs: &Fs| {
-                fs.rename(dn, b"f2", en, b"h", 0).unwrap();
+                fs.rename(dn, b"f2", en, b"h", lanefs::RenameFlags::empty()).unwrap();
                 fs.fsync(en, false).unwrap();
             }),
         ),
@@ -462,8 +463,7 @@ fn a_punched_page_that_was_only_logged_inline_stays_a_hole() {
         fs.write_at(f, 0, &data(7, 3 * 4096)).unwrap();
         fs.fsync(f, false).unwrap();
         assert_eq!(fs.io_stats().journal_bytes, 0, "the pages went inline, not to the device");
-        fs.fallocate(f, lanefs::fs::FALLOC_FL_PUNCH_HOLE | lanefs::fs::FALLOC_FL_KEEP_SIZE, 4096, 4096)
-            .unwrap();
+        fs.fallocate(f, FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE, 4096, 4096).unwrap();
         let mut want = data(7, 3 * 4096);
         if punch_fsynced {
             fs.fsync(f, false).unwrap();

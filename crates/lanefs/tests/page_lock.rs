@@ -20,6 +20,7 @@ mod nvm_mode;
 use lanefs::device::{create_image, BlockDevice, DeviceOptions, FileDevice};
 use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::FallocMode;
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -126,7 +127,7 @@ fn worker(fs: &Fs, ino: Ino, t: u64, clock: &AtomicU64, log: &Mutex<Vec<Done>>) 
             // fallocate of one page that keeps the size: a listed exclusive request over it.
             _ => {
                 let p = rng.below(BODY);
-                fs.fallocate(ino, lanefs::fs::FALLOC_FL_KEEP_SIZE, p * PAGE, PAGE).unwrap();
+                fs.fallocate(ino, FallocMode::KEEP_SIZE, p * PAGE, PAGE).unwrap();
                 None
             }
         };

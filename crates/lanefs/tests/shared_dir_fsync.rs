@@ -85,7 +85,7 @@ fn spool(fs: &Fs, crash: &CrashDevice<MemDevice>, dir: u64, t: usize) -> Vec<Pro
         fs.write_at(a.ino, 0, &page(t, k, 1)).unwrap();
         if k % 3 == 0 {
             let moved = format!("moved{t}-{k}");
-            fs.rename(dir, tmp.as_bytes(), dir, moved.as_bytes(), 0).unwrap();
+            fs.rename(dir, tmp.as_bytes(), dir, moved.as_bytes(), lanefs::RenameFlags::empty()).unwrap();
             fs.unlink(dir, moved.as_bytes()).unwrap();
         } else {
             fs.unlink(dir, tmp.as_bytes()).unwrap();

@@ -12,6 +12,7 @@
 use lanefs::device::{BlockDevice, DeviceOptions, FileDevice, IoChoice, BLOCK_SIZE};
 use lanefs::fsck::{check, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, TrimRange, ROOT};
+use lanefs::{RenameFlags, XattrFlags};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -84,7 +85,7 @@ fn shutdown_keeps_what_was_fsynced_and_writes_nothing_more() {
     let b = fs.create(ROOT, b"b", 0o644, 0, 0).unwrap();
     fs.write_at(b.ino, 0, b"never fsynced").unwrap();
     fs.mkdir(ROOT, b"lost", 0o755, 0, 0).unwrap();
-    fs.rename(d.ino, b"c", ROOT, b"c-moved", 0).unwrap();
+    fs.rename(d.ino, b"c", ROOT, b"c-moved", RenameFlags::empty()).unwrap();
     let handle = fs.open_file(a.ino).unwrap();
 
     fs.shutdown().unwrap();
@@ -99,9 +100,9 @@ fn shutdown_keeps_what_was_fsynced_and_writes_nothing_more() {
     eio("create", fs.create(ROOT, b"new", 0o644, 0, 0));
     eio("mkdir", fs.mkdir(ROOT, b"newdir", 0o755, 0, 0));
     eio("unlink", fs.unlink(ROOT, b"a"));
-    eio("rename", fs.rename(ROOT, b"a", ROOT, b"z", 0));
+    eio("rename", fs.rename(ROOT, b"a", ROOT, b"z", RenameFlags::empty()));
     eio("truncate", fs.truncate(a.ino, 0));
-    eio("setxattr", fs.setxattr(a.ino, b"user.x", b"1", 0));
+    eio("setxattr", fs.setxattr(a.ino, b"user.x", b"1", XattrFlags::empty()));
     eio("getxattr", fs.getxattr(a.ino, b"user.x"));
     eio("readdir", fs.readdir(ROOT, 0, 10));
     eio("fsync", fs.fsync(a.ino, false));

@@ -365,17 +365,17 @@ impl Filesystem for LaneFuse {
         if flags & !known != 0 {
             return reply.error(Errno::EINVAL);
         }
-        let mut f = 0;
+        let mut f = lanefs::RenameFlags::empty();
         if flags & libc::RENAME_NOREPLACE != 0 {
-            f |= lanefs::fs::RENAME_NOREPLACE;
+            f |= lanefs::RenameFlags::NOREPLACE;
         }
         if flags & libc::RENAME_EXCHANGE != 0 {
-            f |= lanefs::fs::RENAME_EXCHANGE;
+            f |= lanefs::RenameFlags::EXCHANGE;
         }
         // The whiteout (overlayfs asks for one) is a new inode in `parent`, owned as any other:
         // the kernel sends the caller's ids with this request (mapped, on an idmapped mount).
         let (uid, gid) = if flags & libc::RENAME_WHITEOUT != 0 {
-            f |= lanefs::fs::RENAME_WHITEOUT;
+            f |= lanefs::RenameFlags::WHITEOUT;
             match self.new_owner(req, parent, libc::S_IFCHR) {
                 Ok((uid, gid, _)) => (uid, gid),
                 Err(e) => return reply.error(e),
@@ -536,6 +536,8 @@ impl Filesystem for LaneFuse {
         }
         // The kernel would say whether an ACL keeps set-group-ID only with FUSE_SETXATTR_EXT,
         // which is not negotiated: the engine asks the caller itself.
+        // XATTR_* bits are Linux's; the engine refuses any other with EINVAL.
+        let flags = lanefs::XattrFlags(flags as u32);
         self.empty(self.fs.setxattr_as(ino.0, name(n), value, flags, &self.caller(req, None)), reply)
     }
 
@@ -663,6 +665,8 @@ impl Filesystem for LaneFuse {
         // The kernel drops privileges before a fallocate only by a SETATTR it empties under
         // FUSE_HANDLE_KILLPRIV_V2; the request carries no flag, so the engine applies the
         // kernel's rule for the caller, as for a write.
+        // FALLOC_FL_* bits are Linux's; the engine refuses a mode it lacks with EOPNOTSUPP.
+        let mode = lanefs::FallocMode(mode as u32);
         let r = if self.killpriv {
             self.fs.fallocate_as(ino.0, mode, offset, length, &self.caller(req, None))
         } else {

@@ -22,13 +22,14 @@ pub enum FallocMode {
 }
 
 impl FallocMode {
-    pub fn flags(self) -> i32 {
+    pub fn flags(self) -> crate::fs::FallocMode {
+        use crate::fs::FallocMode as M;
         match self {
-            FallocMode::Alloc => 0,
-            FallocMode::KeepSize => crate::fs::FALLOC_FL_KEEP_SIZE,
-            FallocMode::Punch => crate::fs::FALLOC_FL_PUNCH_HOLE | crate::fs::FALLOC_FL_KEEP_SIZE,
-            FallocMode::Zero => crate::fs::FALLOC_FL_ZERO_RANGE,
-            FallocMode::ZeroKeepSize => crate::fs::FALLOC_FL_ZERO_RANGE | crate::fs::FALLOC_FL_KEEP_SIZE,
+            FallocMode::Alloc => M::empty(),
+            FallocMode::KeepSize => M::KEEP_SIZE,
+            FallocMode::Punch => M::PUNCH_HOLE | M::KEEP_SIZE,
+            FallocMode::Zero => M::ZERO_RANGE,
+            FallocMode::ZeroKeepSize => M::ZERO_RANGE | M::KEEP_SIZE,
         }
     }
     fn name(self) -> &'static str {

@@ -43,10 +43,6 @@ pub use crate::mem::atime::{AtimeMode, AtimePolicy};
 pub use crate::mem::iflags::InodeFlags;
 use crate::mem::mnode::MNode;
 use crate::mem::ops::NewInode;
-pub use crate::mem::ops::{
-    FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    RENAME_WHITEOUT, XATTR_CREATE, XATTR_REPLACE,
-};
 pub use crate::mkfs::MkfsOptions;
 pub use crate::perm::{Caller, Privileged};
 pub use crate::recovery::RecoveryReport;
@@ -54,8 +50,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use types::kind_of_dtype;
 
+mod flags;
 mod handle;
 mod types;
+
+pub use flags::{FallocMode, RenameFlags, XattrFlags};
 
 pub use handle::Handle;
 pub use types::{Attr, DirEntry, FileKind, IoStats, Listing, New, SetAttr, StatFs};
@@ -366,13 +365,21 @@ impl Fs {
         self.dirsync(parent)
     }
 
-    /// rename(2); `flags` may hold [`RENAME_NOREPLACE`], [`RENAME_EXCHANGE`] or
-    /// [`RENAME_WHITEOUT`] (a whiteout made this way is owned by root; see [`Fs::rename_as`]).
-    pub fn rename(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<()> {
+    /// rename(2); `flags` may hold [`RenameFlags::NOREPLACE`], [`RenameFlags::EXCHANGE`] or
+    /// [`RenameFlags::WHITEOUT`] (a whiteout made this way is owned by root; see
+    /// [`Fs::rename_as`]).
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.rename_as(parent, name, newparent, newname, flags, 0, 0)
     }
 
-    /// rename(2) as [`Fs::rename`], where a whiteout ([`RENAME_WHITEOUT`]) is owned by `uid`
+    /// rename(2) as [`Fs::rename`], where a whiteout ([`RenameFlags::WHITEOUT`]) is owned by `uid`
     /// and `gid`, the caller's (a new inode's owner: `gid` already chosen for a set-group-ID
     /// directory). The rename and its whiteout are one operation: durable together or not at
     /// all. RENAME_WHITEOUT with RENAME_EXCHANGE is EINVAL; with no inode number left, ENOSPC
@@ -384,12 +391,12 @@ impl Fs {
         name: &[u8],
         newparent: Ino,
         newname: &[u8],
-        flags: u32,
+        flags: RenameFlags,
         uid: u32,
         gid: u32,
     ) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags, (uid, gid))?;
+        self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags.bits(), (uid, gid))?;
         self.dirsync(parent)?;
         if newparent != parent {
             self.dirsync(newparent)?;
@@ -467,22 +474,30 @@ impl Fs {
         self.engine.truncate(ino32(ino)?, size)
     }
 
-    /// fallocate(2): mode 0 or [`FALLOC_FL_KEEP_SIZE`] (reserve the space: ENOSPC, with
-    /// nothing changed, when it is not there), punch hole (with keep size), or
-    /// [`FALLOC_FL_ZERO_RANGE`] (with or without keep size). Other modes are EOPNOTSUPP.
-    pub fn fallocate(&self, ino: Ino, mode: i32, off: u64, len: u64) -> Result<()> {
+    /// fallocate(2): an empty mode or [`FallocMode::KEEP_SIZE`] (reserve the space: ENOSPC,
+    /// with nothing changed, when it is not there), [`FallocMode::PUNCH_HOLE`] (with keep
+    /// size), or [`FallocMode::ZERO_RANGE`] (with or without keep size). Other modes are
+    /// EOPNOTSUPP.
+    pub fn fallocate(&self, ino: Ino, mode: FallocMode, off: u64, len: u64) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.fallocate(ino32(ino)?, mode, off, len)
+        self.engine.fallocate(ino32(ino)?, mode.bits() as i32, off, len)
     }
 
     /// [`Fs::fallocate`] by `caller`, who first loses what a write takes (any mode: the VFS
     /// treats an allocation, a punch and a zeroing alike).
-    pub fn fallocate_as(&self, ino: Ino, mode: i32, off: u64, len: u64, caller: &dyn Caller) -> Result<()> {
+    pub fn fallocate_as(
+        &self,
+        ino: Ino,
+        mode: FallocMode,
+        off: u64,
+        len: u64,
+        caller: &dyn Caller,
+    ) -> Result<()> {
         let m = self.mnode(ino)?;
         if m.pages().is_some() {
             self.engine.drop_privs(&m, crate::perm::Change::Data, caller)?;
         }
-        self.engine.fallocate(ino32(ino)?, mode, off, len)
+        self.engine.fallocate(ino32(ino)?, mode.bits() as i32, off, len)
     }
 
     /// Up to `max` entries after `cookie` (0 starts; "." and ".." come first). Every call sees
@@ -509,8 +524,8 @@ impl Fs {
     ///     for e in &batch {
     ///         if e.name.starts_with(b"f") {
     ///             // Renamed away and back: a new cookie, past the listing's horizon.
-    ///             fs.rename(ROOT, &e.name, ROOT, b"tmp", 0).unwrap();
-    ///             fs.rename(ROOT, b"tmp", ROOT, &e.name, 0).unwrap();
+    ///             fs.rename(ROOT, &e.name, ROOT, b"tmp", lanefs::RenameFlags::empty()).unwrap();
+    ///             fs.rename(ROOT, b"tmp", ROOT, &e.name, lanefs::RenameFlags::empty()).unwrap();
     ///             seen += 1;
     ///         }
     ///     }
@@ -595,12 +610,12 @@ impl Fs {
         self.engine.getxattr(ino32(ino)?, name)
     }
 
-    /// `flags`: 0, [`XATTR_CREATE`] or [`XATTR_REPLACE`].
+    /// `flags`: empty, [`XattrFlags::CREATE`] or [`XattrFlags::REPLACE`].
     /// An ACL (`system.posix_acl_access` or `_default`) must be valid; the access ACL then sets
     /// the mode's permission bits (see [`crate::acl`]).
-    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.setxattr(ino32(ino)?, name, value, flags, &Privileged)
+        self.engine.setxattr(ino32(ino)?, name, value, flags.bits() as i32, &Privileged)
     }
 
     /// [`Fs::setxattr`] by `caller`: an access ACL drops set-group-ID unless the caller is in
@@ -610,11 +625,11 @@ impl Fs {
         ino: Ino,
         name: &[u8],
         value: &[u8],
-        flags: i32,
+        flags: XattrFlags,
         caller: &dyn Caller,
     ) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.setxattr(ino32(ino)?, name, value, flags, caller)
+        self.engine.setxattr(ino32(ino)?, name, value, flags.bits() as i32, caller)
     }
 
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
