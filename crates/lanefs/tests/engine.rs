@@ -8,9 +8,9 @@
 mod nvm_mode;
 
 use lanefs::device::{BlockDevice, MemDevice};
-use lanefs::fs::FileKind;
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::FileKind;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{FallocMode, RenameFlags, XattrFlags};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::collections::BTreeMap;
@@ -126,10 +126,10 @@ fn mount(img: &Image, opts: FsOptions) -> Fs {
 /// no operation running).
 fn fsck_clean(img: &Image) {
     let check_with = |nvm: Option<&nvm_mode::Region>| {
-        check(&*img.dev, &FsckOptions { nvm: nvm.map(|r| r.path().to_path_buf()), ..Default::default() })
+        fsck(&*img.dev, &FsckOptions { nvm: nvm.map(|r| r.path().to_path_buf()), ..Default::default() })
     };
     let r = match check_with(img.region.as_ref()) {
-        Err(lanefs::Error::Region { fault: lanefs::error::RegionFault::InUse, .. }) => {
+        Err(lanefs::Error::Region { fault: lanefs::RegionFault::InUse, .. }) => {
             check_with(img.region.as_ref().map(|r| r.copy()).as_ref())
         }
         r => r,

@@ -11,9 +11,9 @@
 mod nvm_mode;
 
 use lanefs::device::{flush_points, state_at, BlockDevice, CrashDevice, MemDevice};
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
 use lanefs::FallocMode;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::sync::Arc;
 
@@ -49,7 +49,7 @@ impl Image {
     fn fsck_clean(&self) {
         let opts =
             FsckOptions { nvm: self.region.as_ref().map(|r| r.path().to_path_buf()), ..Default::default() };
-        let r = check(&*self.dev, &opts).unwrap();
+        let r = fsck(&*self.dev, &opts).unwrap();
         assert!(r.is_clean(), "fsck: {:#?}", r.problems);
     }
 }
@@ -312,7 +312,7 @@ fn the_reservation_survives_a_crash_at_every_flush_point() {
             assert_eq!(read_all(&fs, f), pattern(9, len as usize), "{what}");
         }
         fs.unmount().unwrap_or_else(|e| panic!("{what}: unmount: {e}"));
-        let r = check(&*dev, &FsckOptions::default()).unwrap();
+        let r = fsck(&*dev, &FsckOptions::default()).unwrap();
         assert!(r.is_clean(), "{what}: fsck: {:#?}", r.problems);
     }
 }

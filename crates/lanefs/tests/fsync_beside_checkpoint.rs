@@ -15,7 +15,7 @@
 //! back, then checks a crash image and a clean remount. Every recovered image passes fsck.
 
 use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq};
-use lanefs::fsck::{check, FsckOptions};
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -161,7 +161,7 @@ fn check_image(img: Vec<u8>, durable: &Durable, what: &str) {
         assert!(got[..n] == want[..], "{what}: {path}: contents after recovery differ from its last fsync");
     }
     fs.unmount().unwrap();
-    let report = check(&*mem, &FsckOptions::default()).unwrap();
+    let report = fsck(&*mem, &FsckOptions::default()).unwrap();
     assert!(report.is_clean(), "{what}: fsck after recovery: {:?}", report.problems);
 }
 
@@ -266,7 +266,7 @@ fn held_fs() -> (Arc<MetaHoldDevice>, Arc<Fs>) {
         cv: Condvar::new(),
     });
     Fs::format(&*dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
-    let g = lanefs::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
+    let g = lanefs::testing::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
     dev.main_start.store(g.main_blkaddr, Ordering::Release);
     let fs = Arc::new(Fs::open(dev.clone(), opts()).unwrap());
     (dev, fs)

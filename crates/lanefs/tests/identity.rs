@@ -12,9 +12,9 @@
 use lanefs::crashtest::check_script;
 use lanefs::crashtest::workload::Setup;
 use lanefs::device::{BlockDevice, MemDevice};
-use lanefs::fs::FileKind;
-use lanefs::fsck::{check, FsckOptions};
+use lanefs::FileKind;
 use lanefs::RenameFlags;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::Arc;
 
@@ -34,7 +34,7 @@ fn crash_image(dev: &MemDevice) -> Arc<MemDevice> {
 }
 
 fn fsck_clean(dev: &MemDevice) {
-    let r = check(dev, &FsckOptions::default()).unwrap();
+    let r = fsck(dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
 }
 
@@ -92,7 +92,7 @@ fn recovery_keeps_replayed_generations_and_starts_past_them() {
     fs.sync().unwrap();
     // Files until one has the last generation of its CPU slot's batch, so that the whiteout
     // below is the first of a new one: only the whiteout then tells recovery where to start.
-    let batch = lanefs::generation::BATCH as u32;
+    let batch = lanefs::testing::generation::BATCH as u32;
     let mut kept = fs.create(ROOT, b"kept", 0o644, 0, 0).unwrap();
     for i in 0..2 * batch {
         if kept.generation % batch == batch - 1 {

@@ -6,7 +6,7 @@
 //! entries, every subset of unpersisted words) are enumerated in `src/pmem/journal_tests.rs`.
 
 use lanefs::device::{BlockDevice, CrashDevice, EventKind, MemDevice};
-use lanefs::pmem::{PmemCrash, RegionOptions};
+use lanefs::testing::pmem::{PmemCrash, RegionOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, SetAttr, ROOT};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -206,8 +206,8 @@ fn a_transaction_too_big_for_the_region_is_made_durable_by_a_checkpoint() {
     }
     let before = fs.io_stats();
     let version = |dev: &MemDevice| {
-        let g = lanefs::checkpoint::read_superblock(dev).unwrap().sb.geometry;
-        lanefs::checkpoint::read_checkpoint(dev, &g).unwrap().cp.version
+        let g = lanefs::testing::checkpoint::read_superblock(dev).unwrap().sb.geometry;
+        lanefs::testing::checkpoint::read_checkpoint(dev, &g).unwrap().cp.version
     };
     let v0 = version(&mem);
     fs.fsync(dir, false).unwrap();

@@ -18,9 +18,9 @@
 mod nvm_mode;
 
 use lanefs::device::{create_image, BlockDevice, DeviceOptions, FileDevice};
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
 use lanefs::FallocMode;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -239,7 +239,7 @@ fn page_level_writes_against_range_requests() {
     fs.sync().unwrap();
     Arc::into_inner(fs).expect("every thread is done").unmount().unwrap();
     let opts = FsckOptions { nvm: region.as_ref().map(|r| r.path().to_path_buf()), ..Default::default() };
-    let r = check(&*image(dir.path()), &opts).unwrap();
+    let r = fsck(&*image(dir.path()), &opts).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 
     let fs = mount(dir.path(), region.as_ref());

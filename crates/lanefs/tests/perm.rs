@@ -3,11 +3,11 @@
 //! step, malformed ACLs refused, and the privileges a write, truncate, fallocate, chown or ACL
 //! change by an unprivileged caller takes away.
 
-use lanefs::acl::{self, Acl, Entry, Tag};
 use lanefs::device::MemDevice;
-use lanefs::fsck::{check, FsckOptions};
+use lanefs::testing::acl::{self, Acl, Entry, Tag};
 use lanefs::FallocMode;
 use lanefs::XattrFlags;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Caller, Fs, FsOptions, Ino, MkfsOptions, New, SetAttr, ROOT};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ fn open(dev: &Arc<MemDevice>) -> Fs {
 }
 
 fn fsck_clean(dev: &MemDevice) {
-    let r = check(dev, &FsckOptions::default()).unwrap();
+    let r = fsck(dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 }
 

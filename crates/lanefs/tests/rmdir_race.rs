@@ -9,7 +9,7 @@
 //! seen, and the file system must check clean at the end.
 
 use lanefs::device::{BlockDevice, MemDevice};
-use lanefs::fsck::{check, FsckOptions};
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -84,6 +84,6 @@ fn a_directory_removed_under_concurrent_creates_keeps_no_name() {
         );
     }
     fs.unmount().unwrap();
-    let r = check(&*dev, &FsckOptions::default()).unwrap();
+    let r = fsck(&*dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 }

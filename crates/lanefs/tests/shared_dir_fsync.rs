@@ -15,8 +15,8 @@ use lanefs::device::{
     flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, IoMode, MemDevice, ReadReq,
     WriteReq,
 };
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -120,7 +120,7 @@ fn verify(image: Vec<u8>, upto: usize, promises: &[Promise], what: &str) -> usiz
         kept += 1;
     }
     fs.unmount().unwrap();
-    let r = check(&*dev, &FsckOptions::default()).unwrap();
+    let r = fsck(&*dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "{what}: fsck after recovery: {:#?}", r.problems);
     kept
 }

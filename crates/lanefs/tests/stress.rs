@@ -36,9 +36,9 @@ mod stress_data;
 mod watchdog;
 
 use lanefs::device::{create_image, BlockDevice, DeviceOptions, FileDevice};
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
 use lanefs::FallocMode;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -103,7 +103,7 @@ impl Image {
     /// fsck of the closed image (with its region in nvm mode) must find nothing wrong.
     fn fsck_clean(&self, when: &str) {
         let nvm = self.region.as_ref().map(|r| r.path().to_path_buf());
-        let r = check(&*self.dev(), &FsckOptions { nvm, ..Default::default() }).unwrap();
+        let r = fsck(&*self.dev(), &FsckOptions { nvm, ..Default::default() }).unwrap();
         assert!(r.is_clean(), "fsck {when}: {:#?}", r.problems);
     }
 }

@@ -9,13 +9,13 @@
 
 mod nvm_mode;
 
-use lanefs::checkpoint::{read_checkpoint, read_sit, read_summary, read_superblock};
 use lanefs::device::{flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, MemDevice};
 use lanefs::format::xattr::{MAX_XATTR_STREAM, XATTR_SIZE_MAX};
 use lanefs::format::SummaryKind;
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::testing::checkpoint::{read_checkpoint, read_sit, read_summary, read_superblock};
 use lanefs::XattrFlags;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -41,9 +41,9 @@ fn mount(img: &Image) -> Fs {
         .unwrap()
 }
 
-fn fsck_clean(img: &Image) -> lanefs::fsck::FsckReport {
+fn fsck_clean(img: &Image) -> lanefs::FsckReport {
     let nvm = img.region.as_ref().map(|r| r.path().to_path_buf());
-    let r = check(&*img.dev, &FsckOptions { nvm, ..Default::default() }).unwrap();
+    let r = fsck(&*img.dev, &FsckOptions { nvm, ..Default::default() }).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
     r
 }
@@ -156,7 +156,7 @@ fn thousands_of_xattrs_and_64k_values_survive_checkpoints_and_remounts() {
     fs.unmount().unwrap();
     let r = fsck_clean(&img);
     assert!(r.stats.xattr_blocks > 0, "a set this large lives in xattr blocks");
-    let info = lanefs::inspect::inspect(&*img.dev).unwrap();
+    let info = lanefs::inspect(&*img.dev).unwrap();
     assert_eq!(info.usage.kinds.xattr, r.stats.xattr_blocks, "inspect counts the xattr blocks fsck found");
 
     let fs = mount(&img);
@@ -299,9 +299,9 @@ fn fsck_and_mount_catch_a_damaged_xattr_block() {
     for (what, bad) in [("flipped", flipped), ("resealed", resealed)] {
         img.dev.write_block(victim, &bad).unwrap();
         let nvm = img.region.as_ref().map(|r| r.path().to_path_buf());
-        let r = check(&*img.dev, &FsckOptions { nvm, ..Default::default() }).unwrap();
+        let r = fsck(&*img.dev, &FsckOptions { nvm, ..Default::default() }).unwrap();
         assert!(
-            r.problems.iter().any(|p| p.structure == lanefs::error::Structure::Xattr),
+            r.problems.iter().any(|p| p.structure == lanefs::Structure::Xattr),
             "{what}: fsck missed it: {:#?}",
             r.problems
         );
@@ -467,7 +467,7 @@ fn verify(
         Err(e) => assert!(newest.is_none() && e.to_errno() == libc::ENOENT, "{what}: the file: {e}"),
     }
     fs.unmount().unwrap();
-    let r = check(&*dev, &FsckOptions::default()).unwrap();
+    let r = fsck(&*dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "{what}: fsck: {:#?}", r.problems);
     r.stats.xattr_blocks
 }

@@ -19,7 +19,7 @@
 //!
 //! Permissions: the kernel checks them (`default_permissions`) and, with FUSE_POSIX_ACL, enforces
 //! POSIX ACLs from the xattrs it reads here. What the kernel then leaves to a server, the engine
-//! does for every caller (`lanefs::acl`: ACL inheritance without the umask, which FUSE_DONT_MASK
+//! does for every caller (`lanefs::testing::acl`: ACL inheritance without the umask, which FUSE_DONT_MASK
 //! hands over; the mode kept in step with the access ACL). With FUSE_HANDLE_KILLPRIV_V2 the
 //! server also drops set-ID bits on a write, truncate, fallocate or chown (`lanefs::perm`); each
 //! request's process is a `ReqCaller`, and the kernel is told when a mode it caches went stale.
@@ -43,7 +43,7 @@ use crate::proto::{
 };
 use convert::{errno, generation, name, time_or_now, NO_ENTRY};
 use dir::DirHandles;
-use lanefs::fs_seek::Seek;
+use lanefs::Seek;
 use lanefs::{Attr, FileKind, Fs, InodeFlags, SetAttr};
 use process::ReqCaller;
 use std::cell::RefCell;
@@ -438,7 +438,7 @@ impl Filesystem for LaneFuse {
         let _busy = self.inflight.enter(Op::Write, ino.0, req.pid());
         let kill = write_flags & WRITE_KILL_SUIDGID != 0;
         let caller = self.killpriv.then(|| self.caller(req, Some(!kill)));
-        let caller = caller.as_ref().map(|c| c as &dyn lanefs::perm::Caller);
+        let caller = caller.as_ref().map(|c| c as &dyn lanefs::Caller);
         // With the writeback cache the kernel keeps a regular file's mtime and ctime: it
         // stamped them at write(2), direct I/O included, and sends them in SETATTR. Stamping
         // the time a WRITE arrives would show another time after the inode is read afresh.

@@ -80,7 +80,7 @@ pub(crate) fn ino32(ino: Ino) -> Result<u32> {
 }
 
 impl Fs {
-    /// Formats `dev` (see [`crate::mkfs`]).
+    /// Formats `dev` (the same as [`format_device`](crate::format_device), returning nothing).
     pub fn format(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         crate::mkfs::format_device(dev, opts).map(|_| ())
     }
@@ -198,7 +198,7 @@ impl Fs {
     }
 
     /// [`Fs::setattr`] by `caller`: a size change and a chown first drop the privileges they
-    /// take (see [`crate::perm`]).
+    /// take (see `src/perm.rs`).
     pub fn setattr_as(&self, ino: Ino, a: &SetAttr, caller: &dyn Caller) -> Result<Attr> {
         self.set_attr(ino, a, Some(caller))
     }
@@ -462,7 +462,7 @@ impl Fs {
         self.engine.write_mnode_with(&m, off, data, crate::mem::ops::WriteTimes::Keep)
     }
 
-    /// [`Fs::write_at`] by `caller`, who first loses what a write takes (see [`crate::perm`]):
+    /// [`Fs::write_at`] by `caller`, who first loses what a write takes (see `src/perm.rs`):
     /// no one sees the new bytes with the old set-ID bits.
     pub fn write_at_as(&self, ino: Ino, off: u64, data: &[u8], caller: &dyn Caller) -> Result<usize> {
         let m = self.mnode(ino)?;
@@ -612,7 +612,7 @@ impl Fs {
 
     /// `flags`: empty, [`XattrFlags::CREATE`] or [`XattrFlags::REPLACE`].
     /// An ACL (`system.posix_acl_access` or `_default`) must be valid; the access ACL then sets
-    /// the mode's permission bits (see [`crate::acl`]).
+    /// the mode's permission bits (see `src/acl.rs`).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
         self.engine.check_live()?;
         self.engine.setxattr(ino32(ino)?, name, value, flags.bits() as i32, &Privileged)
@@ -718,7 +718,7 @@ impl Fs {
 
     /// FITRIM: tells the device that the free space in `range` holds nothing (a hole punched
     /// in an image file, a discard on a block device); returns the bytes discarded. See
-    /// [`crate::fsctl`] for what counts as free and the arguments refused.
+    /// `src/fsctl.rs` for what counts as free and the arguments refused.
     pub fn trim(&self, range: TrimRange) -> Result<u64> {
         self.engine.trim(range)
     }

@@ -1,5 +1,5 @@
 //! The plain data the library API takes and returns: attributes, changes to them, new inodes,
-//! directory entries and listings, statfs, I/O counters. Re-exported by `lanefs::fs`.
+//! directory entries and listings, statfs, I/O counters. Re-exported at the crate root.
 //!
 //! Invariants: nothing here reaches into the engine; a `Listing` is built only by
 //! `Fs::listing`, from the directory it names.

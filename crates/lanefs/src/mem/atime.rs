@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 pub enum AtimeMode {
     /// `noatime`: never.
     Never,
-    /// `relatime`: when the atime is not after the mtime or ctime, or is [`RELATIME_AGE`] old.
+    /// `relatime`: when the atime is not after the mtime or ctime, or is a day (`RELATIME_AGE`) old.
     #[default]
     Relative,
     /// `strictatime`: on every access.

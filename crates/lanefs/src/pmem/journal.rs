@@ -1,9 +1,9 @@
 //! The lane journals kept in a region: where fsync commits its transaction when the image has
 //! one (`FsOptions::nvm`). The protocol and its crash-safety argument are in the module comment
-//! of [`crate::pmem`] ("The lane journals in the region"); this file is their code.
+//! of `pmem` (`pmem/mod.rs`) ("The lane journals in the region"); this file is their code.
 //!
 //! [`NvmJournal`] knows transactions as encoded bytes and decodes them back with
-//! [`Transaction::decode`] (magic, checksum, bounds) and checks them against the geometry; it
+//! `Transaction::decode` (magic, checksum, bounds) and checks them against the geometry; it
 //! does not know what they mean, nor the data blocks they map: the engine writes and flushes
 //! those before it calls [`NvmJournal::append`].
 

@@ -1,6 +1,6 @@
 //! The NAT kept in a region: entries in place, a redo log per checkpoint, and the rules that
 //! tie them to the checkpoint pack in force. The layout, protocol and crash-safety argument
-//! are in the module comment of [`crate::pmem`]; this file is their code.
+//! are in the module comment of `pmem` (`pmem/mod.rs`); this file is their code.
 //!
 //! [`NvmNat`] knows NAT blocks and entries (the format layer) but not the in-memory table:
 //! the engine hands it the dirty NAT blocks of a checkpoint and builds its table from
