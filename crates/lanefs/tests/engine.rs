@@ -244,6 +244,7 @@ fn step(rng: &mut Rng, fs: &Fs, host: &Path, files: &mut Vec<PathBuf>, dirs: &mu
             let hs = std::ffi::CString::new(hj(host, &src).into_os_string().into_encoded_bytes()).unwrap();
             let hd = std::ffi::CString::new(hj(host, &dst).into_os_string().into_encoded_bytes()).unwrap();
             // SAFETY: two valid NUL-terminated paths; renameat2 reads them and nothing else.
+            #[allow(unsafe_code)]
             let hr = unsafe {
                 libc::renameat2(libc::AT_FDCWD, hs.as_ptr(), libc::AT_FDCWD, hd.as_ptr(), flags.bits())
             };

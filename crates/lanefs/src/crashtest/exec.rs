@@ -12,12 +12,15 @@ use parking_lot::Mutex;
 
 /// What an operation runs against.
 pub struct Exec<'a> {
+    /// The file system under test.
     pub fs: &'a Fs,
     /// The write-log length now.
     pub events: &'a (dyn Fn() -> usize + Sync),
     /// Device errors so far (calls that returned an error).
     pub io_errors: &'a (dyn Fn() -> u64 + Sync),
+    /// The history the operations record into, for the oracle.
     pub hist: &'a Mutex<History>,
+    /// The thread running (its index in the workload).
     pub thread: usize,
     /// Findings made while running (an I/O error not reported to the caller, ...).
     pub findings: &'a Mutex<Vec<String>>,

@@ -137,6 +137,7 @@ impl Fs {
         }
     }
 
+    /// The entry `name` in directory `parent` (lookup(2)'s step of a path walk); ENOENT if none.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         self.engine.check_live()?;
         self.engine.lookup_with(ino32(parent)?, name, |m| self.attr(m))
@@ -187,12 +188,15 @@ impl Fs {
         self.engine.mnode(ino32(ino)?)
     }
 
+    /// stat(2) of `ino`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         self.engine.check_live()?;
         let _g = self.engine.pass.shared();
         self.engine.with_mnode(ino32(ino)?, |m| self.attr(m))
     }
 
+    /// Changes attributes (chmod, chown, truncate, utimes) as a privileged caller; returns
+    /// the new attributes. See [`Fs::setattr_as`] for what a change drops.
     pub fn setattr(&self, ino: Ino, a: &SetAttr) -> Result<Attr> {
         self.set_attr(ino, a, None)
     }
@@ -302,6 +306,7 @@ impl Fs {
         self.make(parent, name, &New { mode, rdev, uid, gid, umask: 0 })
     }
 
+    /// Creates directory `name` in `parent` with permission bits `mode`, owned by `uid`:`gid`.
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
         self.make(parent, name, &New { mode: 0o040000 | (mode & 0o7777), uid, gid, ..Default::default() })
     }
@@ -323,6 +328,7 @@ impl Fs {
         Ok(self.attr(&m))
     }
 
+    /// Creates symbolic link `name` in `parent` pointing to `target`, owned by `uid`:`gid`.
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
         self.engine.check_live()?;
         let m = self.engine.create_node(
@@ -334,6 +340,7 @@ impl Fs {
         Ok(self.attr(&m))
     }
 
+    /// The target of symlink `ino`; EINVAL for any other type.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
         self.engine.check_live()?;
         let _g = self.engine.pass.shared();
@@ -346,6 +353,7 @@ impl Fs {
         Ok(target)
     }
 
+    /// Gives inode `ino` the new name `newname` in `newparent` (link(2)); EPERM for a directory.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         self.engine.check_live()?;
         let m = self.engine.link(ino32(ino)?, ino32(newparent)?, newname)?;
@@ -353,12 +361,15 @@ impl Fs {
         Ok(self.attr(&m))
     }
 
+    /// Removes the name `name` from `parent` (unlink(2)); the inode goes with its last name
+    /// and last open reference.
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.engine.check_live()?;
         self.engine.unlink(ino32(parent)?, name)?;
         self.dirsync(parent)
     }
 
+    /// Removes the empty directory `name` from `parent` (rmdir(2)); ENOTEMPTY otherwise.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.engine.check_live()?;
         self.engine.rmdir(ino32(parent)?, name)?;
@@ -420,6 +431,8 @@ impl Fs {
         Ok(self.attr(&m))
     }
 
+    /// Drops an open reference taken by [`Fs::open_ino`] or [`Fs::open_with`]: an unlinked
+    /// inode is freed with its last one.
     pub fn release(&self, ino: Ino) -> Result<()> {
         self.engine.release(ino32(ino)?)
     }
@@ -433,11 +446,14 @@ impl Fs {
         Ok(Handle { engine: self.engine.clone(), m })
     }
 
+    /// Reads up to `buf.len()` bytes at `off`; returns how many (0 at or past the end).
     pub fn read_at(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
         self.engine.check_live()?;
         self.engine.read_at(ino32(ino)?, off, buf)
     }
 
+    /// Writes `data` at `off`, growing the file as needed; returns the bytes written. Durable
+    /// after [`Fs::fsync`].
     pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         self.engine.check_live()?;
         self.engine.write_at(ino32(ino)?, off, data)
@@ -469,6 +485,8 @@ impl Fs {
         self.engine.write_mnode_as(&m, off, data, caller)
     }
 
+    /// Sets the size of regular file `ino` to `size`: drops what lies past it, or extends with
+    /// a hole.
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
         self.engine.check_live()?;
         self.engine.truncate(ino32(ino)?, size)
@@ -605,6 +623,7 @@ impl Fs {
         }
     }
 
+    /// The value of extended attribute `name`; ENODATA if the inode has none of that name.
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         self.engine.check_live()?;
         self.engine.getxattr(ino32(ino)?, name)
@@ -632,11 +651,13 @@ impl Fs {
         self.engine.setxattr(ino32(ino)?, name, value, flags.bits() as i32, caller)
     }
 
+    /// The names of the inode's extended attributes, in name order.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
         self.engine.check_live()?;
         self.engine.listxattr(ino32(ino)?)
     }
 
+    /// Removes extended attribute `name`; ENODATA if there is none.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         self.engine.check_live()?;
         self.engine.removexattr(ino32(ino)?, name)

@@ -78,13 +78,16 @@ pub struct FsckStats {
 /// The outcome of a check.
 #[derive(Debug, Clone, Default)]
 pub struct FsckReport {
+    /// What is wrong, each with whether it was repaired.
     pub problems: Vec<Problem>,
     /// Observations that are not errors (an older or torn checkpoint pack, for instance).
     pub notes: Vec<String>,
+    /// What the check walked: inodes, blocks, entries.
     pub stats: FsckStats,
 }
 
 impl FsckReport {
+    /// Whether the check found nothing wrong.
     pub fn is_clean(&self) -> bool {
         self.problems.is_empty()
     }

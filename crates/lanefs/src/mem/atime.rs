@@ -37,6 +37,7 @@ pub enum AtimeMode {
 /// A mount's access-time options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AtimePolicy {
+    /// When a read updates the access time.
     pub mode: AtimeMode,
     /// Directory listings update directories' atime (false: `nodiratime`).
     pub dirs: bool,

@@ -38,6 +38,7 @@ fn pad8(n: usize) -> usize {
 pub struct JournalLayout {
     /// First byte of lane 0's slice (page-aligned).
     pub start: usize,
+    /// Number of lanes, one slice each.
     pub lanes: usize,
     /// Bytes of one lane's slice, control line included (a whole number of pages).
     pub lane_bytes: usize,
@@ -88,7 +89,12 @@ struct LaneLog {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Appended {
     /// Committed (durable): the lane's journal held `before` bytes and now holds `after`.
-    Committed { before: usize, after: usize },
+    Committed {
+        /// Bytes the lane's journal held before.
+        before: usize,
+        /// Bytes it holds now.
+        after: usize,
+    },
     /// No room left in the lane's journal: nothing was written.
     Full,
 }
@@ -138,6 +144,7 @@ impl NvmJournal {
         })
     }
 
+    /// Where each lane's slice lies.
     pub fn layout(&self) -> JournalLayout {
         self.layout
     }
