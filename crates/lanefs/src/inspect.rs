@@ -16,7 +16,9 @@ use std::path::Path;
 /// Segment counts by state, as of the checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SegmentUsage {
+    /// Segments holding no valid block.
     pub free: u32,
+    /// Segments a log is writing.
     pub active: u32,
     /// Partly or fully valid, not active.
     pub dirty: u32,
@@ -29,6 +31,7 @@ pub struct SegmentUsage {
 /// Valid blocks by kind (`SummaryKind`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BlockKinds {
+    /// File and directory data blocks.
     pub data: u64,
     /// Inodes, direct, indirect and xattr nodes.
     pub node: u64,

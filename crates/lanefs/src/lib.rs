@@ -109,8 +109,10 @@ pub use fs::{
     TrimRange, XattrFlags, ROOT,
 };
 pub use fs_seek::Seek;
-pub use fsck::{check as fsck, check_with_progress as fsck_with_progress, FsckOptions, FsckReport};
-pub use inspect::{inspect, inspect_region, ImageInfo, RegionInfo};
+pub use fsck::{
+    check as fsck, check_with_progress as fsck_with_progress, FsckOptions, FsckReport, FsckStats, Problem,
+};
+pub use inspect::{inspect, inspect_region, BlockKinds, ImageInfo, RegionInfo, SegmentUsage};
 pub use mkfs::{detect_existing, format_device};
 pub use pmem::bench::persist_bench;
 pub use pmem::nat::NvmNat;
