@@ -26,7 +26,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// The system calls these tests need that neither std nor rustix wraps.
+/// The system calls these tests need that neither std nor rustix wraps: the only module of
+/// the tests that exists for unsafe, and the only one allowed it.
+#[allow(unsafe_code)]
 mod sys {
     use std::ffi::CString;
     use std::fs::File;

@@ -5,52 +5,23 @@
 mod common;
 
 use common::*;
-use std::ffi::CString;
+use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 use std::fs::{self, File};
-use std::os::fd::{FromRawFd, IntoRawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap()
-}
-
 /// open(dir, O_TMPFILE | flags, 0600).
-fn open_tmpfile(dir: &Path, flags: i32) -> std::io::Result<File> {
-    // SAFETY: a NUL-terminated path and plain flags; the descriptor returned is owned by the
-    // File made from it and by nothing else.
-    let fd = unsafe { libc::open(cpath(dir).as_ptr(), libc::O_TMPFILE | flags, 0o600) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd was just opened and is not owned elsewhere.
-    Ok(unsafe { File::from_raw_fd(fd) })
+fn open_tmpfile(dir: &Path, flags: OFlags) -> std::io::Result<File> {
+    let fd = rustix::fs::open(dir, OFlags::TMPFILE | flags | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))?;
+    Ok(File::from(fd))
 }
 
 /// linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, to, AT_SYMLINK_FOLLOW): how a process names
 /// an O_TMPFILE file without CAP_DAC_READ_SEARCH.
 fn link_fd(f: &File, to: &Path) -> std::io::Result<()> {
-    let fd = f.try_clone().unwrap().into_raw_fd();
-    let from = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
-    // SAFETY: two NUL-terminated paths; no pointer is kept.
-    let r = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            cpath(to).as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
-    let e = std::io::Error::last_os_error();
-    // SAFETY: fd is the clone's descriptor, owned here only.
-    drop(unsafe { File::from_raw_fd(fd) });
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(e)
-    }
+    let from = format!("/proc/self/fd/{}", f.as_raw_fd());
+    Ok(rustix::fs::linkat(CWD, from.as_str(), CWD, to, AtFlags::SYMLINK_FOLLOW)?)
 }
 
 fn tmpfile_requests(mp: &Path) -> u64 {
@@ -66,7 +37,7 @@ fn o_tmpfile_is_named_by_linkat_and_o_excl_keeps_it_unnamed() {
     fs::create_dir(&d).unwrap();
     let before = tmpfile_requests(&m.mp);
 
-    let f = open_tmpfile(&d, libc::O_RDWR).expect("open O_TMPFILE");
+    let f = open_tmpfile(&d, OFlags::RDWR).expect("open O_TMPFILE");
     assert_eq!(tmpfile_requests(&m.mp), before + 1, "the kernel sent FUSE_TMPFILE");
     let want = data(7, 300_000);
     f.write_all_at(&want, 0).unwrap();
@@ -85,7 +56,7 @@ fn o_tmpfile_is_named_by_linkat_and_o_excl_keeps_it_unnamed() {
     drop(f);
 
     // O_EXCL: the kernel refuses the link (no I_LINKABLE), whatever the server would do.
-    let x = open_tmpfile(&d, libc::O_RDWR | libc::O_EXCL).expect("open O_TMPFILE | O_EXCL");
+    let x = open_tmpfile(&d, OFlags::RDWR | OFlags::EXCL).expect("open O_TMPFILE | O_EXCL");
     x.write_all_at(b"never named", 0).unwrap();
     let e = link_fd(&x, &d.join("excl")).expect_err("O_EXCL makes it unlinkable");
     assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
@@ -101,7 +72,7 @@ fn o_tmpfile_is_named_by_linkat_and_o_excl_keeps_it_unnamed() {
     fs::create_dir(&g).unwrap();
     std::os::unix::fs::chown(&g, None, Some(4321)).unwrap();
     fs::set_permissions(&g, std::os::unix::fs::PermissionsExt::from_mode(0o2777)).unwrap();
-    let t = open_tmpfile(&g, libc::O_RDWR).unwrap();
+    let t = open_tmpfile(&g, OFlags::RDWR).unwrap();
     assert_eq!(t.metadata().unwrap().gid(), 4321);
     link_fd(&t, &g.join("t")).unwrap();
     drop(t);

@@ -12,6 +12,9 @@
 //!
 //! Without `--cfg loom` the crate is empty.
 #![cfg(loom)]
+// The engine's own files, under the engine's rules: unsafe where they need it (per-CPU slots),
+// each block with its SAFETY comment; their docs are the engine's.
+#![allow(unsafe_code, missing_docs)]
 
 /// `lanefs::sync`, the part the primitives use.
 #[path = "../../lanefs/src/sync"]

@@ -38,11 +38,17 @@ const MAX_ENTRIES: usize = (4096 - HEADER_LEN) / ENTRY_LEN;
 /// An entry's tag, in the kernel's canonical order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Tag {
+    /// ACL_USER_OBJ: the file's owner.
     UserObj,
+    /// ACL_USER: a named user (the entry's id).
     User,
+    /// ACL_GROUP_OBJ: the file's group.
     GroupObj,
+    /// ACL_GROUP: a named group (the entry's id).
     Group,
+    /// ACL_MASK: the most a named entry or the group may grant.
     Mask,
+    /// ACL_OTHER: everyone else.
     Other,
 }
 
@@ -74,7 +80,9 @@ impl Tag {
 /// One entry: who, and what they may do (bits r=4, w=2, x=1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
+    /// Whom the entry is about.
     pub tag: Tag,
+    /// Permission bits: read 4, write 2, execute 1.
     pub perm: u16,
     /// The user or group of a `User` or `Group` entry; [`u32::MAX`] for the others.
     pub id: u32,
@@ -162,6 +170,7 @@ impl Acl {
         }
     }
 
+    /// The entries, in the canonical order.
     pub fn entries(&self) -> &[Entry] {
         &self.entries
     }

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 /// What was found in the two superblock copies.
 pub struct SuperblockRead {
+    /// The superblock mount uses.
     pub sb: Superblock,
     /// Decode result of copy A and copy B (the error text where a copy is bad).
     pub copies: [std::result::Result<(), String>; 2],
@@ -68,6 +69,7 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<SuperblockRead> {
 
 /// The checkpoint in force and what was found in the other pack.
 pub struct CheckpointRead {
+    /// The checkpoint pack's fixed part and lanes.
     pub cp: Checkpoint,
     /// Which pack (0 or 1) holds it.
     pub pack: u32,
@@ -162,8 +164,11 @@ pub fn read_blocks(dev: &dyn BlockDevice, addrs: &[u64]) -> Result<Vec<u8>> {
 
 /// Everything a new checkpoint writes besides the pack.
 pub struct CommitSet {
+    /// NAT blocks changed since the last checkpoint, to write.
     pub nat: Vec<NatBlock>,
+    /// SIT blocks changed since the last checkpoint, to write.
     pub sit: Vec<SitBlock>,
+    /// Segment summaries of the segments this checkpoint filled.
     pub summaries: Vec<SegmentSummary>,
 }
 

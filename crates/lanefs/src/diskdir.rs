@@ -41,6 +41,7 @@ impl DiskDir {
         d
     }
 
+    #[cfg(test)]
     pub fn block_count(&self) -> usize {
         self.blocks.len()
     }
@@ -92,12 +93,9 @@ impl DiskDir {
             .collect()
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.index.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
     }
 }
 

@@ -10,13 +10,21 @@ use std::path::PathBuf;
 /// Which on-disk structure a format error was found in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Structure {
+    /// The superblock (blocks 0 and 1).
     Superblock,
+    /// A checkpoint pack.
     Checkpoint,
+    /// A NAT block (node id -> block address).
     Nat,
+    /// A SIT block (segment validity).
     Sit,
+    /// An SSA block (block owners).
     Ssa,
+    /// A node: inode, direct or indirect node.
     Node,
+    /// A dentry block.
     Dentry,
+    /// A journal block.
     Journal,
     /// An xattr block (the stream of a large xattr set).
     Xattr,
@@ -69,25 +77,46 @@ pub enum RegionFault {
 /// Everything that can go wrong, from I/O to a corrupt image.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The device failed (also EIO after a shutdown).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
     /// A decode found bytes that are not a valid instance of `structure`.
     #[error("corrupt {structure}{}: {reason}", at_block(*.block))]
-    Corrupt { structure: Structure, block: Option<u64>, reason: String },
+    Corrupt {
+        /// The structure being decoded.
+        structure: Structure,
+        /// Its block address, when it was read from one.
+        block: Option<u64>,
+        /// What was wrong with it.
+        reason: String,
+    },
     /// The image is not lanefs at all, or of an unsupported version.
     #[error("not a lanefs image: {0}")]
     NotLanefs(String),
     /// A caller asked for something the geometry cannot hold.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The file system is full (ENOSPC), before any change was made.
     #[error("no space left on device")]
     NoSpace,
     /// A persistent-memory region that cannot be used, naming its file.
     #[error("persistent-memory region {}: {reason}", path.display())]
-    Region { path: PathBuf, fault: RegionFault, reason: String },
+    Region {
+        /// The region's file.
+        path: PathBuf,
+        /// What kind of fault, for callers that act on it.
+        fault: RegionFault,
+        /// What was wrong, in words.
+        reason: String,
+    },
     /// A POSIX error for the caller, with what it was about.
     #[error("{what}: {}", errno_text(*errno))]
-    Errno { errno: i32, what: String },
+    Errno {
+        /// The errno (`libc::E*`).
+        errno: i32,
+        /// What it was about: a name, an operation.
+        what: String,
+    },
 }
 
 fn errno_text(errno: i32) -> String {
@@ -125,6 +154,7 @@ impl Error {
         matches!(self, Error::Io(e) if e.get_ref().is_some_and(|c| c.is::<crate::device::halt::ShutDown>()))
     }
 
+    /// The errno this error stands for (EIO for corruption, ENOSPC, the errno of an I/O error).
     pub fn to_errno(&self) -> i32 {
         match self {
             Error::Errno { errno, .. } => *errno,
@@ -147,6 +177,7 @@ impl Error {
     }
 }
 
+/// Result with lanefs's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl From<Error> for std::io::Error {

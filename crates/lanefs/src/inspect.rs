@@ -16,7 +16,9 @@ use std::path::Path;
 /// Segment counts by state, as of the checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SegmentUsage {
+    /// Segments holding no valid block.
     pub free: u32,
+    /// Segments a log is writing.
     pub active: u32,
     /// Partly or fully valid, not active.
     pub dirty: u32,
@@ -29,6 +31,7 @@ pub struct SegmentUsage {
 /// Valid blocks by kind (`SummaryKind`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BlockKinds {
+    /// File and directory data blocks.
     pub data: u64,
     /// Inodes, direct, indirect and xattr nodes.
     pub node: u64,
@@ -42,26 +45,43 @@ pub struct BlockKinds {
 /// Everything `lanefs inspect` prints.
 #[derive(Debug, Clone)]
 pub struct ImageInfo {
+    /// The file system's UUID, as text.
     pub uuid: String,
+    /// The label set by mkfs or FS_IOC_SETFSLABEL (may be empty).
     pub label: String,
+    /// When mkfs made the image (the superblock's `created` stamp).
     pub created: u64,
+    /// On-disk format version.
     pub format_version: u32,
+    /// The image's geometry: areas, segments, lanes.
     pub geometry: Geometry,
+    /// Which of the two superblock copies decode.
     pub superblock_copies_ok: [bool; 2],
+    /// Version of the checkpoint mount would use.
     pub checkpoint_version: u64,
+    /// Which of the two packs (0 or 1) holds it.
     pub checkpoint_pack: u32,
+    /// Whether the last unmount was clean (no journal to replay).
     pub clean_unmount: bool,
+    /// The other pack: valid (its version) or why not.
     pub other_pack: String,
+    /// Segments by state.
     pub usage: SegmentUsage,
+    /// Per lane, the cursor of each of its logs.
     pub lanes: Vec<[LogCursor; LOG_TYPES]>,
+    /// Inodes unlinked while open at the checkpoint, freed at the next mount.
     pub orphans: usize,
     /// The generation counter: above every inode's generation (`crate::generation`).
     pub next_generation: u64,
+    /// Bytes free for data, invalid blocks the cleaner reclaims included.
     pub free_bytes: u64,
     /// Bytes preallocated and not yet written (fallocate), which `free_bytes` leaves out.
     pub reserved_bytes: u64,
+    /// Bytes users wrote, since mkfs (as of the checkpoint).
     pub user_bytes_written: u64,
+    /// Bytes the cleaner moved, since mkfs.
     pub gc_bytes_written: u64,
+    /// Bytes checkpoints wrote, since mkfs.
     pub cp_bytes_written: u64,
     /// The checkpoint keeps the NAT and the lane journals in a persistent-memory region.
     pub nat_in_region: bool,
@@ -70,6 +90,7 @@ pub struct ImageInfo {
 /// A persistent-memory region as `lanefs inspect --nvm` shows it.
 #[derive(Debug, Clone)]
 pub struct RegionInfo {
+    /// The region's file.
     pub path: String,
     /// Size, mapping, persistence method, file system.
     pub region: String,

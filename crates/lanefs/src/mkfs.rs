@@ -33,6 +33,7 @@ pub struct MkfsOptions {
     pub label: String,
     /// Owner of the root directory.
     pub root_uid: u32,
+    /// Group of the root directory.
     pub root_gid: u32,
     /// Tell the device that every block is unused (punches holes in an image file).
     pub discard: bool,

@@ -186,6 +186,7 @@ impl NatTable {
         }
     }
 
+    /// The geometry the table was built for.
     pub fn geometry(&self) -> &Geometry {
         &self.g
     }

@@ -52,6 +52,7 @@ const VALID_TYPES: [u32; 7] = [0o100000, 0o040000, 0o120000, 0o020000, 0o060000,
 /// A direct or indirect node of a tree as last read or written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreeNode {
+    /// The node's id.
     pub nid: u32,
     /// Block the node was written to.
     pub addr: u32,
@@ -62,6 +63,7 @@ pub struct TreeNode {
 /// The nodes of one inode's tree (the inode itself excluded) and where they live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InodeTree {
+    /// The inode's number (its node id).
     pub ino: u32,
     /// Block of the inode node; 0 if the inode was never written.
     pub inode_addr: u32,
@@ -107,8 +109,11 @@ impl InodeTree {
 /// What `write_inode` and `drop_inode` need: the tables they update and where new node blocks
 /// go. (No device: nothing here writes; the caller submits the returned blocks.)
 pub struct NodeWriter<'a> {
+    /// The image's geometry.
     pub g: &'a Geometry,
+    /// The NAT the writes update.
     pub nat: &'a NatTable,
+    /// The lanes whose node logs the blocks go to.
     pub lanes: &'a LaneSet,
     /// Lane whose node log receives the blocks (also recorded in each footer).
     pub lane: u32,

@@ -21,10 +21,12 @@ pub fn splitmix64(z: u64) -> u64 {
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator whose sequence is fixed by `seed`.
     pub fn new(seed: u64) -> Rng {
         Rng(seed)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let z = self.0;
         self.0 = z.wrapping_add(GOLDEN);

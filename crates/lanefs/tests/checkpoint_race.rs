@@ -83,7 +83,7 @@ fn page_truncated_and_fallocated_during_a_checkpoint_reads_as_zeros() {
     let fs = Arc::new(Fs::open(dev.clone(), opts()).unwrap());
     let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     // The page gets the placeholder mapping, durable in the tree, then data in the cache.
-    fs.fallocate(f, 0, 0, 4096).unwrap();
+    fs.fallocate(f, lanefs::FallocMode::empty(), 0, 4096).unwrap();
     fs.sync().unwrap();
     let data = vec![0xA5u8; 4096];
     fs.write_at(f, 0, &data).unwrap();
@@ -96,7 +96,7 @@ fn page_truncated_and_fallocated_during_a_checkpoint_reads_as_zeros() {
     dev.wait_until(|h| *h == Hold::Holding);
     // The checkpoint took the page and is writing it: cut it and allocate it again.
     fs.truncate(f, 0).unwrap();
-    fs.fallocate(f, 0, 0, 4096).unwrap();
+    fs.fallocate(f, lanefs::FallocMode::empty(), 0, 4096).unwrap();
     dev.set(Hold::Released);
     cp.join().unwrap().unwrap();
 

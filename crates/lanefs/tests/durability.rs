@@ -16,9 +16,9 @@ use lanefs::device::{
     flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, IoMode, MemDevice, ReadReq,
     WriteReq,
 };
-use lanefs::fsck::{check, FsckOptions};
-use lanefs::pmem::{PmemRegion, RegionOptions, MIN_REGION_SIZE};
 use lanefs::rng::Rng;
+use lanefs::testing::pmem::{PmemRegion, RegionOptions, MIN_REGION_SIZE};
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -296,7 +296,7 @@ fn verify(
         assert!(ok, "{what}: {path} ({} bytes) matches neither the fsynced version ({} bytes) nor any of {} later ones", got.len(), p.data.len(), later.count());
     }
     fs.unmount().unwrap();
-    let r = check(&*dev, &FsckOptions { nvm: nvm.map(Path::to_path_buf), ..Default::default() }).unwrap();
+    let r = fsck(&*dev, &FsckOptions { nvm: nvm.map(Path::to_path_buf), ..Default::default() }).unwrap();
     assert!(r.is_clean(), "{what}: fsck after recovery: {:#?}", r.problems);
 }
 

@@ -8,9 +8,10 @@
 mod nvm_mode;
 
 use lanefs::device::{BlockDevice, MemDevice};
-use lanefs::fs::{FileKind, RENAME_EXCHANGE, RENAME_NOREPLACE};
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::FileKind;
+use lanefs::{fsck, FsckOptions};
+use lanefs::{FallocMode, RenameFlags, XattrFlags};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -125,10 +126,10 @@ fn mount(img: &Image, opts: FsOptions) -> Fs {
 /// no operation running).
 fn fsck_clean(img: &Image) {
     let check_with = |nvm: Option<&nvm_mode::Region>| {
-        check(&*img.dev, &FsckOptions { nvm: nvm.map(|r| r.path().to_path_buf()), ..Default::default() })
+        fsck(&*img.dev, &FsckOptions { nvm: nvm.map(|r| r.path().to_path_buf()), ..Default::default() })
     };
     let r = match check_with(img.region.as_ref()) {
-        Err(lanefs::Error::Region { fault: lanefs::error::RegionFault::InUse, .. }) => {
+        Err(lanefs::Error::Region { fault: lanefs::RegionFault::InUse, .. }) => {
             check_with(img.region.as_ref().map(|r| r.copy()).as_ref())
         }
         r => r,
@@ -236,15 +237,17 @@ fn step(rng: &mut Rng, fs: &Fs, host: &Path, files: &mut Vec<PathBuf>, dirs: &mu
             };
             let dst = pick_dir(rng, dirs).join(&name);
             let flags = match rng.below(6) {
-                0 => RENAME_NOREPLACE,
-                1 => RENAME_EXCHANGE,
-                _ => 0,
+                0 => RenameFlags::NOREPLACE,
+                1 => RenameFlags::EXCHANGE,
+                _ => RenameFlags::empty(),
             };
             let hs = std::ffi::CString::new(hj(host, &src).into_os_string().into_encoded_bytes()).unwrap();
             let hd = std::ffi::CString::new(hj(host, &dst).into_os_string().into_encoded_bytes()).unwrap();
             // SAFETY: two valid NUL-terminated paths; renameat2 reads them and nothing else.
-            let hr =
-                unsafe { libc::renameat2(libc::AT_FDCWD, hs.as_ptr(), libc::AT_FDCWD, hd.as_ptr(), flags) };
+            #[allow(unsafe_code)]
+            let hr = unsafe {
+                libc::renameat2(libc::AT_FDCWD, hs.as_ptr(), libc::AT_FDCWD, hd.as_ptr(), flags.bits())
+            };
             let herr = (hr != 0).then(|| std::io::Error::last_os_error().raw_os_error().unwrap());
             let (sp, sn) = parent_and_name(&src);
             let (dp, dn) = parent_and_name(&dst);
@@ -256,7 +259,7 @@ fn step(rng: &mut Rng, fs: &Fs, host: &Path, files: &mut Vec<PathBuf>, dirs: &mu
             assert_eq!(
                 herr,
                 r.as_ref().err().map(|e| e.to_errno()),
-                "rename {src:?} -> {dst:?} flags {flags}: {r:?}"
+                "rename {src:?} -> {dst:?} flags {flags:#x}: {r:?}"
             );
             if herr.is_none() {
                 // Rebuild the path lists from the host tree: renames move whole subtrees.
@@ -391,27 +394,42 @@ fn errors_match_linux() {
     assert_eq!(fs.unlink(ROOT, b"d").unwrap_err().to_errno(), libc::EISDIR);
     assert_eq!(fs.rmdir(d.ino, b"f").unwrap_err().to_errno(), libc::ENOTDIR);
     assert_eq!(errno(fs.link(d.ino, ROOT, b"dl")), libc::EPERM);
-    assert_eq!(fs.rename(ROOT, b"d", d.ino, b"inside", 0).unwrap_err().to_errno(), libc::EINVAL);
-    let e = fs.mkdir(ROOT, b"e", 0o755, 0, 0).unwrap();
-    assert_eq!(fs.rename(d.ino, b"f", ROOT, b"e", 0).unwrap_err().to_errno(), libc::EISDIR);
-    assert_eq!(fs.rename(ROOT, b"e", d.ino, b"f", 0).unwrap_err().to_errno(), libc::ENOTDIR);
-    assert_eq!(fs.rename(ROOT, b"e", ROOT, b"d", RENAME_NOREPLACE).unwrap_err().to_errno(), libc::EEXIST);
-    assert_eq!(fs.rename(ROOT, b"e", ROOT, b"zz", RENAME_EXCHANGE).unwrap_err().to_errno(), libc::ENOENT);
-    assert_eq!(fs.getxattr(f.ino, b"user.x").unwrap_err().to_errno(), libc::ENODATA);
     assert_eq!(
-        fs.setxattr(f.ino, b"user.x", b"v", lanefs::fs::XATTR_REPLACE).unwrap_err().to_errno(),
-        libc::ENODATA
+        fs.rename(ROOT, b"d", d.ino, b"inside", RenameFlags::empty()).unwrap_err().to_errno(),
+        libc::EINVAL
     );
-    fs.setxattr(f.ino, b"user.x", b"v", lanefs::fs::XATTR_CREATE).unwrap();
+    let e = fs.mkdir(ROOT, b"e", 0o755, 0, 0).unwrap();
     assert_eq!(
-        fs.setxattr(f.ino, b"user.x", b"w", lanefs::fs::XATTR_CREATE).unwrap_err().to_errno(),
+        fs.rename(d.ino, b"f", ROOT, b"e", RenameFlags::empty()).unwrap_err().to_errno(),
+        libc::EISDIR
+    );
+    assert_eq!(
+        fs.rename(ROOT, b"e", d.ino, b"f", RenameFlags::empty()).unwrap_err().to_errno(),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        fs.rename(ROOT, b"e", ROOT, b"d", RenameFlags::NOREPLACE).unwrap_err().to_errno(),
         libc::EEXIST
     );
-    assert_eq!(fs.setxattr(f.ino, b"user.big", &vec![0; 70_000], 0).unwrap_err().to_errno(), libc::E2BIG);
+    assert_eq!(
+        fs.rename(ROOT, b"e", ROOT, b"zz", RenameFlags::EXCHANGE).unwrap_err().to_errno(),
+        libc::ENOENT
+    );
+    assert_eq!(fs.getxattr(f.ino, b"user.x").unwrap_err().to_errno(), libc::ENODATA);
+    assert_eq!(
+        fs.setxattr(f.ino, b"user.x", b"v", XattrFlags::REPLACE).unwrap_err().to_errno(),
+        libc::ENODATA
+    );
+    fs.setxattr(f.ino, b"user.x", b"v", XattrFlags::CREATE).unwrap();
+    assert_eq!(fs.setxattr(f.ino, b"user.x", b"w", XattrFlags::CREATE).unwrap_err().to_errno(), libc::EEXIST);
+    assert_eq!(
+        fs.setxattr(f.ino, b"user.big", &vec![0; 70_000], XattrFlags::empty()).unwrap_err().to_errno(),
+        libc::E2BIG
+    );
     // Larger than an xattr node: the set moves to xattr blocks (tests/xattr.rs has the rest).
-    fs.setxattr(f.ino, b"user.fill", &vec![0; 5000], 0).unwrap();
+    fs.setxattr(f.ino, b"user.fill", &vec![0; 5000], XattrFlags::empty()).unwrap();
     assert_eq!(fs.getxattr(f.ino, b"user.fill").unwrap().len(), 5000);
-    assert_eq!(fs.setxattr(f.ino, b"user.x", b"v", 3).unwrap_err().to_errno(), libc::EINVAL);
+    assert_eq!(fs.setxattr(f.ino, b"user.x", b"v", XattrFlags(3)).unwrap_err().to_errno(), libc::EINVAL);
     let mut buf = [0u8; 4];
     assert_eq!(fs.read_at(d.ino, 0, &mut buf).unwrap_err().to_errno(), libc::EISDIR);
     assert_eq!(fs.readlink(f.ino).unwrap_err().to_errno(), libc::EINVAL);
@@ -427,16 +445,15 @@ fn xattrs_times_sparse_files_and_fallocate_survive_remount() {
     let f = fs.create(ROOT, b"sparse", 0o600, 7, 8).unwrap();
     fs.write_at(f.ino, 100 << 20, b"far away").unwrap();
     fs.write_at(f.ino, 5000, b"near").unwrap();
-    fs.setxattr(f.ino, b"user.a", b"1", 0).unwrap();
-    fs.setxattr(f.ino, b"user.b", b"22", 0).unwrap();
+    fs.setxattr(f.ino, b"user.a", b"1", XattrFlags::empty()).unwrap();
+    fs.setxattr(f.ino, b"user.b", b"22", XattrFlags::empty()).unwrap();
     fs.removexattr(f.ino, b"user.a").unwrap();
     let t = lanefs::format::Timespec { sec: 1_600_000_000, nsec: 123_456_789 };
     fs.setattr(f.ino, &lanefs::SetAttr { atime: Some(t), mtime: Some(t), ..Default::default() }).unwrap();
     let g = fs.create(ROOT, b"prealloc", 0o644, 0, 0).unwrap();
-    fs.fallocate(g.ino, 0, 0, 3 * 4096).unwrap();
+    fs.fallocate(g.ino, FallocMode::empty(), 0, 3 * 4096).unwrap();
     fs.write_at(g.ino, 0, &[9u8; 3 * 4096]).unwrap();
-    fs.fallocate(g.ino, lanefs::fs::FALLOC_FL_PUNCH_HOLE | lanefs::fs::FALLOC_FL_KEEP_SIZE, 100, 2 * 4096)
-        .unwrap();
+    fs.fallocate(g.ino, FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE, 100, 2 * 4096).unwrap();
     let before = fs.getattr(f.ino).unwrap();
     fs.unmount().unwrap();
     fsck_clean(&dev);
@@ -598,7 +615,7 @@ fn parallel_creates_unlinks_and_cross_directory_renames() {
                 for i in 0..100 {
                     let n = format!("r{t}-{i}");
                     fs.create(a, n.as_bytes(), 0o644, 0, 0).unwrap();
-                    fs.rename(a, n.as_bytes(), b, n.as_bytes(), 0).unwrap();
+                    fs.rename(a, n.as_bytes(), b, n.as_bytes(), RenameFlags::empty()).unwrap();
                     if i % 10 == 0 {
                         fs.fsync(if t % 2 == 0 { a } else { b }, false).unwrap();
                     }
@@ -887,7 +904,7 @@ fn name_of_finds_the_latest_name_across_renames_remounts_and_replay() {
     for n in 0..600 {
         fs.create(b, format!("filler{n}").as_bytes(), 0o644, 0, 0).unwrap();
     }
-    fs.rename(a, b"f", b, b"g", 0).unwrap();
+    fs.rename(a, b"f", b, b"g", RenameFlags::empty()).unwrap();
     assert_eq!(fs.name_of(f).unwrap(), Some((b, b"g".to_vec())));
     assert_eq!(fs.name_of(a).unwrap(), Some((ROOT, b"a".to_vec())), "a directory's name");
     assert_eq!(fs.name_of(ROOT).unwrap(), None, "the root has none");
@@ -895,7 +912,7 @@ fn name_of_finds_the_latest_name_across_renames_remounts_and_replay() {
 
     let fs = mount(&dev, opts());
     assert_eq!(fs.name_of(f).unwrap(), Some((b, b"g".to_vec())), "kept across a remount");
-    fs.rename(b, b"g", a, b"h", 0).unwrap();
+    fs.rename(b, b"g", a, b"h", RenameFlags::empty()).unwrap();
     fs.fsync(f, false).unwrap();
     fs.fsync(a, false).unwrap();
     std::mem::forget(fs); // a crash: only the journal has the rename

@@ -11,17 +11,17 @@
 mod nvm_mode;
 
 use lanefs::device::{flush_points, state_at, BlockDevice, CrashDevice, MemDevice};
-use lanefs::fs::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::FallocMode;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
 const B: u64 = 4096;
-const COLLAPSE: i32 = 0x08;
-const INSERT: i32 = 0x20;
-const UNSHARE: i32 = 0x40;
+const COLLAPSE: FallocMode = FallocMode(0x08);
+const INSERT: FallocMode = FallocMode(0x20);
+const UNSHARE: FallocMode = FallocMode(0x40);
 
 /// A formatted in-memory image and the region its mounts use in nvm mode.
 struct Image {
@@ -49,7 +49,7 @@ impl Image {
     fn fsck_clean(&self) {
         let opts =
             FsckOptions { nvm: self.region.as_ref().map(|r| r.path().to_path_buf()), ..Default::default() };
-        let r = check(&*self.dev, &opts).unwrap();
+        let r = fsck(&*self.dev, &opts).unwrap();
         assert!(r.is_clean(), "fsck: {:#?}", r.problems);
     }
 }
@@ -135,7 +135,12 @@ fn fallocate_beyond_the_free_space_fails_and_changes_nothing() {
     // ~1000 blocks): a few more than that may fit, a node's share more may not.
     let beyond = |free: u64| (free + free / 256 + 4) * B;
     let too_big = beyond(before);
-    for mode in [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE] {
+    for mode in [
+        FallocMode::empty(),
+        FallocMode::KEEP_SIZE,
+        FallocMode::ZERO_RANGE,
+        FallocMode::ZERO_RANGE | FallocMode::KEEP_SIZE,
+    ] {
         assert_eq!(errno(fs.fallocate(f, mode, 20_000, too_big)), libc::ENOSPC, "mode {mode:#x}");
         let now = fs.getattr(f).unwrap();
         assert_eq!((now.size, now.blocks), (attr.size, attr.blocks), "mode {mode:#x} changed the file");
@@ -145,13 +150,13 @@ fn fallocate_beyond_the_free_space_fails_and_changes_nothing() {
     // Exactly what statfs reports free fits (the nodes that map it included): a file system
     // with nothing else going on grants it, then has nothing left.
     let all = fs.create(ROOT, b"all", 0o644, 0, 0).unwrap().ino;
-    fs.fallocate(all, 0, 0, before * B).unwrap();
-    assert_eq!(errno(fs.fallocate(f, 0, 20_000, 64 * B)), libc::ENOSPC);
+    fs.fallocate(all, FallocMode::empty(), 0, before * B).unwrap();
+    assert_eq!(errno(fs.fallocate(f, FallocMode::empty(), 20_000, 64 * B)), libc::ENOSPC);
     fs.unlink(ROOT, b"all").unwrap();
     assert_eq!(free(&fs), before, "the unlink gave it all back");
     // The same file system grants what it has: half the space, then the rest is short again.
     let half = before / 2;
-    fs.fallocate(f, 0, 20_000, half * B).unwrap();
+    fs.fallocate(f, FallocMode::empty(), 20_000, half * B).unwrap();
     let after = free(&fs);
     assert!(after <= before - half, "{half} blocks preallocated, free went from {before} to {after}");
     assert!(after + 16 >= before - half, "the preallocation cost more than its blocks and nodes");
@@ -160,10 +165,10 @@ fn fallocate_beyond_the_free_space_fails_and_changes_nothing() {
     let mut expect = old.clone();
     expect.resize((20_000 + half * B) as usize, 0);
     assert_eq!(read_all(&fs, f), expect, "preallocated blocks read as zeros");
-    assert_eq!(errno(fs.fallocate(f, 0, 1 << 30, beyond(after))), libc::ENOSPC);
+    assert_eq!(errno(fs.fallocate(f, FallocMode::empty(), 1 << 30, beyond(after))), libc::ENOSPC);
     // A new file cannot have what is promised to f.
     let g = fs.create(ROOT, b"g", 0o644, 0, 0).unwrap().ino;
-    assert_eq!(errno(fs.fallocate(g, FALLOC_FL_KEEP_SIZE, 0, beyond(after))), libc::ENOSPC);
+    assert_eq!(errno(fs.fallocate(g, FallocMode::KEEP_SIZE, 0, beyond(after))), libc::ENOSPC);
     assert_eq!(fs.getattr(g).unwrap().blocks, 0);
     fs.unmount().unwrap();
     img.fsck_clean();
@@ -176,8 +181,8 @@ fn reserved_space_stays_writable_when_the_file_system_is_otherwise_full() {
     let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     let len = 16 * MIB;
     // Past the size (KEEP_SIZE) and up to it: both are promised.
-    fs.fallocate(f, 0, 0, len / 2).unwrap();
-    fs.fallocate(f, FALLOC_FL_KEEP_SIZE, len / 2, len / 2).unwrap();
+    fs.fallocate(f, FallocMode::empty(), 0, len / 2).unwrap();
+    fs.fallocate(f, FallocMode::KEEP_SIZE, len / 2, len / 2).unwrap();
     assert_eq!(fs.getattr(f).unwrap().size, len / 2);
     // Made before the fill: a new inode needs a node block, which a full file system refuses.
     let h = fs.create(ROOT, b"h", 0o644, 0, 0).unwrap().ino;
@@ -185,7 +190,7 @@ fn reserved_space_stays_writable_when_the_file_system_is_otherwise_full() {
     assert!(filled > 32 * MIB, "only {filled} bytes fit beside the preallocation");
     assert!(free(&fs) < 64, "full: {} blocks free", fs.statfs().bfree);
     assert_eq!(errno(fs.create(ROOT, b"i", 0o644, 0, 0).map(|_| ())), libc::ENOSPC);
-    assert_eq!(errno(fs.fallocate(h, 0, 0, 64 * B)), libc::ENOSPC);
+    assert_eq!(errno(fs.fallocate(h, FallocMode::empty(), 0, 64 * B)), libc::ENOSPC);
     assert_eq!(fs.write_at(h, 0, &[1u8; 64 << 10]).unwrap_err().to_errno(), libc::ENOSPC);
     // Every byte of the promised range can be written, and (the file system still full)
     // written again: an overwrite needs a free block only until the next checkpoint.
@@ -215,7 +220,8 @@ fn the_reservation_survives_remount_and_truncate_punch_zero_and_unlink_give_it_b
     let files: Vec<Ino> = (0..4)
         .map(|i| {
             let ino = fs.create(ROOT, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
-            fs.fallocate(ino, if i % 2 == 0 { 0 } else { FALLOC_FL_KEEP_SIZE }, 0, n * B).unwrap();
+            fs.fallocate(ino, if i % 2 == 0 { FallocMode::empty() } else { FallocMode::KEEP_SIZE }, 0, n * B)
+                .unwrap();
             ino
         })
         .collect();
@@ -235,12 +241,12 @@ fn the_reservation_survives_remount_and_truncate_punch_zero_and_unlink_give_it_b
     fs.truncate(files[1], 0).unwrap();
     let now = gained(promised, "truncate");
     // A punch goes as far as the size (as on ext4).
-    fs.fallocate(files[0], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, n * B + 100).unwrap();
+    fs.fallocate(files[0], FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE, 0, n * B + 100).unwrap();
     let now = gained(now, "punch");
     fs.unlink(ROOT, b"f2").unwrap();
     let now = gained(now, "unlink");
     // Zero range keeps what it covers allocated: nothing comes back.
-    fs.fallocate(files[3], FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 0, n * B).unwrap();
+    fs.fallocate(files[3], FallocMode::ZERO_RANGE | FallocMode::KEEP_SIZE, 0, n * B).unwrap();
     assert_eq!(free(&fs), now);
     fs.unmount().unwrap();
     img.fsck_clean();
@@ -269,15 +275,15 @@ fn the_reservation_survives_a_crash_at_every_flush_point() {
         Box::leak(Box::new(Fs::open(crash.clone() as Arc<dyn BlockDevice>, opts()).unwrap()));
     let len = 4 * MIB;
     let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap().ino;
-    fs.fallocate(f, FALLOC_FL_KEEP_SIZE, 0, len).unwrap();
+    fs.fallocate(f, FallocMode::KEEP_SIZE, 0, len).unwrap();
     fs.fsync(f, false).unwrap();
     let promised = crash.event_count();
     fs.write_at(f, 0, &pattern(1, (len / 4) as usize)).unwrap();
     fs.fsync(f, false).unwrap();
-    fs.fallocate(f, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 100_000, 300_000).unwrap();
+    fs.fallocate(f, FallocMode::ZERO_RANGE | FallocMode::KEEP_SIZE, 100_000, 300_000).unwrap();
     fs.fsync(f, false).unwrap();
     let h = fs.create(ROOT, b"h", 0o644, 0, 0).unwrap().ino;
-    fs.fallocate(h, 0, 0, 2 * MIB).unwrap();
+    fs.fallocate(h, FallocMode::empty(), 0, 2 * MIB).unwrap();
     fs.fsync(h, false).unwrap();
     fs.sync().unwrap();
     fs.unlink(ROOT, b"h").unwrap();
@@ -306,7 +312,7 @@ fn the_reservation_survives_a_crash_at_every_flush_point() {
             assert_eq!(read_all(&fs, f), pattern(9, len as usize), "{what}");
         }
         fs.unmount().unwrap_or_else(|e| panic!("{what}: unmount: {e}"));
-        let r = check(&*dev, &FsckOptions::default()).unwrap();
+        let r = fsck(&*dev, &FsckOptions::default()).unwrap();
         assert!(r.is_clean(), "{what}: fsck: {:#?}", r.problems);
     }
 }
@@ -350,20 +356,20 @@ fn zero_range_zeroes_partial_and_cached_pages_and_keeps_the_space() {
     fs.fsync(f, false).unwrap();
     fs.sync().unwrap();
     // Within the size, over written blocks: a partial page at each end, whole pages between.
-    fs.fallocate(f, FALLOC_FL_ZERO_RANGE, 5000, 10_000).unwrap();
+    fs.fallocate(f, FallocMode::ZERO_RANGE, 5000, 10_000).unwrap();
     m.zero(5000, 10_000, false);
     assert_eq!(read_all(&fs, f), m.data);
     // Over pages still dirty in the cache (never written to the device).
     let d = pattern(6, 12_000);
     fs.write_at(f, 20_000, &d).unwrap();
     m.write(20_000, &d);
-    fs.fallocate(f, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 21_000, 9_000).unwrap();
+    fs.fallocate(f, FallocMode::ZERO_RANGE | FallocMode::KEEP_SIZE, 21_000, 9_000).unwrap();
     m.zero(21_000, 9_000, true);
     assert_eq!(read_all(&fs, f), m.data);
     // Past the end with KEEP_SIZE: the size stays, the blocks are allocated, and growing the
     // file later shows zeros there.
     let blocks = fs.getattr(f).unwrap().blocks;
-    fs.fallocate(f, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 40_000, 20_000).unwrap();
+    fs.fallocate(f, FallocMode::ZERO_RANGE | FallocMode::KEEP_SIZE, 40_000, 20_000).unwrap();
     m.zero(40_000, 20_000, true);
     assert_eq!(fs.getattr(f).unwrap().size, 40_960);
     assert!(fs.getattr(f).unwrap().blocks >= blocks + 4 * 8, "zero range past the end allocates");
@@ -371,7 +377,7 @@ fn zero_range_zeroes_partial_and_cached_pages_and_keeps_the_space() {
     m.data.resize(60_000, 0);
     assert_eq!(read_all(&fs, f), m.data);
     // Past the end without it: the size grows to the end of the range.
-    fs.fallocate(f, FALLOC_FL_ZERO_RANGE, 70_000, 5_000).unwrap();
+    fs.fallocate(f, FallocMode::ZERO_RANGE, 70_000, 5_000).unwrap();
     m.zero(70_000, 5_000, false);
     assert_eq!(fs.getattr(f).unwrap().size, 75_000);
     assert_eq!(read_all(&fs, f), m.data);
@@ -386,8 +392,8 @@ fn zero_range_zeroes_partial_and_cached_pages_and_keeps_the_space() {
         COLLAPSE,
         INSERT,
         UNSHARE,
-        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
-        FALLOC_FL_PUNCH_HOLE,
+        FallocMode::PUNCH_HOLE | FallocMode::ZERO_RANGE | FallocMode::KEEP_SIZE,
+        FallocMode::PUNCH_HOLE,
     ] {
         assert_eq!(errno(fs.fallocate(f, mode, 0, 4096)), libc::EOPNOTSUPP, "mode {mode:#x}");
     }
@@ -426,19 +432,21 @@ fn random_fallocate_modes_match_a_byte_model() {
                 "truncate"
             }
             4 => {
-                fs.fallocate(f, if keep { FALLOC_FL_KEEP_SIZE } else { 0 }, off, len).unwrap();
+                fs.fallocate(f, if keep { FallocMode::KEEP_SIZE } else { FallocMode::empty() }, off, len)
+                    .unwrap();
                 if !keep && (m.data.len() as u64) < off + len {
                     m.data.resize((off + len) as usize, 0);
                 }
                 "allocate"
             }
             5 => {
-                fs.fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len).unwrap();
+                fs.fallocate(f, FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE, off, len).unwrap();
                 m.zero(off, len, true);
                 "punch"
             }
             6..=7 => {
-                let mode = FALLOC_FL_ZERO_RANGE | if keep { FALLOC_FL_KEEP_SIZE } else { 0 };
+                let mode =
+                    FallocMode::ZERO_RANGE | if keep { FallocMode::KEEP_SIZE } else { FallocMode::empty() };
                 fs.fallocate(f, mode, off, len).unwrap();
                 m.zero(off, len, keep);
                 "zero range"

@@ -17,7 +17,7 @@
 //! bridge. Every recovered image passes fsck.
 
 use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq};
-use lanefs::fsck::{check, FsckOptions};
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -163,7 +163,7 @@ fn check_image(img: Vec<u8>, durable: &Durable, what: &str) {
         assert!(got[..n] == want[..], "{what}: {path}: contents after recovery differ from its last fsync");
     }
     fs.unmount().unwrap();
-    let report = check(&*mem, &FsckOptions::default()).unwrap();
+    let report = fsck(&*mem, &FsckOptions::default()).unwrap();
     assert!(report.is_clean(), "{what}: fsck after recovery: {:?}", report.problems);
 }
 
@@ -268,7 +268,7 @@ fn held_fs() -> (Arc<MetaHoldDevice>, Arc<Fs>) {
         cv: Condvar::new(),
     });
     Fs::format(&*dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
-    let g = lanefs::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
+    let g = lanefs::testing::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
     dev.main_start.store(g.main_blkaddr, Ordering::Release);
     let fs = Arc::new(Fs::open(dev.clone(), opts()).unwrap());
     (dev, fs)
@@ -312,7 +312,8 @@ fn fsyncs_of_captured_files_finish_while_the_checkpoint_is_held_and_recover_on_e
                 }
                 // Attributes only.
                 _ => {
-                    fs.setxattr(ino, b"user.k", format!("v{i}").as_bytes(), 0).unwrap();
+                    fs.setxattr(ino, b"user.k", format!("v{i}").as_bytes(), lanefs::XattrFlags::empty())
+                        .unwrap();
                     fs.setattr(ino, &lanefs::SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
                 }
             }

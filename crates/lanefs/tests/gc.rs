@@ -8,8 +8,8 @@ mod nvm_mode;
 
 use lanefs::device::BlockDevice;
 use lanefs::device::{create_image, DeviceOptions, FileDevice};
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::sync::Arc;
 
@@ -53,7 +53,7 @@ fn mount_with(path: &std::path::Path, opts: FsOptions) -> Fs {
 
 fn fsck_clean(path: &std::path::Path) {
     let dev = FileDevice::open(path, DeviceOptions::default()).unwrap();
-    let r = check(&dev, &FsckOptions { nvm: region_of(path), ..Default::default() }).unwrap();
+    let r = fsck(&dev, &FsckOptions { nvm: region_of(path), ..Default::default() }).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 }
 

@@ -12,8 +12,9 @@
 use lanefs::crashtest::check_script;
 use lanefs::crashtest::workload::Setup;
 use lanefs::device::{BlockDevice, MemDevice};
-use lanefs::fs::{FileKind, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
-use lanefs::fsck::{check, FsckOptions};
+use lanefs::FileKind;
+use lanefs::RenameFlags;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::Arc;
 
@@ -33,7 +34,7 @@ fn crash_image(dev: &MemDevice) -> Arc<MemDevice> {
 }
 
 fn fsck_clean(dev: &MemDevice) {
-    let r = check(dev, &FsckOptions::default()).unwrap();
+    let r = fsck(dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
 }
 
@@ -91,16 +92,16 @@ fn recovery_keeps_replayed_generations_and_starts_past_them() {
     fs.sync().unwrap();
     // Files until one has the last generation of its CPU slot's batch, so that the whiteout
     // below is the first of a new one: only the whiteout then tells recovery where to start.
-    let batch = lanefs::generation::BATCH as u32;
+    let batch = lanefs::testing::generation::BATCH as u32;
     let mut kept = fs.create(ROOT, b"kept", 0o644, 0, 0).unwrap();
     for i in 0..2 * batch {
         if kept.generation % batch == batch - 1 {
             break;
         }
-        fs.rename(ROOT, b"kept", ROOT, format!("t{i}").as_bytes(), 0).unwrap();
+        fs.rename(ROOT, b"kept", ROOT, format!("t{i}").as_bytes(), RenameFlags::empty()).unwrap();
         kept = fs.create(ROOT, b"kept", 0o644, 0, 0).unwrap();
     }
-    fs.rename(ROOT, b"old", ROOT, b"new", RENAME_WHITEOUT).unwrap();
+    fs.rename(ROOT, b"old", ROOT, b"new", RenameFlags::WHITEOUT).unwrap();
     let w = fs.lookup(ROOT, b"old").unwrap();
     fs.fsync(ROOT, false).unwrap();
     let crashed = crash_image(&dev);
@@ -156,7 +157,7 @@ fn rename_whiteout_leaves_a_character_device_0_0_owned_by_the_caller() {
     let old = fs.create(b.ino, b"old", 0o644, 0, 0).unwrap();
 
     // Across directories, over an existing file.
-    fs.rename_as(a.ino, b"f", b.ino, b"old", RENAME_WHITEOUT, 1000, 1001).unwrap();
+    fs.rename_as(a.ino, b"f", b.ino, b"old", RenameFlags::WHITEOUT, 1000, 1001).unwrap();
     let w = fs.lookup(a.ino, b"f").unwrap();
     assert_eq!(w.kind, FileKind::CharDevice);
     assert_eq!((w.rdev, w.mode & 0o7777, w.uid, w.gid, w.nlink), (0, 0, 1000, 1001, 1));
@@ -169,7 +170,7 @@ fn rename_whiteout_leaves_a_character_device_0_0_owned_by_the_caller() {
 
     // A directory, in one directory: its whiteout takes its place, link counts follow.
     let sub = fs.mkdir(a.ino, b"sub", 0o755, 0, 0).unwrap();
-    fs.rename_as(a.ino, b"sub", b.ino, b"sub2", RENAME_WHITEOUT, 0, 0).unwrap();
+    fs.rename_as(a.ino, b"sub", b.ino, b"sub2", RenameFlags::WHITEOUT, 0, 0).unwrap();
     assert_eq!(fs.lookup(a.ino, b"sub").unwrap().kind, FileKind::CharDevice);
     assert_eq!(fs.lookup(b.ino, b"sub2").unwrap().ino, sub.ino);
     assert_eq!(fs.lookup(sub.ino, b"..").unwrap().ino, b.ino);
@@ -178,16 +179,19 @@ fn rename_whiteout_leaves_a_character_device_0_0_owned_by_the_caller() {
 
     // The errors of ext4, with nothing changed.
     let g = fs.create(a.ino, b"g", 0o644, 0, 0).unwrap();
-    assert_eq!(errno(fs.rename(a.ino, b"g", b.ino, b"old", RENAME_WHITEOUT | RENAME_EXCHANGE)), libc::EINVAL);
     assert_eq!(
-        errno(fs.rename(a.ino, b"g", b.ino, b"old", RENAME_WHITEOUT | RENAME_NOREPLACE)),
+        errno(fs.rename(a.ino, b"g", b.ino, b"old", RenameFlags::WHITEOUT | RenameFlags::EXCHANGE)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(fs.rename(a.ino, b"g", b.ino, b"old", RenameFlags::WHITEOUT | RenameFlags::NOREPLACE)),
         libc::EEXIST
     );
-    assert_eq!(errno(fs.rename(a.ino, b"none", b.ino, b"x", RENAME_WHITEOUT)), libc::ENOENT);
-    assert_eq!(errno(fs.rename(a.ino, b"g", b.ino, b"sub2", RENAME_WHITEOUT)), libc::EISDIR);
+    assert_eq!(errno(fs.rename(a.ino, b"none", b.ino, b"x", RenameFlags::WHITEOUT)), libc::ENOENT);
+    assert_eq!(errno(fs.rename(a.ino, b"g", b.ino, b"sub2", RenameFlags::WHITEOUT)), libc::EISDIR);
     assert_eq!(fs.lookup(a.ino, b"g").unwrap().ino, g.ino);
     // With RENAME_NOREPLACE onto a free name it is a whiteout rename.
-    fs.rename(a.ino, b"g", b.ino, b"g2", RENAME_WHITEOUT | RENAME_NOREPLACE).unwrap();
+    fs.rename(a.ino, b"g", b.ino, b"g2", RenameFlags::WHITEOUT | RenameFlags::NOREPLACE).unwrap();
     assert_eq!(fs.lookup(a.ino, b"g").unwrap().kind, FileKind::CharDevice);
     let whiteouts = |fs: &Fs| {
         let mut v: Vec<(Vec<u8>, FileKind)> =
@@ -228,11 +232,11 @@ fn rename_whiteout_without_room_for_the_whiteout_is_enospc_and_renames_nothing()
         assert!(n < 1 << 20, "creates never ran out of room");
     }
     let src = fs.lookup(ROOT, b"src").unwrap();
-    assert_eq!(errno(fs.rename(ROOT, b"src", ROOT, b"dst", RENAME_WHITEOUT)), libc::ENOSPC);
+    assert_eq!(errno(fs.rename(ROOT, b"src", ROOT, b"dst", RenameFlags::WHITEOUT)), libc::ENOSPC);
     assert_eq!(fs.lookup(ROOT, b"src").unwrap().ino, src.ino);
     assert_eq!(errno(fs.lookup(ROOT, b"dst")), libc::ENOENT);
     // A rename that needs no new inode still works (and frees nothing it should keep).
-    fs.rename(ROOT, b"src", ROOT, b"dst", 0).unwrap();
+    fs.rename(ROOT, b"src", ROOT, b"dst", RenameFlags::empty()).unwrap();
     fs.unmount().unwrap();
     fsck_clean(&dev);
     let fs = open(&dev);

@@ -4,13 +4,13 @@
 mod common;
 
 use common::Builder;
-use lanefs::checkpoint;
 use lanefs::device::{BlockDevice, DeviceOptions, FileDevice, IoChoice, MemDevice, BLOCK_SIZE};
 use lanefs::format::layout::{Geometry, ROOT_INO};
 use lanefs::format::SitBlock;
-use lanefs::fsck::{check, FsckOptions, FsckReport};
-use lanefs::mkfs::{detect_existing, format_device, MkfsOptions};
+use lanefs::testing::checkpoint;
 use lanefs::Error;
+use lanefs::{detect_existing, format_device, MkfsOptions};
+use lanefs::{fsck as check, FsckOptions, FsckReport};
 
 fn mkfs(dev: &dyn BlockDevice, lanes: u32) {
     format_device(dev, &MkfsOptions { lanes, ..Default::default() }).unwrap();

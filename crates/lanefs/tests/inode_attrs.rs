@@ -9,7 +9,9 @@
 
 use lanefs::device::{BlockDevice, MemDevice};
 use lanefs::format::Timespec;
+use lanefs::FallocMode;
 use lanefs::{AtimeMode, AtimePolicy, Fs, FsOptions, InodeFlags, MkfsOptions, SetAttr, ROOT};
+use lanefs::{RenameFlags, XattrFlags};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -239,7 +241,7 @@ fn immutable_refuses_every_change_and_only_a_privileged_caller_clears_it() {
     let d = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap().ino;
     let f = fs.create(d, b"f", 0o644, 0, 0).unwrap().ino;
     fs.write_at(f, 0, b"data").unwrap();
-    fs.setxattr(f, b"user.x", b"1", 0).unwrap();
+    fs.setxattr(f, b"user.x", b"1", XattrFlags::empty()).unwrap();
     assert_eq!(errno(fs.set_flags(f, InodeFlags::IMMUTABLE, false)), libc::EPERM, "unprivileged");
     let before = fs.getattr(f).unwrap();
     tick();
@@ -251,7 +253,7 @@ fn immutable_refuses_every_change_and_only_a_privileged_caller_clears_it() {
     assert_eq!(errno(fs.write_at(f, 0, b"x")), eperm, "write");
     assert_eq!(errno(fs.write_at(f, 4, b"x")), eperm, "append");
     assert_eq!(errno(fs.truncate(f, 0)), eperm, "truncate");
-    assert_eq!(errno(fs.fallocate(f, 0, 0, 8192)), eperm, "fallocate");
+    assert_eq!(errno(fs.fallocate(f, FallocMode::empty(), 0, 8192)), eperm, "fallocate");
     for a in [
         SetAttr { mode: Some(0o600), ..Default::default() },
         SetAttr { uid: Some(1), ..Default::default() },
@@ -261,13 +263,13 @@ fn immutable_refuses_every_change_and_only_a_privileged_caller_clears_it() {
     ] {
         assert_eq!(errno(fs.setattr(f, &a)), eperm, "setattr {a:?}");
     }
-    assert_eq!(errno(fs.setxattr(f, b"user.y", b"2", 0)), eperm, "setxattr");
+    assert_eq!(errno(fs.setxattr(f, b"user.y", b"2", XattrFlags::empty())), eperm, "setxattr");
     assert_eq!(errno(fs.removexattr(f, b"user.x")), eperm, "removexattr");
     assert_eq!(errno(fs.link(f, ROOT, b"l")), eperm, "link");
     assert_eq!(errno(fs.unlink(d, b"f")), eperm, "unlink");
-    assert_eq!(errno(fs.rename(d, b"f", d, b"g", 0)), eperm, "rename");
+    assert_eq!(errno(fs.rename(d, b"f", d, b"g", RenameFlags::empty())), eperm, "rename");
     let other = fs.create(d, b"o", 0o644, 0, 0).unwrap().ino;
-    assert_eq!(errno(fs.rename(d, b"o", d, b"f", 0)), eperm, "rename over it");
+    assert_eq!(errno(fs.rename(d, b"o", d, b"f", RenameFlags::empty())), eperm, "rename over it");
     assert_eq!(errno(fs.open_with(f, libc::O_WRONLY)), eperm, "open for writing");
     assert_eq!(errno(fs.open_with(f, libc::O_RDONLY | libc::O_TRUNC)), eperm, "open with O_TRUNC");
     fs.open_with(f, libc::O_RDONLY).unwrap();
@@ -287,7 +289,7 @@ fn immutable_refuses_every_change_and_only_a_privileged_caller_clears_it() {
     assert_eq!(errno(fs.symlink(d, b"n", b"t", 0, 0)), eperm, "symlink in it");
     assert_eq!(errno(fs.link(other, d, b"n")), eperm, "link into it");
     assert_eq!(errno(fs.unlink(d, b"o")), eperm, "unlink from it");
-    assert_eq!(errno(fs.rename(d, b"o", ROOT, b"o", 0)), eperm, "rename out of it");
+    assert_eq!(errno(fs.rename(d, b"o", ROOT, b"o", RenameFlags::empty())), eperm, "rename out of it");
     assert_eq!(errno(fs.rmdir(ROOT, b"d")), eperm, "rmdir of it");
     fs.write_at(f, 0, b"DATA").unwrap();
     fs.set_flags(d, InodeFlags::default(), true).unwrap();
@@ -313,15 +315,11 @@ fn append_only_takes_writes_at_the_end_only_and_keeps_its_names() {
     drop(h);
     assert_eq!(errno(fs.truncate(f, 0)), eperm, "truncate");
     assert_eq!(errno(fs.truncate(f, 100)), eperm, "extend by truncate");
-    assert_eq!(
-        errno(fs.fallocate(f, lanefs::fs::FALLOC_FL_PUNCH_HOLE | lanefs::fs::FALLOC_FL_KEEP_SIZE, 0, 4)),
-        eperm,
-        "punch"
-    );
-    fs.fallocate(f, lanefs::fs::FALLOC_FL_KEEP_SIZE, 0, 1 << 16).unwrap();
+    assert_eq!(errno(fs.fallocate(f, FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE, 0, 4)), eperm, "punch");
+    fs.fallocate(f, FallocMode::KEEP_SIZE, 0, 1 << 16).unwrap();
     assert_eq!(errno(fs.setattr(f, &SetAttr { mode: Some(0o600), ..Default::default() })), eperm, "chmod");
     assert_eq!(errno(fs.unlink(ROOT, b"log")), eperm, "unlink");
-    assert_eq!(errno(fs.rename(ROOT, b"log", ROOT, b"log2", 0)), eperm, "rename");
+    assert_eq!(errno(fs.rename(ROOT, b"log", ROOT, b"log2", RenameFlags::empty())), eperm, "rename");
     assert_eq!(errno(fs.link(f, ROOT, b"l")), eperm, "link");
     assert_eq!(errno(fs.open_with(f, libc::O_WRONLY)), eperm, "open without O_APPEND");
     assert_eq!(errno(fs.open_with(f, libc::O_WRONLY | libc::O_APPEND | libc::O_TRUNC)), eperm, "O_TRUNC");
@@ -335,11 +333,11 @@ fn append_only_takes_writes_at_the_end_only_and_keeps_its_names() {
     fs.set_flags(d, InodeFlags::APPEND, true).unwrap();
     fs.create(d, b"m1", 0o644, 0, 0).unwrap();
     assert_eq!(errno(fs.unlink(d, b"m1")), eperm, "unlink from it");
-    assert_eq!(errno(fs.rename(d, b"m1", ROOT, b"m1", 0)), eperm, "rename out of it");
+    assert_eq!(errno(fs.rename(d, b"m1", ROOT, b"m1", RenameFlags::empty())), eperm, "rename out of it");
     fs.create(ROOT, b"m2", 0o644, 0, 0).unwrap();
-    fs.rename(ROOT, b"m2", d, b"m2", 0).unwrap();
+    fs.rename(ROOT, b"m2", d, b"m2", RenameFlags::empty()).unwrap();
     fs.create(ROOT, b"m3", 0o644, 0, 0).unwrap();
-    assert_eq!(errno(fs.rename(ROOT, b"m3", d, b"m2", 0)), eperm, "rename over an entry");
+    assert_eq!(errno(fs.rename(ROOT, b"m3", d, b"m2", RenameFlags::empty())), eperm, "rename over an entry");
     fs.unmount().unwrap();
 }
 
@@ -407,7 +405,7 @@ fn flags_are_inherited_as_ext4_does_and_unsupported_ones_refused() {
     assert_eq!(errno(fs.set_flags(f2, InodeFlags(0x4), true)), libc::EOPNOTSUPP);
     // A rename keeps an inode's flags (mv), wherever it goes.
     fs.set_flags(d, InodeFlags::default(), true).unwrap();
-    fs.rename(d, b"f", ROOT, b"f", 0).unwrap();
+    fs.rename(d, b"f", ROOT, b"f", RenameFlags::empty()).unwrap();
     assert!(fs.get_flags(file).unwrap().contains(InodeFlags::DAX));
     fs.unmount().unwrap();
 }

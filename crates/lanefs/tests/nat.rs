@@ -3,11 +3,11 @@
 
 mod mounted;
 
-use lanefs::checkpoint::{self, commit, CommitSet};
 use lanefs::device::BLOCK_SIZE;
 use lanefs::format::layout::{Geometry, NAT_ENTRIES_PER_BLOCK, ROOT_INO};
 use lanefs::format::{NatBlock, NatEntry};
-use lanefs::nat::{NatTable, NID_BATCH};
+use lanefs::testing::checkpoint::{self, commit, CommitSet};
+use lanefs::testing::nat::{NatTable, NID_BATCH};
 use lanefs::Error;
 use mounted::{mkfs, Mounted, MIB};
 use std::collections::{BTreeSet, HashSet};

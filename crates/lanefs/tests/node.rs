@@ -5,16 +5,16 @@
 mod mounted;
 
 use lanefs::device::{BlockDevice, MemDevice, BLOCK_SIZE};
-use lanefs::error::Structure;
 use lanefs::format::dentry::dtype_of;
 use lanefs::format::layout::{Geometry, LogType, ROOT_INO};
 use lanefs::format::node::{Inode, Timespec, ADDRS_PER_NODE, INODE_ADDRS, NEW_ADDR};
 use lanefs::format::tree::{NodePos, MAX_FILE_BLOCKS};
 use lanefs::format::{Dentry, DentryBlock, SummaryEntry, SummaryKind};
-use lanefs::fsck::{check, FsckOptions};
-use lanefs::node::{drop_inode, read_inode, write_inode, BlockMap, InodeTree};
 use lanefs::rng::Rng;
+use lanefs::testing::node::{drop_inode, read_inode, write_inode, BlockMap, InodeTree};
 use lanefs::Error;
+use lanefs::Structure;
+use lanefs::{fsck, FsckOptions};
 use mounted::{mkfs, write_all, Mounted, MIB};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -502,7 +502,7 @@ fn assert_reads_back(dev: &dyn BlockDevice, m: &Mounted, f: &File) {
 }
 
 fn assert_fsck_clean(dev: &dyn BlockDevice, inodes: u64) {
-    let r = check(dev, &FsckOptions::default()).unwrap();
+    let r = fsck(dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "fsck found: {:#?}", r.problems);
     assert_eq!(r.stats.inodes, inodes);
 }

@@ -2,11 +2,11 @@
 //! and refusals through the library. The protocol's own crash states are enumerated in
 //! `src/pmem/nat_tests.rs`.
 
-use lanefs::checkpoint::{read_checkpoint, read_superblock};
 use lanefs::device::{BlockDevice, CrashDevice, EventKind, FaultPlan, MemDevice};
-use lanefs::error::RegionFault;
 use lanefs::format::checkpoint::CP_FLAG_NVM_NAT;
-use lanefs::pmem::MIN_REGION_SIZE;
+use lanefs::testing::checkpoint::{read_checkpoint, read_superblock};
+use lanefs::testing::pmem::MIN_REGION_SIZE;
+use lanefs::RegionFault;
 use lanefs::{Error, Fs, FsOptions, MkfsOptions, ROOT};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -162,7 +162,10 @@ fn a_flagged_image_needs_its_region() {
     // A region recreated since (bound to the image, but empty).
     std::fs::remove_file(&region).unwrap();
     let uuid = read_superblock(&*dev).unwrap().sb.uuid;
-    drop(lanefs::pmem::PmemRegion::create(&region, MIN_REGION_SIZE, uuid, &Default::default()).unwrap());
+    drop(
+        lanefs::testing::pmem::PmemRegion::create(&region, MIN_REGION_SIZE, uuid, &Default::default())
+            .unwrap(),
+    );
     let e = mount(&dev, Some(&region)).err().unwrap();
     assert!(matches!(e, Error::Region { fault: RegionFault::Stale, .. }), "{e}");
     // The right one again.
@@ -171,7 +174,7 @@ fn a_flagged_image_needs_its_region() {
     check_files(&fs, &files);
     drop(fs);
     // fsck without the region says it needs it.
-    let e = lanefs::fsck::check(&*dev, &Default::default()).err().unwrap();
+    let e = lanefs::fsck(&*dev, &Default::default()).err().unwrap();
     assert!(e.to_string().contains("persistent-memory region"), "{e}");
 }
 
@@ -193,8 +196,8 @@ fn too_small_region_is_refused_naming_the_file() {
     // The default: the NAT of this 1 GiB image plus 32 MiB of journal for each of its lanes.
     let len = std::fs::metadata(&region).unwrap().len();
     let lanes = MkfsOptions::default().lanes;
-    assert!(len >= lanes as u64 * lanefs::pmem::DEFAULT_JOURNAL_PER_LANE + (4 << 20), "{len}");
-    assert!(len <= lanes as u64 * lanefs::pmem::DEFAULT_JOURNAL_PER_LANE + (16 << 20), "{len}");
+    assert!(len >= lanes as u64 * lanefs::testing::pmem::DEFAULT_JOURNAL_PER_LANE + (4 << 20), "{len}");
+    assert!(len <= lanes as u64 * lanefs::testing::pmem::DEFAULT_JOURNAL_PER_LANE + (16 << 20), "{len}");
     populate(&fs, "a", 2, 6);
     fs.unmount().unwrap();
 }
@@ -300,7 +303,7 @@ fn read_only_mount_reads_the_region_and_writes_nothing() {
 
 #[test]
 fn fsck_checks_the_region_with_the_image_and_repairs_through_it() {
-    use lanefs::fsck::{check, FsckOptions};
+    use lanefs::{fsck, FsckOptions};
     let d = scratch();
     let region = d.path().join("r.nvm");
     let copy = d.path().join("copy.nvm");
@@ -316,7 +319,7 @@ fn fsck_checks_the_region_with_the_image_and_repairs_through_it() {
     let img = mem.snapshot();
     std::fs::copy(&region, &copy).unwrap();
     let crashed = MemDevice::from_bytes(img);
-    let r = check(&crashed, &with(&copy, false)).unwrap();
+    let r = fsck(&crashed, &with(&copy, false)).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
     assert!(
         r.notes.iter().any(|n| n.contains("region lane journals: ") && n.contains("transactions")),
@@ -324,23 +327,23 @@ fn fsck_checks_the_region_with_the_image_and_repairs_through_it() {
         r.notes
     );
     // Without the region fsck cannot check it (operational error naming the option).
-    let e = check(&crashed, &FsckOptions::default()).unwrap_err();
+    let e = fsck(&crashed, &FsckOptions::default()).unwrap_err();
     assert!(e.to_string().contains("--nvm"), "{e}");
     // A corrupt journal is a problem, and stops a repair.
     let mut bad = std::fs::read(&copy).unwrap();
     let nat_end = {
         let g = read_superblock(&crashed).unwrap().sb.geometry;
-        let r = lanefs::pmem::PmemRegion::open(&copy, None, &Default::default()).unwrap();
-        lanefs::pmem::nat::NvmNat::new(r, &g).unwrap().layout().end
+        let r = lanefs::testing::pmem::PmemRegion::open(&copy, None, &Default::default()).unwrap();
+        lanefs::testing::pmem::nat::NvmNat::new(r, &g).unwrap().layout().end
     };
     let g = read_superblock(&crashed).unwrap().sb.geometry;
-    let layout = lanefs::pmem::journal::JournalLayout::of(nat_end, bad.len(), g.lanes);
+    let layout = lanefs::testing::pmem::journal::JournalLayout::of(nat_end, bad.len(), g.lanes);
     let busy = (0..layout.lanes)
         .find(|&l| u32::from_le_bytes(bad[layout.tail(l)..layout.tail(l) + 4].try_into().unwrap()) > 0)
         .expect("a lane journal holds transactions");
     bad[layout.log(busy) + 8 + 30] ^= 0x40;
     std::fs::write(&copy, &bad).unwrap();
-    let r = check(&crashed, &with(&copy, true)).unwrap();
+    let r = fsck(&crashed, &with(&copy, true)).unwrap();
     assert_eq!(r.exit_code(), 4);
     assert!(r
         .problems
@@ -349,7 +352,7 @@ fn fsck_checks_the_region_with_the_image_and_repairs_through_it() {
     drop(fs);
 
     // The cleanly unmounted image: clean with its region.
-    let r = check(&*dev, &with(&region, false)).unwrap();
+    let r = fsck(&*dev, &with(&region, false)).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
     // Wrong counters in a new pack (its region side done as a checkpoint does it): found, and
     // repaired by a checkpoint that goes through the region too.
@@ -360,18 +363,18 @@ fn fsck_checks_the_region_with_the_image_and_repairs_through_it() {
         cp.version += 1;
         cp.valid_blocks += 7;
         let uuid = read_superblock(&*dev).unwrap().sb.uuid;
-        let r = lanefs::pmem::PmemRegion::open(&region, Some(uuid), &Default::default()).unwrap();
-        let nvm = lanefs::pmem::nat::NvmNat::new(r, &g).unwrap();
+        let r = lanefs::testing::pmem::PmemRegion::open(&region, Some(uuid), &Default::default()).unwrap();
+        let nvm = lanefs::testing::pmem::nat::NvmNat::new(r, &g).unwrap();
         nvm.stage(cp.version, &[]).unwrap();
-        let set = lanefs::checkpoint::CommitSet { nat: vec![], sit: vec![], summaries: vec![] };
-        lanefs::checkpoint::commit(&*dev, &g, &mut cp, cpr.pack, &set).unwrap();
+        let set = lanefs::testing::checkpoint::CommitSet { nat: vec![], sit: vec![], summaries: vec![] };
+        lanefs::testing::checkpoint::commit(&*dev, &g, &mut cp, cpr.pack, &set).unwrap();
         nvm.apply(cp.version).unwrap();
     }
-    let r = check(&*dev, &with(&region, false)).unwrap();
+    let r = fsck(&*dev, &with(&region, false)).unwrap();
     assert_eq!(r.exit_code(), 4, "{:?}", r.problems);
-    let r = check(&*dev, &with(&region, true)).unwrap();
+    let r = fsck(&*dev, &with(&region, true)).unwrap();
     assert_eq!(r.exit_code(), 1, "{:?}", r.problems);
-    let r = check(&*dev, &with(&region, false)).unwrap();
+    let r = fsck(&*dev, &with(&region, false)).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
     let fs = mount(&dev, Some(&region)).unwrap();
     check_files(&fs, &files);
@@ -391,7 +394,7 @@ fn a_lost_newest_pack_is_not_paired_with_the_nat_of_the_region() {
     let dev: Arc<dyn BlockDevice> = mem.clone();
     let corrupt_newest = |mem: &MemDevice| {
         let g = read_superblock(mem).unwrap().sb.geometry;
-        let pack = lanefs::checkpoint::read_checkpoint(mem, &g).unwrap().pack as u64;
+        let pack = lanefs::testing::checkpoint::read_checkpoint(mem, &g).unwrap().pack as u64;
         let at = g.cp_blkaddr as u64 + pack * g.cp_pack_blocks as u64 + 1;
         let mut b = vec![0u8; 4096];
         mem.read_block(at, &mut b).unwrap();
@@ -430,8 +433,8 @@ fn a_lost_newest_pack_is_not_paired_with_the_nat_of_the_region() {
         Ok(_) => panic!("mounted the older checkpoint with the NAT of the lost one"),
     }
     // fsck reports it as a problem of the region (exit 4), naming the file.
-    let opts = lanefs::fsck::FsckOptions { nvm: Some(region.clone()), ..Default::default() };
-    let r = lanefs::fsck::check(&*mem, &opts).unwrap();
+    let opts = lanefs::FsckOptions { nvm: Some(region.clone()), ..Default::default() };
+    let r = lanefs::fsck(&*mem, &opts).unwrap();
     let named = |m: &str| m.contains("unreadable") && m.contains(&*region.to_string_lossy());
     assert!(r.problems.iter().any(|p| named(&p.message)), "{:#?}", r.problems);
 }

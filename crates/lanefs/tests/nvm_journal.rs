@@ -6,12 +6,13 @@
 //! entries, every subset of unpersisted words) are enumerated in `src/pmem/journal_tests.rs`.
 
 use lanefs::device::{BlockDevice, CrashDevice, EventKind, MemDevice};
-use lanefs::pmem::{PmemCrash, RegionOptions};
+use lanefs::testing::pmem::{PmemCrash, RegionOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, SetAttr, ROOT};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 mod region;
+use lanefs::FallocMode;
 use region::{data, image, opts, scratch};
 
 /// Every entry of the directories `dirs`: path -> (contents (none for a directory), permission
@@ -205,8 +206,8 @@ fn a_transaction_too_big_for_the_region_is_made_durable_by_a_checkpoint() {
     }
     let before = fs.io_stats();
     let version = |dev: &MemDevice| {
-        let g = lanefs::checkpoint::read_superblock(dev).unwrap().sb.geometry;
-        lanefs::checkpoint::read_checkpoint(dev, &g).unwrap().cp.version
+        let g = lanefs::testing::checkpoint::read_superblock(dev).unwrap().sb.geometry;
+        lanefs::testing::checkpoint::read_checkpoint(dev, &g).unwrap().cp.version
     };
     let v0 = version(&mem);
     fs.fsync(dir, false).unwrap();
@@ -302,7 +303,7 @@ fn a_crash_at_every_region_event_of_a_run_of_fsyncs() {
         (
             "rename",
             Box::new(|fs: &Fs| {
-                fs.rename(dn, b"f2", en, b"h", 0).unwrap();
+                fs.rename(dn, b"f2", en, b"h", lanefs::RenameFlags::empty()).unwrap();
                 fs.fsync(en, false).unwrap();
             }),
         ),
@@ -462,8 +463,7 @@ fn a_punched_page_that_was_only_logged_inline_stays_a_hole() {
         fs.write_at(f, 0, &data(7, 3 * 4096)).unwrap();
         fs.fsync(f, false).unwrap();
         assert_eq!(fs.io_stats().journal_bytes, 0, "the pages went inline, not to the device");
-        fs.fallocate(f, lanefs::fs::FALLOC_FL_PUNCH_HOLE | lanefs::fs::FALLOC_FL_KEEP_SIZE, 4096, 4096)
-            .unwrap();
+        fs.fallocate(f, FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE, 4096, 4096).unwrap();
         let mut want = data(7, 3 * 4096);
         if punch_fsynced {
             fs.fsync(f, false).unwrap();

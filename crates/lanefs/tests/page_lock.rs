@@ -18,8 +18,9 @@
 mod nvm_mode;
 
 use lanefs::device::{create_image, BlockDevice, DeviceOptions, FileDevice};
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::FallocMode;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -126,7 +127,7 @@ fn worker(fs: &Fs, ino: Ino, t: u64, clock: &AtomicU64, log: &Mutex<Vec<Done>>) 
             // fallocate of one page that keeps the size: a listed exclusive request over it.
             _ => {
                 let p = rng.below(BODY);
-                fs.fallocate(ino, lanefs::fs::FALLOC_FL_KEEP_SIZE, p * PAGE, PAGE).unwrap();
+                fs.fallocate(ino, FallocMode::KEEP_SIZE, p * PAGE, PAGE).unwrap();
                 None
             }
         };
@@ -238,7 +239,7 @@ fn page_level_writes_against_range_requests() {
     fs.sync().unwrap();
     Arc::into_inner(fs).expect("every thread is done").unmount().unwrap();
     let opts = FsckOptions { nvm: region.as_ref().map(|r| r.path().to_path_buf()), ..Default::default() };
-    let r = check(&*image(dir.path()), &opts).unwrap();
+    let r = fsck(&*image(dir.path()), &opts).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 
     let fs = mount(dir.path(), region.as_ref());

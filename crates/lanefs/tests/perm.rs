@@ -3,9 +3,11 @@
 //! step, malformed ACLs refused, and the privileges a write, truncate, fallocate, chown or ACL
 //! change by an unprivileged caller takes away.
 
-use lanefs::acl::{self, Acl, Entry, Tag};
 use lanefs::device::MemDevice;
-use lanefs::fsck::{check, FsckOptions};
+use lanefs::testing::acl::{self, Acl, Entry, Tag};
+use lanefs::FallocMode;
+use lanefs::XattrFlags;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Caller, Fs, FsOptions, Ino, MkfsOptions, New, SetAttr, ROOT};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ fn open(dev: &Arc<MemDevice>) -> Fs {
 }
 
 fn fsck_clean(dev: &MemDevice) {
-    let r = check(dev, &FsckOptions::default()).unwrap();
+    let r = fsck(dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 }
 
@@ -61,7 +63,7 @@ fn default_acls_are_inherited_without_the_umask_and_survive_a_crash() {
     let dev = fresh();
     let fs = open(&dev);
     let d = fs.mkdir(ROOT, b"d", 0o755, 0, 0).unwrap();
-    fs.setxattr(d.ino, acl::DEFAULT, &named_default().encode(), 0).unwrap();
+    fs.setxattr(d.ino, acl::DEFAULT, &named_default().encode(), XattrFlags::empty()).unwrap();
     // A default ACL does not change the directory's own mode or access ACL.
     assert_eq!(fs.getattr(d.ino).unwrap().mode, 0o040755);
     assert_eq!(acl_of(&fs, d.ino, acl::ACCESS), None);
@@ -87,7 +89,7 @@ fn default_acls_are_inherited_without_the_umask_and_survive_a_crash() {
 
     // A minimal default ACL gives the mode and no access ACL (generic/319).
     let m = fs.mkdir(ROOT, b"m", 0o755, 0, 0).unwrap();
-    fs.setxattr(m.ino, acl::DEFAULT, &Acl::from_mode(0o770).encode(), 0).unwrap();
+    fs.setxattr(m.ino, acl::DEFAULT, &Acl::from_mode(0o770).encode(), XattrFlags::empty()).unwrap();
     let ms = fs.make(m.ino, b"s", &New { mode: 0o040777, umask: 0o022, ..Default::default() }).unwrap();
     assert_eq!(ms.mode, 0o040770);
     assert_eq!(acl_of(&fs, ms.ino, acl::ACCESS), None);
@@ -126,7 +128,7 @@ fn the_mode_and_the_access_acl_follow_each_other() {
         e(Tag::Other, 0, U),
     ])
     .unwrap();
-    fs.setxattr(f.ino, acl::ACCESS, &acl.encode(), 0).unwrap();
+    fs.setxattr(f.ino, acl::ACCESS, &acl.encode(), XattrFlags::empty()).unwrap();
     // The group bits show the mask.
     assert_eq!(fs.getattr(f.ino).unwrap().mode, 0o100670);
     // chmod rewrites the mask (not group::), user:: and other::; named entries stay.
@@ -137,14 +139,14 @@ fn the_mode_and_the_access_acl_follow_each_other() {
         vec![(Tag::UserObj, 7), (Tag::User, 5), (Tag::GroupObj, 4), (Tag::Mask, 5), (Tag::Other, 1)]
     );
     // An ACL the mode says all of is not kept, and sets the mode.
-    fs.setxattr(f.ino, acl::ACCESS, &Acl::from_mode(0o604).encode(), 0).unwrap();
+    fs.setxattr(f.ino, acl::ACCESS, &Acl::from_mode(0o604).encode(), XattrFlags::empty()).unwrap();
     assert_eq!(fs.getattr(f.ino).unwrap().mode, 0o100604);
     assert_eq!(acl_of(&fs, f.ino, acl::ACCESS), None);
     // Removing an ACL there is not is no error (as ext4), and leaves the mode.
     fs.removexattr(f.ino, acl::ACCESS).unwrap();
     assert_eq!(fs.getattr(f.ino).unwrap().mode, 0o100604);
     // Across a remount.
-    fs.setxattr(f.ino, acl::ACCESS, &acl.encode(), 0).unwrap();
+    fs.setxattr(f.ino, acl::ACCESS, &acl.encode(), XattrFlags::empty()).unwrap();
     fs.setattr(f.ino, &SetAttr { mode: Some(0o700), ..Default::default() }).unwrap();
     fs.unmount().unwrap();
     let fs = open(&dev);
@@ -172,20 +174,30 @@ fn malformed_or_misplaced_acls_are_refused_and_change_nothing() {
         ("no other::", good[..good.len() - 8].to_vec()),
     ] {
         for name in [acl::ACCESS, acl::DEFAULT] {
-            let err = fs.setxattr(ROOT, name, &v, 0).unwrap_err();
+            let err = fs.setxattr(ROOT, name, &v, XattrFlags::empty()).unwrap_err();
             assert_eq!(err.to_errno(), libc::EINVAL, "{what}");
         }
-        assert_eq!(fs.setxattr(f.ino, acl::ACCESS, &v, 0).unwrap_err().to_errno(), libc::EINVAL, "{what}");
+        assert_eq!(
+            fs.setxattr(f.ino, acl::ACCESS, &v, XattrFlags::empty()).unwrap_err().to_errno(),
+            libc::EINVAL,
+            "{what}"
+        );
     }
     assert_eq!(fs.getattr(f.ino).unwrap().mode, 0o100640);
     assert!(fs.listxattr(f.ino).unwrap().is_empty());
     // A default ACL belongs to directories; symlinks have none at all.
-    assert_eq!(fs.setxattr(f.ino, acl::DEFAULT, &good, 0).unwrap_err().to_errno(), libc::EACCES);
+    assert_eq!(
+        fs.setxattr(f.ino, acl::DEFAULT, &good, XattrFlags::empty()).unwrap_err().to_errno(),
+        libc::EACCES
+    );
     let l = fs.symlink(ROOT, b"l", b"f", 0, 0).unwrap();
-    assert_eq!(fs.setxattr(l.ino, acl::ACCESS, &good, 0).unwrap_err().to_errno(), libc::EOPNOTSUPP);
+    assert_eq!(
+        fs.setxattr(l.ino, acl::ACCESS, &good, XattrFlags::empty()).unwrap_err().to_errno(),
+        libc::EOPNOTSUPP
+    );
     // An ACL with no entries removes it.
-    fs.setxattr(ROOT, acl::DEFAULT, &good, 0).unwrap();
-    fs.setxattr(ROOT, acl::DEFAULT, &[2, 0, 0, 0], 0).unwrap();
+    fs.setxattr(ROOT, acl::DEFAULT, &good, XattrFlags::empty()).unwrap();
+    fs.setxattr(ROOT, acl::DEFAULT, &[2, 0, 0, 0], XattrFlags::empty()).unwrap();
     assert_eq!(acl_of(&fs, ROOT, acl::DEFAULT), None);
     fs.unmount().unwrap();
 }
@@ -252,10 +264,12 @@ fn changes_by_an_unprivileged_caller_drop_set_id_bits_first() {
     mode(0o6755);
     fs.setattr_as(f.ino, &SetAttr { size: Some(1), ..Default::default() }, &As::root()).unwrap();
     assert_eq!(now(), 0o6755);
-    for falloc_mode in [0, lanefs::fs::FALLOC_FL_KEEP_SIZE, lanefs::fs::FALLOC_FL_PUNCH_HOLE | 1] {
+    for falloc_mode in
+        [FallocMode::empty(), FallocMode::KEEP_SIZE, FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE]
+    {
         mode(0o6755);
         fs.fallocate_as(f.ino, falloc_mode, 0, 8192, &As::user(&[1001])).unwrap();
-        assert_eq!(now(), 0o755, "fallocate mode {falloc_mode}");
+        assert_eq!(now(), 0o755, "fallocate mode {falloc_mode:#x}");
     }
     // The plain calls are a privileged library caller's.
     mode(0o6755);
@@ -268,16 +282,16 @@ fn changes_by_an_unprivileged_caller_drop_set_id_bits_first() {
     fs.setattr_as(f.ino, &SetAttr { gid: Some(0), ..Default::default() }, &As::root()).unwrap();
     assert_eq!(now(), 0o2745);
     // File capabilities go with any write, privileged or not.
-    fs.setxattr(f.ino, b"security.capability", b"caps", 0).unwrap();
+    fs.setxattr(f.ino, b"security.capability", b"caps", XattrFlags::empty()).unwrap();
     fs.write_at_as(f.ino, 0, b"x", &As::root()).unwrap();
     assert!(fs.getxattr(f.ino, b"security.capability").is_err());
     // An access ACL set by someone outside the group drops set-group-ID (generic/375).
     mode(0o2755);
     let acl = Acl::from_mode(0o777).encode();
-    fs.setxattr_as(f.ino, acl::ACCESS, &acl, 0, &As::user(&[0])).unwrap();
+    fs.setxattr_as(f.ino, acl::ACCESS, &acl, XattrFlags::empty(), &As::user(&[0])).unwrap();
     assert_eq!(now(), 0o2777);
     mode(0o2755);
-    fs.setxattr_as(f.ino, acl::ACCESS, &acl, 0, &As::user(&[101])).unwrap();
+    fs.setxattr_as(f.ino, acl::ACCESS, &acl, XattrFlags::empty(), &As::user(&[101])).unwrap();
     assert_eq!(now(), 0o777);
     // Directories keep their bits on a chown.
     let d = fs.mkdir(ROOT, b"d", 0o2775, 0, 0).unwrap();

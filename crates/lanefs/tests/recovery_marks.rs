@@ -11,8 +11,8 @@ use lanefs::device::{
     flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, EventKind, IoMode, MemDevice,
     ReadReq, WriteReq, BLOCK_SIZE,
 };
-use lanefs::fsck::{check, FsckOptions};
-use lanefs::recovery::RecoveryReport;
+use lanefs::RecoveryReport;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -75,7 +75,7 @@ fn recover(image: Vec<u8>) -> (RecoveryReport, Vec<Option<Vec<u8>>>) {
         })
         .collect();
     fs.unmount().unwrap();
-    let r = check(&*dev, &FsckOptions::default()).unwrap();
+    let r = fsck(&*dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "fsck after recovery: {:#?}", r.problems);
     (report, files)
 }
@@ -252,7 +252,7 @@ fn a_transaction_whose_flush_was_still_out_is_not_proven() {
         };
         let files = (read("/a"), read("/b"));
         fs.unmount().unwrap();
-        assert!(check(&*dev, &FsckOptions::default()).unwrap().is_clean());
+        assert!(fsck(&*dev, &FsckOptions::default()).unwrap().is_clean());
         (r, files)
     };
     assert_eq!(r.torn_transactions, 2, "a's transaction and b's after it: {r:?}");

@@ -9,7 +9,7 @@
 //! seen, and the file system must check clean at the end.
 
 use lanefs::device::{BlockDevice, MemDevice};
-use lanefs::fsck::{check, FsckOptions};
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -61,7 +61,11 @@ fn a_directory_removed_under_concurrent_creates_keeps_no_name() {
             // Bounded by the creators: each unlinks what it created, so the directory is empty
             // again and again.
             loop {
-                let r = if by_rename { fs.rename(ROOT, b"y", ROOT, b"x", 0) } else { fs.rmdir(ROOT, b"x") };
+                let r = if by_rename {
+                    fs.rename(ROOT, b"y", ROOT, b"x", lanefs::RenameFlags::empty())
+                } else {
+                    fs.rmdir(ROOT, b"x")
+                };
                 match r {
                     Ok(()) => break,
                     Err(e) if e.to_errno() == libc::ENOTEMPTY => std::thread::yield_now(),
@@ -80,6 +84,6 @@ fn a_directory_removed_under_concurrent_creates_keeps_no_name() {
         );
     }
     fs.unmount().unwrap();
-    let r = check(&*dev, &FsckOptions::default()).unwrap();
+    let r = fsck(&*dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
 }

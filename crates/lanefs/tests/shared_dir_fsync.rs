@@ -15,8 +15,8 @@ use lanefs::device::{
     flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, IoMode, MemDevice, ReadReq,
     WriteReq,
 };
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -85,7 +85,7 @@ fn spool(fs: &Fs, crash: &CrashDevice<MemDevice>, dir: u64, t: usize) -> Vec<Pro
         fs.write_at(a.ino, 0, &page(t, k, 1)).unwrap();
         if k % 3 == 0 {
             let moved = format!("moved{t}-{k}");
-            fs.rename(dir, tmp.as_bytes(), dir, moved.as_bytes(), 0).unwrap();
+            fs.rename(dir, tmp.as_bytes(), dir, moved.as_bytes(), lanefs::RenameFlags::empty()).unwrap();
             fs.unlink(dir, moved.as_bytes()).unwrap();
         } else {
             fs.unlink(dir, tmp.as_bytes()).unwrap();
@@ -120,7 +120,7 @@ fn verify(image: Vec<u8>, upto: usize, promises: &[Promise], what: &str) -> usiz
         kept += 1;
     }
     fs.unmount().unwrap();
-    let r = check(&*dev, &FsckOptions::default()).unwrap();
+    let r = fsck(&*dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "{what}: fsck after recovery: {:#?}", r.problems);
     kept
 }

@@ -10,8 +10,9 @@
 //! as ext4 checks them.
 
 use lanefs::device::{BlockDevice, DeviceOptions, FileDevice, IoChoice, BLOCK_SIZE};
-use lanefs::fsck::{check, FsckOptions};
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, TrimRange, ROOT};
+use lanefs::{RenameFlags, XattrFlags};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -41,7 +42,7 @@ fn mount(path: &Path) -> Fs {
 }
 
 fn assert_fsck_clean(path: &Path, when: &str) {
-    let r = check(&*open_dev(path), &FsckOptions::default()).unwrap();
+    let r = fsck(&*open_dev(path), &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "fsck {when}: {:#?}", r.problems);
 }
 
@@ -84,7 +85,7 @@ fn shutdown_keeps_what_was_fsynced_and_writes_nothing_more() {
     let b = fs.create(ROOT, b"b", 0o644, 0, 0).unwrap();
     fs.write_at(b.ino, 0, b"never fsynced").unwrap();
     fs.mkdir(ROOT, b"lost", 0o755, 0, 0).unwrap();
-    fs.rename(d.ino, b"c", ROOT, b"c-moved", 0).unwrap();
+    fs.rename(d.ino, b"c", ROOT, b"c-moved", RenameFlags::empty()).unwrap();
     let handle = fs.open_file(a.ino).unwrap();
 
     fs.shutdown().unwrap();
@@ -99,9 +100,9 @@ fn shutdown_keeps_what_was_fsynced_and_writes_nothing_more() {
     eio("create", fs.create(ROOT, b"new", 0o644, 0, 0));
     eio("mkdir", fs.mkdir(ROOT, b"newdir", 0o755, 0, 0));
     eio("unlink", fs.unlink(ROOT, b"a"));
-    eio("rename", fs.rename(ROOT, b"a", ROOT, b"z", 0));
+    eio("rename", fs.rename(ROOT, b"a", ROOT, b"z", RenameFlags::empty()));
     eio("truncate", fs.truncate(a.ino, 0));
-    eio("setxattr", fs.setxattr(a.ino, b"user.x", b"1", 0));
+    eio("setxattr", fs.setxattr(a.ino, b"user.x", b"1", XattrFlags::empty()));
     eio("getxattr", fs.getxattr(a.ino, b"user.x"));
     eio("readdir", fs.readdir(ROOT, 0, 10));
     eio("fsync", fs.fsync(a.ino, false));
@@ -294,7 +295,7 @@ fn the_label_is_set_in_both_superblocks_and_checked() {
 
     // Both copies carry it, so either one alone still gives it.
     let dev = open_dev(&path);
-    let sbr = lanefs::checkpoint::read_superblock(&*dev).unwrap();
+    let sbr = lanefs::testing::checkpoint::read_superblock(&*dev).unwrap();
     assert_eq!(sbr.sb.label_str(), "kept");
     let mut b = vec![0u8; BLOCK_SIZE];
     dev.read_block(1, &mut b).unwrap();
@@ -314,9 +315,9 @@ fn the_label_is_set_in_both_superblocks_and_checked() {
 /// The segments free in the image's newest checkpoint: no valid block, no log's active one.
 fn free_on_disk(path: &Path) -> Vec<u32> {
     let dev = open_dev(path);
-    let g = lanefs::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
-    let cp = lanefs::checkpoint::read_checkpoint(&*dev, &g).unwrap().cp;
-    let sit = lanefs::checkpoint::read_sit(&*dev, &g, &cp).unwrap();
+    let g = lanefs::testing::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
+    let cp = lanefs::testing::checkpoint::read_checkpoint(&*dev, &g).unwrap().cp;
+    let sit = lanefs::testing::checkpoint::read_sit(&*dev, &g, &cp).unwrap();
     let active: Vec<u32> = cp.lanes.iter().flat_map(|l| l.logs.iter().map(|c| c.segno)).collect();
     (0..g.main_segments).filter(|&s| sit[s as usize].valid_blocks == 0 && !active.contains(&s)).collect()
 }
@@ -327,7 +328,7 @@ const SEG: u64 = 512 * BLOCK_SIZE as u64;
 fn fitrim_discards_every_free_segment_but_the_cleaners_reserve() {
     let (_dir, path) = image(512 << 20);
     mount(&path).unmount().unwrap();
-    let g = lanefs::checkpoint::read_superblock(&*open_dev(&path)).unwrap().sb.geometry;
+    let g = lanefs::testing::checkpoint::read_superblock(&*open_dev(&path)).unwrap().sb.geometry;
     let seg_off = |s: u32| g.seg_start(s) * BLOCK_SIZE as u64;
     // Free segments hold nothing the file system reads: fill them with a pattern, so that
     // afterwards a discarded one reads as zeros (a hole in the image file) and any other not.
@@ -375,7 +376,7 @@ fn fitrim_discards_every_free_segment_but_the_cleaners_reserve() {
 fn fitrim_checks_its_arguments_as_ext4_does() {
     let (_dir, path) = image(256 << 20);
     let fs = mount(&path);
-    let g = lanefs::checkpoint::read_superblock(&*open_dev(&path)).unwrap().sb.geometry;
+    let g = lanefs::testing::checkpoint::read_superblock(&*open_dev(&path)).unwrap().sb.geometry;
     let dev_bytes = g.total_blocks * BLOCK_SIZE as u64;
     for (r, why) in [
         (TrimRange { start: 0, len: 0, minlen: 0 }, "empty range"),

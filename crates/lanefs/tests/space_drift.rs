@@ -6,8 +6,8 @@
 mod nvm_mode;
 
 use lanefs::device::{BlockDevice, MemDevice};
-use lanefs::fs::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use lanefs::rng::Rng;
+use lanefs::FallocMode;
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,9 +43,9 @@ fn free_space_comes_back_after_concurrent_writes_fallocates_punches_and_truncate
                     let len = 1 + rng.below(65_536);
                     let r = match rng.below(10) {
                         0..=5 => fs.write_at(f, off, &vec![t as u8 + 1; len as usize]).map(|_| ()),
-                        6 => fs.fallocate(f, FALLOC_FL_KEEP_SIZE, off, len),
-                        7 => fs.fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len),
-                        8 => fs.fallocate(f, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, off, len),
+                        6 => fs.fallocate(f, FallocMode::KEEP_SIZE, off, len),
+                        7 => fs.fallocate(f, FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE, off, len),
+                        8 => fs.fallocate(f, FallocMode::ZERO_RANGE | FallocMode::KEEP_SIZE, off, len),
                         _ => fs.fsync(f, rng.chance(1, 2)),
                     };
                     r.unwrap_or_else(|e| panic!("thread {t}, op {ops} at {off} +{len}: {e}"));
@@ -60,8 +60,8 @@ fn free_space_comes_back_after_concurrent_writes_fallocates_punches_and_truncate
         let at = 16 * MIB + rng.below(8 * MIB);
         let r = match rng.below(3) {
             0 => fs.truncate(f, at),
-            1 => fs.fallocate(f, 0, at, 1 + rng.below(300_000)),
-            _ => fs.fallocate(f, FALLOC_FL_KEEP_SIZE, at, 1 + rng.below(300_000)),
+            1 => fs.fallocate(f, FallocMode::empty(), at, 1 + rng.below(300_000)),
+            _ => fs.fallocate(f, FallocMode::KEEP_SIZE, at, 1 + rng.below(300_000)),
         };
         r.unwrap_or_else(|e| panic!("tail at {at}: {e}"));
     }

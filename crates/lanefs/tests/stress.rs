@@ -36,9 +36,9 @@ mod stress_data;
 mod watchdog;
 
 use lanefs::device::{create_image, BlockDevice, DeviceOptions, FileDevice};
-use lanefs::fsck::{check, FsckOptions};
-use lanefs::mem::ops::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
 use lanefs::rng::Rng;
+use lanefs::FallocMode;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -103,7 +103,7 @@ impl Image {
     /// fsck of the closed image (with its region in nvm mode) must find nothing wrong.
     fn fsck_clean(&self, when: &str) {
         let nvm = self.region.as_ref().map(|r| r.path().to_path_buf());
-        let r = check(&*self.dev(), &FsckOptions { nvm, ..Default::default() }).unwrap();
+        let r = fsck(&*self.dev(), &FsckOptions { nvm, ..Default::default() }).unwrap();
         assert!(r.is_clean(), "fsck {when}: {:#?}", r.problems);
     }
 }
@@ -230,7 +230,7 @@ fn writer(ctx: &Ctx, w: u64, t: &Tracker, mut model: WriterModel) -> WriterModel
             83..=87 => {
                 let (off, len) = pick_range(&mut rng, lo, hi, 40_000);
                 t.step("punch", || {
-                    fs.fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len)
+                    fs.fallocate(ino, FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE, off, len)
                         .unwrap_or_else(|e| panic!("{}: {e}", what("punch", off, len)))
                 });
                 model.bytes[(off - lo) as usize..(off - lo + len) as usize].fill(0);
@@ -239,7 +239,7 @@ fn writer(ctx: &Ctx, w: u64, t: &Tracker, mut model: WriterModel) -> WriterModel
             // not the size either, with or without KEEP_SIZE.
             88..=91 => {
                 let (off, len) = pick_range(&mut rng, lo, hi, 200_000);
-                let mode = if rng.chance(1, 2) { FALLOC_FL_KEEP_SIZE } else { 0 };
+                let mode = if rng.chance(1, 2) { FallocMode::KEEP_SIZE } else { FallocMode::empty() };
                 t.step("fallocate", || {
                     fs.fallocate(ino, mode, off, len)
                         .unwrap_or_else(|e| panic!("{}: {e}", what("fallocate", off, len)))
@@ -306,7 +306,7 @@ fn tail(ctx: &Ctx, t: &Tracker, mut model: TailModel) -> TailModel {
             45..=54 => {
                 let (off, len) = pick_range(&mut rng, TAIL, end, 300_000);
                 let keep = rng.chance(1, 2);
-                let mode = if keep { FALLOC_FL_KEEP_SIZE } else { 0 };
+                let mode = if keep { FallocMode::KEEP_SIZE } else { FallocMode::empty() };
                 t.step("fallocate", || {
                     fs.fallocate(ino, mode, off, len)
                         .unwrap_or_else(|e| panic!("{}: {e}", what("fallocate", off, len)))
@@ -318,7 +318,7 @@ fn tail(ctx: &Ctx, t: &Tracker, mut model: TailModel) -> TailModel {
             55..=64 => {
                 let (off, len) = pick_range(&mut rng, TAIL, end, 100_000);
                 t.step("punch", || {
-                    fs.fallocate(ino, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len)
+                    fs.fallocate(ino, FallocMode::PUNCH_HOLE | FallocMode::KEEP_SIZE, off, len)
                         .unwrap_or_else(|e| panic!("{}: {e}", what("punch", off, len)))
                 });
                 let (a, b) = ((off - TAIL) as usize, ((off + len).min(size) - TAIL) as usize);

@@ -2,10 +2,9 @@
 //! crash or an unmount it is gone unless a link named it, and once linked and fsynced it is a
 //! created file's equal (durability contract 1).
 
-use lanefs::acl::{self, Acl, Entry, Tag};
 use lanefs::device::{flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, MemDevice};
-use lanefs::fsck::{check, FsckOptions};
-use lanefs::{Fs, FsOptions, Handle, Ino, MkfsOptions, New, ROOT};
+use lanefs::testing::acl::{self, Acl, Entry, Tag};
+use lanefs::{fsck as check, Fs, FsOptions, FsckOptions, Handle, Ino, MkfsOptions, New, XattrFlags, ROOT};
 use std::sync::Arc;
 
 mod region;
@@ -99,7 +98,7 @@ fn a_tmpfile_takes_the_umask_and_a_default_acl_as_a_create_does() {
         Entry { tag: Tag::Other, perm: 5, id: u32::MAX },
     ])
     .unwrap();
-    fs.setxattr(d, acl::DEFAULT, &named.encode(), 0).unwrap();
+    fs.setxattr(d, acl::DEFAULT, &named.encode(), XattrFlags::empty()).unwrap();
     fs.sync().unwrap();
     let (a, h) = fs.tmpfile(d, &New { mode: 0o666, umask: 0o022, ..Default::default() }).unwrap();
     // As for a create: no umask under a default ACL, the mask from the mode's group bits.

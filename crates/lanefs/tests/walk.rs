@@ -3,6 +3,7 @@
 //! directories it walks through.
 
 use lanefs::device::{BlockDevice, MemDevice};
+use lanefs::RenameFlags;
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -68,7 +69,7 @@ fn walks_beside_renames_find_the_file_or_enoent() {
             let mut n = 0u32;
             while !stop.load(Ordering::Relaxed) && n < 20_000 {
                 let (from, to): (&[u8], &[u8]) = if n & 1 == 0 { (b"d0", b"d1") } else { (b"d1", b"d0") };
-                fs.rename(ROOT, from, ROOT, to, 0).unwrap();
+                fs.rename(ROOT, from, ROOT, to, RenameFlags::empty()).unwrap();
                 n += 1;
             }
             n
@@ -176,12 +177,12 @@ fn remembered_mnodes_follow_their_names_through_replacement_and_reuse() {
                 let a = fs.create(sub.ino, b"tmp", 0o644, 0, 0).unwrap();
                 made[k].lock().unwrap().insert((a.ino, a.generation));
                 reused |= !seen.insert(a.ino);
-                fs.rename(sub.ino, b"tmp", sub.ino, f.as_bytes(), 0).unwrap();
+                fs.rename(sub.ino, b"tmp", sub.ino, f.as_bytes(), RenameFlags::empty()).unwrap();
             } else {
                 let a = fs.create(sub.ino, b"tmp", 0o644, 0, 0).unwrap();
                 made[k].lock().unwrap().insert((a.ino, a.generation));
                 reused |= !seen.insert(a.ino);
-                fs.rename(sub.ino, b"tmp", sub.ino, f.as_bytes(), 0).unwrap();
+                fs.rename(sub.ino, b"tmp", sub.ino, f.as_bytes(), RenameFlags::empty()).unwrap();
             }
         }
         if round % 5 == 4 {

@@ -9,13 +9,13 @@
 
 mod nvm_mode;
 
-use lanefs::checkpoint::{read_checkpoint, read_sit, read_summary, read_superblock};
 use lanefs::device::{flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, MemDevice};
 use lanefs::format::xattr::{MAX_XATTR_STREAM, XATTR_SIZE_MAX};
 use lanefs::format::SummaryKind;
-use lanefs::fs::{XATTR_CREATE, XATTR_REPLACE};
-use lanefs::fsck::{check, FsckOptions};
 use lanefs::rng::Rng;
+use lanefs::testing::checkpoint::{read_checkpoint, read_sit, read_summary, read_superblock};
+use lanefs::XattrFlags;
+use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -41,9 +41,9 @@ fn mount(img: &Image) -> Fs {
         .unwrap()
 }
 
-fn fsck_clean(img: &Image) -> lanefs::fsck::FsckReport {
+fn fsck_clean(img: &Image) -> lanefs::FsckReport {
     let nvm = img.region.as_ref().map(|r| r.path().to_path_buf());
-    let r = check(&*img.dev, &FsckOptions { nvm, ..Default::default() }).unwrap();
+    let r = fsck(&*img.dev, &FsckOptions { nvm, ..Default::default() }).unwrap();
     assert!(r.is_clean(), "fsck: {:#?}", r.problems);
     r
 }
@@ -57,7 +57,8 @@ fn value(tag: u32, len: usize) -> Vec<u8> {
 type Model = BTreeMap<Vec<u8>, (u32, usize)>;
 
 fn set(fs: &Fs, ino: Ino, m: &mut Model, name: &[u8], tag: u32, len: usize) {
-    fs.setxattr(ino, name, &value(tag, len), 0).unwrap_or_else(|e| panic!("setxattr {len} bytes: {e}"));
+    fs.setxattr(ino, name, &value(tag, len), XattrFlags::empty())
+        .unwrap_or_else(|e| panic!("setxattr {len} bytes: {e}"));
     m.insert(name.to_vec(), (tag, len));
 }
 
@@ -118,11 +119,19 @@ fn thousands_of_xattrs_and_64k_values_survive_checkpoints_and_remounts() {
     assert_eq!(m.values().filter(|v| v.1 == XATTR_SIZE_MAX).count(), 8);
     // What the kernel gives for the edge cases.
     assert_eq!(
-        fs.setxattr(f, b"user.big", &vec![1; XATTR_SIZE_MAX + 1], 0).unwrap_err().to_errno(),
+        fs.setxattr(f, b"user.big", &vec![1; XATTR_SIZE_MAX + 1], XattrFlags::empty())
+            .unwrap_err()
+            .to_errno(),
         libc::E2BIG
     );
-    assert_eq!(fs.setxattr(f, b"user.attr.00001", b"x", XATTR_CREATE).unwrap_err().to_errno(), libc::EEXIST);
-    assert_eq!(fs.setxattr(f, b"user.none", b"x", XATTR_REPLACE).unwrap_err().to_errno(), libc::ENODATA);
+    assert_eq!(
+        fs.setxattr(f, b"user.attr.00001", b"x", XattrFlags::CREATE).unwrap_err().to_errno(),
+        libc::EEXIST
+    );
+    assert_eq!(
+        fs.setxattr(f, b"user.none", b"x", XattrFlags::REPLACE).unwrap_err().to_errno(),
+        libc::ENODATA
+    );
     assert_eq!(fs.removexattr(f, b"user.none").unwrap_err().to_errno(), libc::ENODATA);
     fs.sync().unwrap();
 
@@ -130,7 +139,7 @@ fn thousands_of_xattrs_and_64k_values_survive_checkpoints_and_remounts() {
     for i in (0..2000u32).step_by(7) {
         let len = if i % 500 == 0 { XATTR_SIZE_MAX } else { [0, 5000, 12, 33][(i % 4) as usize] };
         let n = format!("user.attr.{i:05}");
-        fs.setxattr(f, n.as_bytes(), &value(i + 1, len), XATTR_REPLACE).unwrap();
+        fs.setxattr(f, n.as_bytes(), &value(i + 1, len), XattrFlags::REPLACE).unwrap();
         m.insert(n.into_bytes(), (i + 1, len));
     }
     for i in (3..2000u32).step_by(4) {
@@ -147,7 +156,7 @@ fn thousands_of_xattrs_and_64k_values_survive_checkpoints_and_remounts() {
     fs.unmount().unwrap();
     let r = fsck_clean(&img);
     assert!(r.stats.xattr_blocks > 0, "a set this large lives in xattr blocks");
-    let info = lanefs::inspect::inspect(&*img.dev).unwrap();
+    let info = lanefs::inspect(&*img.dev).unwrap();
     assert_eq!(info.usage.kinds.xattr, r.stats.xattr_blocks, "inspect counts the xattr blocks fsck found");
 
     let fs = mount(&img);
@@ -166,7 +175,7 @@ fn thousands_of_xattrs_and_64k_values_survive_checkpoints_and_remounts() {
     }
     dm.clear();
     for n in &keep {
-        fs.setxattr(f, n, b"short", 0).unwrap();
+        fs.setxattr(f, n, b"short", XattrFlags::empty()).unwrap();
         m.insert(n.clone(), (0, 0));
     }
     fs.unmount().unwrap();
@@ -193,7 +202,7 @@ fn the_per_inode_limit_is_enospc_and_unlink_frees_the_blocks() {
     let mut n = 0;
     // Bounded: the limit is MAX_XATTR_STREAM bytes.
     let err = loop {
-        match fs.setxattr(f, format!("user.v{n:03}").as_bytes(), &big, 0) {
+        match fs.setxattr(f, format!("user.v{n:03}").as_bytes(), &big, XattrFlags::empty()) {
             Ok(()) => n += 1,
             Err(e) => break e,
         }
@@ -202,13 +211,13 @@ fn the_per_inode_limit_is_enospc_and_unlink_frees_the_blocks() {
     assert_eq!(err.to_errno(), libc::ENOSPC);
     assert!(n * (XATTR_SIZE_MAX + 13) > MAX_XATTR_STREAM - 2 * XATTR_SIZE_MAX, "only {n} values fit");
     // Room again after a removal; replacing a value by one as large always fits.
-    fs.setxattr(f, b"user.v000", &big, XATTR_REPLACE).unwrap();
+    fs.setxattr(f, b"user.v000", &big, XattrFlags::REPLACE).unwrap();
     fs.removexattr(f, b"user.v001").unwrap();
-    fs.setxattr(f, b"user.again", &big, XATTR_CREATE).unwrap();
+    fs.setxattr(f, b"user.again", &big, XattrFlags::CREATE).unwrap();
     // The file system itself is far from full: another inode takes as much.
     let g = fs.create(ROOT, b"g", 0o644, 0, 0).unwrap().ino;
     for i in 0..n {
-        fs.setxattr(g, format!("user.v{i:03}").as_bytes(), &big, 0).unwrap();
+        fs.setxattr(g, format!("user.v{i:03}").as_bytes(), &big, XattrFlags::empty()).unwrap();
     }
     fs.sync().unwrap();
     fs.unlink(ROOT, b"g").unwrap();
@@ -290,9 +299,9 @@ fn fsck_and_mount_catch_a_damaged_xattr_block() {
     for (what, bad) in [("flipped", flipped), ("resealed", resealed)] {
         img.dev.write_block(victim, &bad).unwrap();
         let nvm = img.region.as_ref().map(|r| r.path().to_path_buf());
-        let r = check(&*img.dev, &FsckOptions { nvm, ..Default::default() }).unwrap();
+        let r = fsck(&*img.dev, &FsckOptions { nvm, ..Default::default() }).unwrap();
         assert!(
-            r.problems.iter().any(|p| p.structure == lanefs::error::Structure::Xattr),
+            r.problems.iter().any(|p| p.structure == lanefs::Structure::Xattr),
             "{what}: fsck missed it: {:#?}",
             r.problems
         );
@@ -458,7 +467,7 @@ fn verify(
         Err(e) => assert!(newest.is_none() && e.to_errno() == libc::ENOENT, "{what}: the file: {e}"),
     }
     fs.unmount().unwrap();
-    let r = check(&*dev, &FsckOptions::default()).unwrap();
+    let r = fsck(&*dev, &FsckOptions::default()).unwrap();
     assert!(r.is_clean(), "{what}: fsck: {:#?}", r.problems);
     r.stats.xattr_blocks
 }

@@ -198,7 +198,7 @@ impl Target for LibTarget {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let (fd, fname) = self.parent_of(from)?;
         let (td, tname) = self.parent_of(to)?;
-        self.fs.rename(fd, fname, td, tname, 0).map_err(err)
+        self.fs.rename(fd, fname, td, tname, lanefs::RenameFlags::empty()).map_err(err)
     }
 
     fn readdir(&self, path: &Path) -> io::Result<Vec<OsString>> {

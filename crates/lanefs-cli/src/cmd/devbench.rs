@@ -40,7 +40,7 @@ pub fn devbench(
 }
 
 pub fn pmem_bench(path: &Path, bytes: usize, iterations: usize, json: bool) -> Result<(), String> {
-    let rs = lanefs::pmem::bench::persist_bench(path, bytes, iterations, &[]).map_err(|e| e.to_string())?;
+    let rs = lanefs::persist_bench(path, bytes, iterations, &[]).map_err(|e| e.to_string())?;
     if json {
         let rows: Vec<_> = rs
             .iter()

@@ -15,11 +15,10 @@ pub fn fsck(image: &Path, repair: bool, nvm: Option<PathBuf>, io: IoChoice) -> E
         }
     };
     let bar = Progress::new(0);
-    let report = lanefs::fsck::check_with_progress(
-        &dev,
-        &lanefs::fsck::FsckOptions { repair, nvm },
-        &|phase, done, total| bar.phase_at(phase, done, total),
-    );
+    let report =
+        lanefs::fsck_with_progress(&dev, &lanefs::FsckOptions { repair, nvm }, &|phase, done, total| {
+            bar.phase_at(phase, done, total)
+        });
     bar.finish();
     let report = match report {
         Ok(r) => r,

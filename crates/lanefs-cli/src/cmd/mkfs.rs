@@ -39,7 +39,7 @@ pub fn mkfs(
         device::create_image(image, s).map_err(|e| format!("{}: {e}", image.display()))?;
     } else {
         let dev = open(image, IoChoice::Auto)?;
-        if let Some(what) = lanefs::mkfs::detect_existing(&dev).map_err(|e| e.to_string())? {
+        if let Some(what) = lanefs::detect_existing(&dev).map_err(|e| e.to_string())? {
             if !force {
                 return Err(format!("{} holds {what}; use --force to format it anyway", image.display()));
             }
@@ -56,8 +56,8 @@ pub fn mkfs(
         }
     }
     let dev = open(image, IoChoice::Auto)?;
-    let opts = lanefs::mkfs::MkfsOptions { lanes, label: label.to_string(), ..Default::default() };
-    let sb = lanefs::mkfs::format_device(&dev, &opts).map_err(|e| e.to_string())?;
+    let opts = lanefs::MkfsOptions { lanes, label: label.to_string(), ..Default::default() };
+    let sb = lanefs::format_device(&dev, &opts).map_err(|e| e.to_string())?;
     let g = sb.geometry;
     println!(
         "lanefs: formatted {} ({}, {} lanes, {} segments of 2 MiB, uuid {})",

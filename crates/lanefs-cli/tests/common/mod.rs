@@ -444,7 +444,9 @@ pub fn ioctl_on<T>(path: &Path, cmd: libc::c_ulong, arg: &mut T) -> io::Result<(
     ioctl_fd(&File::open(path)?, cmd, arg)
 }
 
-/// `ioctl(f, cmd, arg)`.
+/// `ioctl(f, cmd, arg)`. The tests' one unsafe call (rustix has no untyped ioctl), allowed
+/// here alone.
+#[allow(unsafe_code)]
 pub fn ioctl_fd<T>(f: &File, cmd: libc::c_ulong, arg: &mut T) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: `arg` is a live, exclusively borrowed value of the type each command reads and

@@ -19,7 +19,7 @@
 //!
 //! Permissions: the kernel checks them (`default_permissions`) and, with FUSE_POSIX_ACL, enforces
 //! POSIX ACLs from the xattrs it reads here. What the kernel then leaves to a server, the engine
-//! does for every caller (`lanefs::acl`: ACL inheritance without the umask, which FUSE_DONT_MASK
+//! does for every caller (`lanefs::testing::acl`: ACL inheritance without the umask, which FUSE_DONT_MASK
 //! hands over; the mode kept in step with the access ACL). With FUSE_HANDLE_KILLPRIV_V2 the
 //! server also drops set-ID bits on a write, truncate, fallocate or chown (`lanefs::perm`); each
 //! request's process is a `ReqCaller`, and the kernel is told when a mode it caches went stale.
@@ -43,9 +43,8 @@ use crate::proto::{
 };
 use convert::{errno, generation, name, time_or_now, NO_ENTRY};
 use dir::DirHandles;
-use lanefs::format::node::Timespec;
-use lanefs::fs_seek::Seek;
 use lanefs::{Attr, FileKind, Fs, InodeFlags, SetAttr};
+use lanefs::{Seek, Timespec};
 use process::ReqCaller;
 use std::cell::RefCell;
 use std::ffi::OsStr;
@@ -429,17 +428,17 @@ impl Filesystem for LaneFuse {
         if flags & !known != 0 {
             return reply.error(Errno::EINVAL);
         }
-        let mut f = 0;
+        let mut f = lanefs::RenameFlags::empty();
         if flags & libc::RENAME_NOREPLACE != 0 {
-            f |= lanefs::fs::RENAME_NOREPLACE;
+            f |= lanefs::RenameFlags::NOREPLACE;
         }
         if flags & libc::RENAME_EXCHANGE != 0 {
-            f |= lanefs::fs::RENAME_EXCHANGE;
+            f |= lanefs::RenameFlags::EXCHANGE;
         }
         // The whiteout (overlayfs asks for one) is a new inode in `parent`, owned as any other:
         // the kernel sends the caller's ids with this request (mapped, on an idmapped mount).
         let (uid, gid) = if flags & libc::RENAME_WHITEOUT != 0 {
-            f |= lanefs::fs::RENAME_WHITEOUT;
+            f |= lanefs::RenameFlags::WHITEOUT;
             match self.new_owner(req, parent, libc::S_IFCHR) {
                 Ok((uid, gid, _)) => (uid, gid),
                 Err(e) => return reply.error(e),
@@ -502,7 +501,7 @@ impl Filesystem for LaneFuse {
         let _busy = self.inflight.enter(Op::Write, ino.0, req.pid());
         let kill = write_flags & WRITE_KILL_SUIDGID != 0;
         let caller = self.killpriv.then(|| self.caller(req, Some(!kill)));
-        let caller = caller.as_ref().map(|c| c as &dyn lanefs::perm::Caller);
+        let caller = caller.as_ref().map(|c| c as &dyn lanefs::Caller);
         // With the writeback cache the kernel keeps a regular file's mtime and ctime: it
         // stamped them at write(2), direct I/O included, and sends them in SETATTR. Stamping
         // the time a WRITE arrives would show another time after the inode is read afresh.
@@ -600,6 +599,8 @@ impl Filesystem for LaneFuse {
         }
         // The kernel would say whether an ACL keeps set-group-ID only with FUSE_SETXATTR_EXT,
         // which is not negotiated: the engine asks the caller itself.
+        // XATTR_* bits are Linux's; the engine refuses any other with EINVAL.
+        let flags = lanefs::XattrFlags(flags as u32);
         self.empty(self.fs.setxattr_as(ino.0, name(n), value, flags, &self.caller(req, None)), reply)
     }
 
@@ -750,6 +751,8 @@ impl Filesystem for LaneFuse {
         // The kernel drops privileges before a fallocate only by a SETATTR it empties under
         // FUSE_HANDLE_KILLPRIV_V2; the request carries no flag, so the engine applies the
         // kernel's rule for the caller, as for a write.
+        // FALLOC_FL_* bits are Linux's; the engine refuses a mode it lacks with EOPNOTSUPP.
+        let mode = lanefs::FallocMode(mode as u32);
         let r = if self.killpriv {
             self.fs.fallocate_as(ino.0, mode, offset, length, &self.caller(req, None))
         } else {

@@ -38,18 +38,28 @@ pub const MEMORY_BOUND: u64 = 1 << 30;
 /// The kinds of blocks the sweep damages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Target {
+    /// Both superblock copies.
     Superblock,
+    /// Checkpoint pack blocks.
     Checkpoint,
+    /// NAT blocks.
     Nat,
+    /// SIT blocks.
     Sit,
+    /// SSA (segment summary) blocks.
     Ssa,
+    /// Node blocks.
     Node,
+    /// Dentry blocks.
     Dentry,
+    /// Journal blocks.
     Journal,
+    /// Xattr blocks.
     Xattr,
 }
 
 impl Target {
+    /// Every target, in order.
     pub const ALL: [Target; 9] = [
         Target::Superblock,
         Target::Checkpoint,
@@ -61,6 +71,7 @@ impl Target {
         Target::Journal,
         Target::Xattr,
     ];
+    /// The target's name in reports.
     pub fn name(self) -> &'static str {
         match self {
             Target::Superblock => "superblock",
@@ -99,10 +110,15 @@ fn reseal(b: &mut [u8], at: usize) {
 
 /// A reference image and its classified blocks.
 pub struct Reference {
+    /// The workload that built the image.
     pub name: &'static str,
+    /// The undamaged image.
     pub image: Arc<Vec<u8>>,
+    /// Its metadata blocks, by kind: (kind, address).
     pub blocks: Vec<(Target, u64)>,
+    /// Size of the image in blocks.
     pub total_blocks: u64,
+    /// First block of the main area.
     pub main_blkaddr: u64,
 }
 
@@ -180,8 +196,11 @@ pub fn references(bases: &Bases) -> Result<Vec<Reference>, String> {
 /// One way to damage an image.
 #[derive(Debug, Clone)]
 pub enum Damage {
+    /// The block at this address zeroed.
     Zero(u64),
+    /// The block at this address filled with garbage from this seed.
     Garbage(u64, u64),
+    /// One bit (the second number) of the block flipped.
     FlipBit(u64, usize),
     /// Sets the little-endian u32 at a byte offset and recomputes the checksum.
     Field(u64, usize, u32),
@@ -375,6 +394,7 @@ fn exercise(dev: Arc<Overlay>) -> Outcome {
 
 /// The outcome of one damaged image.
 pub enum CaseResult {
+    /// Finished, with its outcome.
     Done(Outcome),
     /// Did not finish in time (its thread is left behind).
     Hang,

@@ -12,12 +12,15 @@ use parking_lot::Mutex;
 
 /// What an operation runs against.
 pub struct Exec<'a> {
+    /// The file system under test.
     pub fs: &'a Fs,
     /// The write-log length now.
     pub events: &'a (dyn Fn() -> usize + Sync),
     /// Device errors so far (calls that returned an error).
     pub io_errors: &'a (dyn Fn() -> u64 + Sync),
+    /// The history the operations record into, for the oracle.
     pub hist: &'a Mutex<History>,
+    /// The thread running (its index in the workload).
     pub thread: usize,
     /// Findings made while running (an I/O error not reported to the caller, ...).
     pub findings: &'a Mutex<Vec<String>>,
@@ -187,7 +190,8 @@ impl Exec<'_> {
         let [(sdir, sname), (ddir, dname)] = self.both_parents(a, b)?;
         let x = fs.lookup(sdir.ino, sname).map_err(|e| format!("{a}: {e}"))?;
         let y = fs.lookup(ddir.ino, dname).map_err(|e| format!("{b}: {e}"))?;
-        fs.rename(sdir.ino, sname, ddir.ino, dname, crate::fs::RENAME_EXCHANGE).map_err(|e| e.to_string())?;
+        fs.rename(sdir.ino, sname, ddir.ino, dname, crate::fs::RenameFlags::EXCHANGE)
+            .map_err(|e| e.to_string())?;
         if x.ino == y.ino {
             return Ok(());
         }
@@ -205,7 +209,7 @@ impl Exec<'_> {
         let [(sdir, sname), (ddir, dname)] = self.both_parents(from, to)?;
         let src = fs.lookup(sdir.ino, sname).map_err(|e| format!("{from}: {e}"))?;
         let dst = fs.lookup(ddir.ino, dname).ok();
-        let flags = if whiteout { crate::fs::RENAME_WHITEOUT } else { 0 };
+        let flags = if whiteout { crate::fs::RenameFlags::WHITEOUT } else { crate::fs::RenameFlags::empty() };
         fs.rename(sdir.ino, sname, ddir.ino, dname, flags).map_err(|e| e.to_string())?;
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
             // Two names of one inode: rename does nothing (and leaves no whiteout).
@@ -254,7 +258,7 @@ impl Exec<'_> {
             Op::Truncate { size, .. } => fs.truncate(a.ino, *size),
             Op::Falloc { mode, off, len, .. } => fs.fallocate(a.ino, mode.flags(), *off, *len),
             Op::SetXattr { name, len, tag, .. } => {
-                fs.setxattr(a.ino, name.as_bytes(), &xattr_value(*tag, *len), 0)
+                fs.setxattr(a.ino, name.as_bytes(), &xattr_value(*tag, *len), crate::fs::XattrFlags::empty())
             }
             Op::RemoveXattr { name, .. } => fs.removexattr(a.ino, name.as_bytes()),
             Op::Chmod { mode, .. } => {

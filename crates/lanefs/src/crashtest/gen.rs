@@ -291,6 +291,7 @@ pub fn ace_seq(n: usize, rng: &mut Rng) -> Vec<Op> {
     ops
 }
 
+/// A one-thread workload on the ACE file set from a given list of operations.
 pub fn ace_workload(id: String, ops: Vec<Op>) -> Workload {
     Workload { id, setup: Setup::Ace, threads: vec![ops], knobs: Knobs::default(), fault: None }
 }

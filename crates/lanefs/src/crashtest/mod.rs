@@ -94,18 +94,28 @@ use sweep::{run_corrupt, run_corrupt_region};
 /// A family of workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Family {
+    /// `seq1`: ACE-style sequences of one operation and its persistence point.
     Seq1,
+    /// `seq2`: ACE-style sequences of two.
     Seq2,
+    /// `random`: longer random mixes, some with a small cache or journal.
     Random,
+    /// `mt-lanes`: threads on different lanes fsyncing concurrently.
     MtLanes,
+    /// `mt-rename`: cross-directory renames racing with fsyncs.
     MtRename,
+    /// `mt-cp`: fsyncs beside back-to-back checkpoints.
     MtCheckpoint,
+    /// `gc`: large files rewritten with the cleaner run between.
     Gc,
+    /// `faults`: a random mix with one device fault.
     Faults,
+    /// `corrupt`: the deterministic corruption sweep.
     Corrupt,
 }
 
 impl Family {
+    /// Every family, in the order a full run takes them.
     pub const ALL: [Family; 9] = [
         Family::Seq1,
         Family::Seq2,
@@ -118,6 +128,7 @@ impl Family {
         Family::Corrupt,
     ];
 
+    /// The family's name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Family::Seq1 => "seq1",
@@ -132,6 +143,7 @@ impl Family {
         }
     }
 
+    /// The family named `s`, if any.
     pub fn parse(s: &str) -> Option<Family> {
         Family::ALL.into_iter().find(|f| f.name() == s)
     }
@@ -168,8 +180,11 @@ struct Budget {
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Fewer workloads and crash states per family (CI's `--quick`).
     pub quick: bool,
+    /// Seed every workload and state choice derives from.
     pub seed: u64,
+    /// The families to run.
     pub families: Vec<Family>,
     /// Worker threads (each takes whole workloads).
     pub threads: usize,
@@ -184,9 +199,19 @@ pub struct Config {
 #[derive(Debug)]
 pub enum Event<'a> {
     /// A family started.
-    Family { family: Family, target: u64 },
+    Family {
+        /// The family.
+        family: Family,
+        /// How many states (or corruption cases) it aims at, for a progress bar.
+        target: u64,
+    },
     /// States checked so far in the current family.
-    Progress { states: u64, violations: u64 },
+    Progress {
+        /// Crash states checked.
+        states: u64,
+        /// Violations found.
+        violations: u64,
+    },
     /// A violation (one or more lines of text).
     Violation(&'a str),
     /// Something worth saying that is not a violation.
@@ -199,10 +224,15 @@ pub type Sink<'a> = &'a (dyn Fn(Event<'_>) + Sync);
 /// Per-family figures.
 #[derive(Debug, Clone)]
 pub struct FamilySummary {
+    /// The family.
     pub family: Family,
+    /// Workloads run.
     pub workloads: u64,
+    /// Crash states checked.
     pub states: u64,
+    /// Violations found.
     pub violations: u64,
+    /// Time taken.
     pub elapsed: Duration,
 }
 
@@ -216,9 +246,13 @@ impl FamilySummary {
 /// The outcome of a run.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
+    /// Per family, in the order run.
     pub families: Vec<FamilySummary>,
+    /// Crash states checked in all.
     pub states: u64,
+    /// Violations found in all.
     pub violations: u64,
+    /// Time taken.
     pub elapsed: Duration,
 }
 

@@ -89,14 +89,17 @@ impl Scratch {
         Ok(s)
     }
 
+    /// Replaces the file's contents with `bytes`.
     pub fn write(&self, bytes: &[u8]) -> Result<(), String> {
         std::fs::write(&self.path, bytes).map_err(|e| format!("{}: {e}", self.path.display()))
     }
 
+    /// The file's contents.
     pub fn read(&self) -> Result<Vec<u8>, String> {
         std::fs::read(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))
     }
 
+    /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -243,6 +246,7 @@ fn random_words(pending: &Pending, rng: &mut Rng) -> Vec<(usize, usize)> {
 /// Extra mounts of a state, beyond the read-write recovery every state gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Extra {
+    /// Only the read-write recovery.
     None,
     /// A read-only mount first (recovery into memory), which must show the same tree.
     ReadOnlyFirst,
@@ -380,7 +384,9 @@ pub struct RegionDamage {
 pub struct RegionReference {
     /// The device image (shared by every case: each mounts an overlay of it).
     pub device: Arc<Vec<u8>>,
+    /// The region's bytes as the crash left them.
     pub region: Vec<u8>,
+    /// Offsets of the words the run stored.
     pub stored: Vec<usize>,
 }
 

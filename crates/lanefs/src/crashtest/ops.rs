@@ -22,13 +22,15 @@ pub enum FallocMode {
 }
 
 impl FallocMode {
-    pub fn flags(self) -> i32 {
+    /// The mode as the library takes it.
+    pub fn flags(self) -> crate::fs::FallocMode {
+        use crate::fs::FallocMode as M;
         match self {
-            FallocMode::Alloc => 0,
-            FallocMode::KeepSize => crate::fs::FALLOC_FL_KEEP_SIZE,
-            FallocMode::Punch => crate::fs::FALLOC_FL_PUNCH_HOLE | crate::fs::FALLOC_FL_KEEP_SIZE,
-            FallocMode::Zero => crate::fs::FALLOC_FL_ZERO_RANGE,
-            FallocMode::ZeroKeepSize => crate::fs::FALLOC_FL_ZERO_RANGE | crate::fs::FALLOC_FL_KEEP_SIZE,
+            FallocMode::Alloc => M::empty(),
+            FallocMode::KeepSize => M::KEEP_SIZE,
+            FallocMode::Punch => M::PUNCH_HOLE | M::KEEP_SIZE,
+            FallocMode::Zero => M::ZERO_RANGE,
+            FallocMode::ZeroKeepSize => M::ZERO_RANGE | M::KEEP_SIZE,
         }
     }
     fn name(self) -> &'static str {
@@ -45,12 +47,17 @@ impl FallocMode {
 /// One operation of a workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
+    /// creat(path).
     Create(String),
+    /// mkdir(path).
     Mkdir(String),
     /// link(existing, new).
     Link(String, String),
+    /// unlink(path).
     Unlink(String),
+    /// rmdir(path).
     Rmdir(String),
+    /// rename(from, to).
     Rename(String, String),
     /// rename(2) with RENAME_EXCHANGE.
     Exchange(String, String),
@@ -63,38 +70,65 @@ pub enum Op {
     Open(String),
     /// Releases the inode `open` of the same path opened.
     Close(String),
+    /// Writes `len` bytes at `off`, a pattern named by `tag`.
     Write {
+        /// The file.
         path: String,
+        /// Byte offset.
         off: u64,
+        /// Bytes to write.
         len: u64,
+        /// Which pattern the bytes follow (the oracle derives the data from it).
         tag: u8,
     },
+    /// truncate(path, size).
     Truncate {
+        /// The file.
         path: String,
+        /// The new size.
         size: u64,
     },
+    /// fallocate(path, mode, off, len).
     Falloc {
+        /// The file.
         path: String,
+        /// Allocate, keep size, punch or zero.
         mode: FallocMode,
+        /// Byte offset.
         off: u64,
+        /// Bytes.
         len: u64,
     },
+    /// setxattr(path, name) with a `len`-byte value in the pattern `tag`.
     SetXattr {
+        /// The file.
         path: String,
+        /// The attribute's name.
         name: String,
+        /// Length of the value.
         len: u32,
+        /// Which pattern the value follows.
         tag: u8,
     },
+    /// removexattr(path, name).
     RemoveXattr {
+        /// The file.
         path: String,
+        /// The attribute's name.
         name: String,
     },
+    /// chmod(path, mode).
     Chmod {
+        /// The file.
         path: String,
+        /// The new permission bits.
         mode: u32,
     },
+    /// fsync(path).
     Fsync(String),
+    /// fdatasync(path).
     Fdatasync(String),
+    /// sync(): a checkpoint.
     Sync,
     /// Runs the segment cleaner to the end (`Fs::clean`): moves and checkpoints, no promise.
     Clean,

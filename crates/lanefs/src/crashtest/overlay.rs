@@ -27,6 +27,7 @@ pub struct WriteLog {
 }
 
 impl WriteLog {
+    /// The log of `events` (a recording's device events).
     pub fn from_events(events: &[CrashEvent]) -> WriteLog {
         WriteLog {
             events: events
@@ -39,10 +40,12 @@ impl WriteLog {
         }
     }
 
+    /// Events in the log.
     pub fn len(&self) -> usize {
         self.events.len()
     }
 
+    /// Whether the log is empty.
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
     }
@@ -92,6 +95,7 @@ impl Overlay {
         Overlay::with_durable(base, Arc::new(BlockMap::new()))
     }
 
+    /// The base image under the blocks `durable` holds.
     pub fn with_durable(base: Arc<Vec<u8>>, durable: Arc<BlockMap>) -> Overlay {
         let blocks = (base.len() / BLOCK_SIZE) as u64;
         Overlay { base, blocks, durable, private: RwLock::new(BlockMap::new()) }

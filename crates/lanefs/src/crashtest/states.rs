@@ -34,7 +34,9 @@ pub struct Density {
 }
 
 impl Density {
+    /// The density of `--quick`.
     pub const QUICK: Density = Density { prefixes: 1, subsets: 2, drop_one: 1, exhaustive_up_to: 2 };
+    /// The density of a full run.
     pub const FULL: Density = Density { prefixes: 3, subsets: 8, drop_one: 2, exhaustive_up_to: 4 };
 }
 
@@ -43,8 +45,11 @@ impl Density {
 /// land). With a region, also the cut of the timeline and the pending region words that landed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateSpec {
+    /// The flush point the durable prefix ends at (None: before the first flush).
     pub flush: Option<usize>,
+    /// In-flight writes that landed after it (log indices, in landing order).
     pub extra: Vec<usize>,
+    /// Which kind of choice made the state (for messages).
     pub what: &'static str,
     /// With a region: the crash point on the merged timeline (events numbered below it
     /// happened); `flush` is then the last device flush below it and `extra` writes below it.
@@ -60,6 +65,7 @@ impl StateSpec {
         StateSpec { flush, extra, what, cut: None, region: Vec::new() }
     }
 
+    /// The state in words, for a violation's report.
     pub fn describe(&self, flushes: &[usize], window: usize) -> String {
         let at = match self.flush {
             None => "before the first flush".to_string(),
@@ -149,15 +155,20 @@ pub fn plan(log: &super::overlay::WriteLog, seed: u64, d: Density) -> Vec<StateS
 
 /// Everything the states of one recording share.
 pub struct Prepared {
+    /// The recording the states are cut from.
     pub rec: Recording,
+    /// Indices of its flushes in the write log.
     pub flushes: Vec<usize>,
+    /// The durable blocks at each flush point.
     pub maps: Vec<Arc<BlockMap>>,
+    /// The states to check.
     pub states: Vec<StateSpec>,
     /// The region's crash model at the last cut asked for (states come in cut order).
     model: Mutex<Option<(u64, Arc<PmemCrash>)>>,
 }
 
 impl Prepared {
+    /// Prepares the states of `rec` at density `d`, choosing with `seed`.
     pub fn new(rec: Recording, seed: u64, d: Density) -> Prepared {
         let flushes = rec.log.flush_points();
         let maps = rec.log.durable_maps();

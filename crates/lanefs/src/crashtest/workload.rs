@@ -35,6 +35,7 @@ pub enum Setup {
 }
 
 impl Setup {
+    /// The setup's name in workload ids.
     pub fn name(self) -> &'static str {
         match self {
             Setup::Empty => "empty",
@@ -42,6 +43,7 @@ impl Setup {
         }
     }
 
+    /// The setup named `s`, if any.
     pub fn parse(s: &str) -> Option<Setup> {
         match s {
             "empty" => Some(Setup::Empty),
@@ -78,6 +80,7 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The device fault plan that injects this fault.
     pub fn plan(self) -> FaultPlan {
         match self {
             Fault::FailWrite(n) => FaultPlan::new().fail_write(n),
@@ -164,6 +167,7 @@ impl Default for Knobs {
 }
 
 impl Knobs {
+    /// The mount options these knobs ask for.
     pub fn options(self) -> FsOptions {
         FsOptions {
             cache_bytes: self.cache_bytes,
@@ -179,9 +183,13 @@ impl Knobs {
 pub struct Workload {
     /// `family:seed`, enough to generate it again (`lanefs crashtest --replay`).
     pub id: String,
+    /// The files the workload starts from.
     pub setup: Setup,
+    /// One operation list per thread.
     pub threads: Vec<Vec<Op>>,
+    /// Mount options and modes.
     pub knobs: Knobs,
+    /// The device fault to inject, if any.
     pub fault: Option<Fault>,
 }
 
@@ -253,10 +261,12 @@ impl Workload {
 
 /// A base image and its history.
 pub struct BaseImage {
+    /// The image's bytes.
     pub image: Arc<Vec<u8>>,
     /// The bytes of its persistent-memory region (built with [`Knobs::nvm`]): the image's
     /// checkpoint is flagged, so it mounts only with them.
     pub region: Option<Arc<Vec<u8>>>,
+    /// What building it did, the oracle's starting point.
     pub hist: History,
 }
 
@@ -270,6 +280,7 @@ pub struct Bases {
 }
 
 impl Bases {
+    /// The base image of setup `s` (without a region), built on first use.
     pub fn get(&self, s: Setup) -> Result<Arc<BaseImage>, String> {
         self.get_for(s, false)
     }
@@ -359,12 +370,16 @@ impl BlockDevice for LyingFlushes {
 /// Counts calls to a device and the errors it returns.
 pub struct Probe {
     inner: Arc<dyn BlockDevice>,
+    /// Write batches passed down.
     pub writes: AtomicU64,
+    /// Flushes passed down.
     pub flushes: AtomicU64,
+    /// Calls that returned an error.
     pub errors: AtomicU64,
 }
 
 impl Probe {
+    /// Counts the calls to `inner`.
     pub fn new(inner: Arc<dyn BlockDevice>) -> Probe {
         Probe { inner, writes: AtomicU64::new(0), flushes: AtomicU64::new(0), errors: AtomicU64::new(0) }
     }
@@ -404,9 +419,13 @@ impl BlockDevice for Probe {
 
 /// What running a workload left: the write log and the history.
 pub struct Recording {
+    /// The workload run.
     pub workload: Workload,
+    /// The base image it started from.
     pub base: Arc<Vec<u8>>,
+    /// Every block write and flush that reached the device, in order.
     pub log: WriteLog,
+    /// What it did, for the oracle.
     pub hist: History,
     /// Problems seen while it ran (not tied to a crash state).
     pub findings: Vec<String>,
@@ -414,6 +433,7 @@ pub struct Recording {
     pub crash_at: usize,
     /// Device write and flush calls the run made.
     pub write_calls: u64,
+    /// Device flush calls the run made.
     pub flush_calls: u64,
     /// With [`Knobs::nvm`]: the region's side of the timeline.
     pub region: Option<RegionRun>,

@@ -32,12 +32,15 @@ use super::{BlockDevice, IoMode, WriteReq, BLOCK_SIZE};
 /// Result of [`batch_bench`]. Rates are blocks (4 KiB writes) per second.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchBenchReport {
+    /// The I/O path both contenders used.
     pub io_mode: IoMode,
     /// [`FileDevice::describe`] of the device under test.
     pub description: String,
     /// Whether both contenders used O_DIRECT.
     pub direct: bool,
+    /// Blocks per batch.
     pub batch_blocks: usize,
+    /// Batches (and rounds of single writes) timed.
     pub iterations: usize,
     /// (a) one `write_batch` of `batch_blocks` discontiguous blocks per iteration.
     pub batch_blocks_per_sec: f64,

@@ -31,7 +31,12 @@ use super::{BlockDevice, IoMode, ReadReq, WriteReq, BLOCK_SIZE};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventKind {
     /// One block (`data.len() == BLOCK_SIZE`) written at block `addr`.
-    Write { addr: u64, data: Vec<u8> },
+    Write {
+        /// Block address.
+        addr: u64,
+        /// The block's bytes.
+        data: Vec<u8>,
+    },
     /// A flush that returned success: every write logged before it is durable.
     Flush,
 }
@@ -43,6 +48,7 @@ pub enum EventKind {
 pub struct EventClock(Arc<AtomicU64>);
 
 impl EventClock {
+    /// A clock at sequence 0.
     pub fn new() -> EventClock {
         EventClock::default()
     }
@@ -72,11 +78,14 @@ impl Eq for EventClock {}
 /// when the clock is the device's own).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CrashEvent {
+    /// Position in the clock's single order of events.
     pub seq: u64,
+    /// What happened.
     pub kind: EventKind,
 }
 
 impl CrashEvent {
+    /// Whether the event is a successful flush.
     pub fn is_flush(&self) -> bool {
         matches!(self.kind, EventKind::Flush)
     }
@@ -88,9 +97,17 @@ pub enum WriteFault {
     /// Nothing lands.
     Fail,
     /// The first `blocks` blocks of the batch (in request order) land.
-    Short { blocks: usize },
+    Short {
+        /// Blocks that land.
+        blocks: usize,
+    },
     /// The first `blocks` blocks land whole, the next one only its first `bytes` bytes.
-    Torn { blocks: usize, bytes: usize },
+    Torn {
+        /// Blocks that land whole.
+        blocks: usize,
+        /// Bytes of the next block that land.
+        bytes: usize,
+    },
 }
 
 /// Which calls fail. Calls are counted from 1 from the moment the plan is installed, writes and
@@ -102,6 +119,7 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
+    /// A plan with no faults: every batch lands.
     pub fn new() -> FaultPlan {
         FaultPlan::default()
     }
@@ -168,10 +186,12 @@ pub struct CrashDevice<D: BlockDevice> {
 }
 
 impl<D: BlockDevice> CrashDevice<D> {
+    /// Records every write and flush that reaches `inner`.
     pub fn new(inner: D) -> CrashDevice<D> {
         CrashDevice::with_faults(inner, FaultPlan::new())
     }
 
+    /// As [`CrashDevice::new`], failing batches as `plan` says.
     pub fn with_faults(inner: D, plan: FaultPlan) -> CrashDevice<D> {
         let dev = CrashDevice::with_clock(inner, EventClock::new());
         dev.set_fault_plan(plan);
@@ -199,10 +219,12 @@ impl<D: BlockDevice> CrashDevice<D> {
         *self.faults.lock() = FaultState { plan, writes: 0, flushes: 0 };
     }
 
+    /// The wrapped device.
     pub fn inner(&self) -> &D {
         &self.inner
     }
 
+    /// The wrapped device, consuming the recorder.
     pub fn into_inner(self) -> D {
         self.inner
     }
@@ -217,6 +239,7 @@ impl<D: BlockDevice> CrashDevice<D> {
         f(&self.log.lock().events)
     }
 
+    /// Events recorded so far.
     pub fn event_count(&self) -> usize {
         self.log.lock().events.len()
     }

@@ -48,6 +48,7 @@ impl std::str::FromStr for IoChoice {
 /// Options for [`FileDevice::open`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DeviceOptions {
+    /// Which I/O path to use: io_uring with O_DIRECT, vectored sync I/O, or chosen per device.
     pub io: IoChoice,
 }
 
@@ -249,6 +250,7 @@ impl FileDevice {
         self.direct
     }
 
+    /// Whether the device is a block device rather than an image file.
     pub fn is_block_device(&self) -> bool {
         matches!(self.backing, Backing::BlockDevice { .. })
     }

@@ -77,6 +77,7 @@ impl Default for Halt {
 }
 
 impl Halt {
+    /// A gate that is open (not halted), to share between the devices it stops.
     pub fn new() -> Arc<Halt> {
         Arc::new(Halt::default())
     }
@@ -125,6 +126,7 @@ pub struct HaltDevice {
 }
 
 impl HaltDevice {
+    /// `inner` behind the gate `halt`: every request fails once `halt` is closed.
     pub fn new(inner: Arc<dyn BlockDevice>, halt: Arc<Halt>) -> HaltDevice {
         HaltDevice { inner, halt }
     }

@@ -47,6 +47,7 @@ pub fn open(path: impl AsRef<Path>, opts: DeviceOptions) -> io::Result<Arc<dyn B
     Ok(Arc::new(FileDevice::open(path, opts)?))
 }
 
+/// Block size of every device and of the format: 4 KiB.
 pub const BLOCK_SIZE: usize = 4096;
 
 /// Which I/O path a device uses; reported by `lanefs inspect`.
@@ -74,14 +75,18 @@ impl std::fmt::Display for IoMode {
 /// One write of `data.len() / BLOCK_SIZE` blocks starting at block `addr`.
 #[derive(Debug, Clone, Copy)]
 pub struct WriteReq<'a> {
+    /// Block address on the device.
     pub addr: u64,
+    /// One block's bytes (`BLOCK_SIZE`).
     pub data: &'a [u8],
 }
 
 /// One read of `buf.len() / BLOCK_SIZE` blocks starting at block `addr`.
 #[derive(Debug)]
 pub struct ReadReq<'a> {
+    /// Block address on the device.
     pub addr: u64,
+    /// Where the block's bytes go (`BLOCK_SIZE`).
     pub buf: &'a mut [u8],
 }
 
@@ -113,9 +118,11 @@ pub trait BlockDevice: Send + Sync {
         false
     }
 
+    /// Reads one block at `addr`: a batch of one.
     fn read_block(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.read_batch(&mut [ReadReq { addr, buf }])
     }
+    /// Writes one block at `addr`: a batch of one (not durable before [`BlockDevice::flush`]).
     fn write_block(&self, addr: u64, data: &[u8]) -> std::io::Result<()> {
         self.write_batch(&[WriteReq { addr, data }])
     }

@@ -38,7 +38,7 @@ pub struct FsOptions {
     /// region's journal (no data block write, no device flush on that fsync); the device gets
     /// them at the next checkpoint; 0: data always goes to data blocks. Inline takes the
     /// device's flush off small fsyncs but fills the region a page per record, so checkpoints
-    /// come far more often. `None` (the default): [`DEFAULT_INLINE_PAGES`](super::DEFAULT_INLINE_PAGES) unless the device's
+    /// come far more often. `None` (the default): `DEFAULT_INLINE_PAGES` (4) unless the device's
     /// flush is free (`BlockDevice::flush_is_free`: an image in RAM), where the extra
     /// checkpoints cost more than the flushes saved. See `crate::pmem`.
     pub nvm_inline_pages: Option<usize>,

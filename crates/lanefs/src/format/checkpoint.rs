@@ -14,8 +14,11 @@ use super::codec::{seal, verify_seal, BlockHeader, Dec, Enc, HEADER_LEN};
 use super::layout::{Geometry, BLOCKS_PER_SEG, BLOCK_SIZE, LOG_TYPES, ORPHAN_CAPACITY};
 use crate::error::{Error, Result, Structure};
 
+/// Magic of a checkpoint pack's header block ("LNCP").
 pub const CP_MAGIC: u32 = u32::from_le_bytes(*b"LNCP");
+/// Magic of a checkpoint pack's footer block ("LNCF"), which must match its header.
 pub const CP_FOOTER_MAGIC: u32 = u32::from_le_bytes(*b"LNCF");
+/// Magic of the pack's payload blocks between them ("LNCD").
 pub const CP_PAYLOAD_MAGIC: u32 = u32::from_le_bytes(*b"LNCD");
 
 /// Set when the checkpoint was taken by a clean unmount (no roll-forward needed).
@@ -55,9 +58,11 @@ impl CopyMap {
     fn encoded_len(len: u32) -> usize {
         (len as usize).div_ceil(4)
     }
+    /// Number of blocks the map covers.
     pub fn len(&self) -> u32 {
         self.len
     }
+    /// Whether the map covers no block.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -109,13 +114,16 @@ impl CopyMap {
 /// Position of one active log: its segment and the next block offset to write in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogCursor {
+    /// The segment the log writes.
     pub segno: u32,
+    /// Next block offset to write in it.
     pub next_off: u16,
 }
 
 /// A lane's state at the checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneCheckpoint {
+    /// The cursor of each of the lane's logs, by `LogType`.
     pub logs: [LogCursor; LOG_TYPES],
     /// Block where this lane's roll-forward chain continues after the checkpoint (0: none).
     pub journal_head: u32,
@@ -126,15 +134,21 @@ pub struct LaneCheckpoint {
 /// Everything a checkpoint records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
+    /// Checkpoint version: one more than the previous; the newest valid pack wins.
     pub version: u64,
+    /// `CP_FLAG_*` bits (clean unmount, NAT in the region).
     pub flags: u32,
     /// Seconds of file-system lifetime at this checkpoint (segment ages for cleaning).
     pub elapsed_secs: u64,
+    /// Valid blocks in the main area.
     pub valid_blocks: u64,
+    /// Valid node blocks.
     pub valid_nodes: u64,
+    /// Live inodes.
     pub valid_inodes: u64,
     /// Where the next free node id search starts.
     pub next_nid: u32,
+    /// Bytes users wrote, since mkfs.
     pub user_bytes_written: u64,
     /// Bytes the cleaner moved.
     pub gc_bytes_written: u64,
@@ -152,9 +166,13 @@ pub struct Checkpoint {
     /// Above every inode generation handed out before the checkpoint (`crate::generation`);
     /// 0 in images made before the counter existed, whose inodes all have generation 0.
     pub next_generation: u64,
+    /// Which of the two copies of each NAT block is current.
     pub nat_map: CopyMap,
+    /// Which of the two copies of each SIT block is current.
     pub sit_map: CopyMap,
+    /// Per lane, its logs and journal head.
     pub lanes: Vec<LaneCheckpoint>,
+    /// Inodes unlinked while open, to free at the next mount.
     pub orphans: Vec<u32>,
 }
 

@@ -65,20 +65,25 @@ pub struct Enc<'a> {
 }
 
 impl<'a> Enc<'a> {
+    /// An encoder writing from the start of `buf`.
     pub fn new(buf: &'a mut [u8]) -> Self {
         Enc { buf, pos: 0 }
     }
+    /// An encoder writing `buf` from byte `pos`.
     pub fn at(buf: &'a mut [u8], pos: usize) -> Self {
         assert!(pos <= buf.len());
         Enc { buf, pos }
     }
+    /// The next byte to write.
     pub fn pos(&self) -> usize {
         self.pos
     }
+    /// Writes `b` as it is.
     pub fn bytes(&mut self, b: &[u8]) {
         self.buf[self.pos..self.pos + b.len()].copy_from_slice(b);
         self.pos += b.len();
     }
+    /// Writes `n` zero bytes.
     pub fn zeros(&mut self, n: usize) {
         self.buf[self.pos..self.pos + n].fill(0);
         self.pos += n;
@@ -88,18 +93,23 @@ impl<'a> Enc<'a> {
         assert!(to >= self.pos, "encoder overran its field area");
         self.zeros(to - self.pos);
     }
+    /// Writes one byte.
     pub fn u8(&mut self, v: u8) {
         self.bytes(&[v]);
     }
+    /// Writes a little-endian u16.
     pub fn u16(&mut self, v: u16) {
         self.bytes(&v.to_le_bytes());
     }
+    /// Writes a little-endian u32.
     pub fn u32(&mut self, v: u32) {
         self.bytes(&v.to_le_bytes());
     }
+    /// Writes a little-endian u64.
     pub fn u64(&mut self, v: u64) {
         self.bytes(&v.to_le_bytes());
     }
+    /// Writes a little-endian i64.
     pub fn i64(&mut self, v: i64) {
         self.bytes(&v.to_le_bytes());
     }
@@ -114,15 +124,19 @@ pub struct Dec<'a> {
 }
 
 impl<'a> Dec<'a> {
+    /// A decoder of `buf` from its start; errors name `structure` and `block`.
     pub fn new(buf: &'a [u8], structure: Structure, block: Option<u64>) -> Self {
         Dec { buf, pos: 0, structure, block }
     }
+    /// A decoder of `buf` from byte `pos`.
     pub fn at(buf: &'a [u8], pos: usize, structure: Structure, block: Option<u64>) -> Self {
         Dec { buf, pos, structure, block }
     }
+    /// The next byte to read.
     pub fn pos(&self) -> usize {
         self.pos
     }
+    /// Bytes left to read.
     pub fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.pos)
     }
@@ -130,6 +144,7 @@ impl<'a> Dec<'a> {
     pub fn err(&self, reason: impl Into<String>) -> Error {
         Error::corrupt(self.structure, self.block, reason)
     }
+    /// The next `n` bytes; an error if fewer are left.
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self
             .pos
@@ -140,6 +155,7 @@ impl<'a> Dec<'a> {
         self.pos = end;
         Ok(s)
     }
+    /// Moves to byte `to`, which must not be behind the position or past the end.
     pub fn skip_to(&mut self, to: usize) -> Result<()> {
         if to < self.pos || to > self.buf.len() {
             return Err(self.err(format!("bad field offset {to}")));
@@ -147,18 +163,23 @@ impl<'a> Dec<'a> {
         self.pos = to;
         Ok(())
     }
+    /// Reads one byte.
     pub fn u8(&mut self) -> Result<u8> {
         Ok(self.bytes(1)?[0])
     }
+    /// Reads a little-endian u16.
     pub fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(self.bytes(2)?.try_into().expect("2 bytes")))
     }
+    /// Reads a little-endian u32.
     pub fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(self.bytes(4)?.try_into().expect("4 bytes")))
     }
+    /// Reads a little-endian u64.
     pub fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.bytes(8)?.try_into().expect("8 bytes")))
     }
+    /// Reads a little-endian i64.
     pub fn i64(&mut self) -> Result<i64> {
         Ok(i64::from_le_bytes(self.bytes(8)?.try_into().expect("8 bytes")))
     }
@@ -168,14 +189,19 @@ impl<'a> Dec<'a> {
 /// magic, crc32c, and two structure-specific words (usually an index and a version).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockHeader {
+    /// The structure's magic.
     pub magic: u32,
+    /// First structure-specific word (usually an index).
     pub a: u32,
+    /// Second structure-specific word (usually a version).
     pub b: u32,
 }
 
+/// Bytes of a `BlockHeader`.
 pub const HEADER_LEN: usize = 16;
 
 impl BlockHeader {
+    /// Writes the header at the start of `block` (the crc is sealed later, over the whole block).
     pub fn write(&self, block: &mut [u8]) {
         let mut e = Enc::new(block);
         e.u32(self.magic);

@@ -9,6 +9,7 @@ use super::layout::BLOCK_SIZE;
 use super::node::MAX_NAME_LEN;
 use crate::error::{Error, Result, Structure};
 
+/// Magic of a dentry block ("LNDE").
 pub const DENTRY_MAGIC: u32 = u32::from_le_bytes(*b"LNDE");
 const ENTRY_FIXED: usize = 6;
 /// Payload bytes of one dentry block.
@@ -34,8 +35,11 @@ pub fn dtype_of(mode: u32) -> u8 {
 /// One directory entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dentry {
+    /// The inode the entry names.
     pub ino: u32,
+    /// Its type, as `d_type` (`DT_*`).
     pub file_type: u8,
+    /// The name (1 to 255 bytes, no NUL or '/').
     pub name: Vec<u8>,
 }
 
@@ -63,7 +67,9 @@ pub fn validate_name(name: &[u8]) -> std::result::Result<(), &'static str> {
 /// One dentry block of directory `dir_ino`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DentryBlock {
+    /// The directory the block belongs to (checked on decode).
     pub dir_ino: u32,
+    /// The entries the block holds.
     pub entries: Vec<Dentry>,
 }
 
@@ -83,6 +89,7 @@ impl DentryBlock {
         out
     }
 
+    /// The block's bytes; an error if the entries do not fit.
     pub fn encode(&self) -> Result<Vec<u8>> {
         let used: usize = self.entries.iter().map(Dentry::encoded_len).sum();
         if used > DENTRY_SPACE {
@@ -104,6 +111,7 @@ impl DentryBlock {
         Ok(b)
     }
 
+    /// Decodes and validates a block of directory `dir_ino` (entries name nodes up to `max_nid`).
     pub fn decode(b: &[u8], dir_ino: u32, max_nid: u32, addr: Option<u64>) -> Result<DentryBlock> {
         let h = BlockHeader::check(b, DENTRY_MAGIC, Structure::Dentry, addr)?;
         let mut d = Dec::at(b, HEADER_LEN, Structure::Dentry, addr);

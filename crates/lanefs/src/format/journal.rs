@@ -16,6 +16,7 @@ use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
 use super::layout::{Geometry, BLOCK_SIZE};
 use crate::error::{Result, Structure};
 
+/// Magic of a journal block ("LNJR").
 pub const JOURNAL_MAGIC: u32 = u32::from_le_bytes(*b"LNJR");
 const FIXED: usize = HEADER_LEN + 24;
 /// Payload bytes one journal block carries.
@@ -28,13 +29,19 @@ pub const TXN_END: u16 = 2;
 /// One block of a lane's journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalBlock {
+    /// The lane whose chain the block is in.
     pub lane: u16,
+    /// `TXN_START` and `TXN_END` bits.
     pub flags: u16,
+    /// Version of the checkpoint the chain continues (blocks of older chains are stale).
     pub cp_ver: u64,
+    /// Position in the lane's chain: one more than the block before.
     pub seq: u64,
+    /// Address of the next block of the chain (reserved before this one is written).
     pub next_blkaddr: u32,
     /// The flushed-through mark (see the module docs): 0 unknown, else at most `seq + 1`.
     pub flushed_back: u32,
+    /// Bytes of the transactions' records this block carries.
     pub payload: Vec<u8>,
 }
 
@@ -55,6 +62,7 @@ impl JournalBlock {
         u32::try_from(seq - through + 1).unwrap_or(0)
     }
 
+    /// The block's bytes, checksummed.
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.payload.len() <= JOURNAL_PAYLOAD, "journal payload too large");
         let mut b = vec![0u8; BLOCK_SIZE];
@@ -74,6 +82,7 @@ impl JournalBlock {
         b
     }
 
+    /// Decodes and validates a journal block against geometry `g`.
     pub fn decode(b: &[u8], g: &Geometry, addr: Option<u64>) -> Result<JournalBlock> {
         let h = BlockHeader::check(b, JOURNAL_MAGIC, Structure::Journal, addr)?;
         let mut d = Dec::at(b, HEADER_LEN, Structure::Journal, addr);

@@ -15,6 +15,7 @@
 
 use crate::error::{Error, Result};
 
+/// Block size of the format: the device's, 4 KiB.
 pub const BLOCK_SIZE: usize = crate::device::BLOCK_SIZE;
 /// Blocks per segment (2 MiB segments).
 pub const BLOCKS_PER_SEG: u32 = 512;
@@ -33,15 +34,22 @@ pub const MAX_TOTAL_BLOCKS: u64 = u32::MAX as u64 - 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum LogType {
+    /// Directories' dentry blocks.
     HotData = 0,
+    /// Regular files' data.
     WarmData = 1,
+    /// Data the checkpoint moved for the cleaner (it outlived a segment), and xattr blocks.
     ColdData = 2,
+    /// Directories' nodes.
     HotNode = 3,
+    /// Other inodes' nodes.
     WarmNode = 4,
+    /// Xattr nodes, and the lanes' journal chains.
     ColdNode = 5,
 }
 
 impl LogType {
+    /// Every log type, in order.
     pub const ALL: [LogType; LOG_TYPES] = [
         LogType::HotData,
         LogType::WarmData,
@@ -50,12 +58,15 @@ impl LogType {
         LogType::WarmNode,
         LogType::ColdNode,
     ];
+    /// The log type numbered `v`, if any.
     pub fn from_u8(v: u8) -> Option<LogType> {
         LogType::ALL.get(v as usize).copied()
     }
+    /// Whether the log holds nodes (else data).
     pub fn is_node(self) -> bool {
         matches!(self, LogType::HotNode | LogType::WarmNode | LogType::ColdNode)
     }
+    /// Short name, for inspect.
     pub fn name(self) -> &'static str {
         match self {
             LogType::HotData => "hot-data",
@@ -78,19 +89,27 @@ pub const CP_PAYLOAD_PER_BLOCK: usize = BLOCK_SIZE - super::codec::HEADER_LEN;
 /// Where everything is. All addresses are block numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
+    /// Size of the image in blocks.
     pub total_blocks: u64,
+    /// Lanes: sets of active logs, one per core usually.
     pub lanes: u32,
+    /// First block of the two checkpoint packs.
     pub cp_blkaddr: u64,
     /// Blocks of one checkpoint pack, header and footer included.
     pub cp_pack_blocks: u32,
+    /// First block of the NAT (two copies).
     pub nat_blkaddr: u64,
     /// NAT blocks in one copy.
     pub nat_blocks: u32,
+    /// First block of the SIT (two copies).
     pub sit_blkaddr: u64,
     /// SIT blocks in one copy.
     pub sit_blocks: u32,
+    /// First block of the SSA (one block per main segment).
     pub ssa_blkaddr: u64,
+    /// First block of the main area.
     pub main_blkaddr: u64,
+    /// Segments in the main area.
     pub main_segments: u32,
     /// Node ids are `1..=max_nid`.
     pub max_nid: u32,

@@ -12,16 +12,20 @@ use crate::error::{Result, Structure};
 const NAT_ENTRY_LEN: usize = 8;
 const _: () = assert!(HEADER_LEN + NAT_ENTRY_LEN * NAT_ENTRIES_PER_BLOCK as usize <= BLOCK_SIZE);
 
+/// Magic of a NAT block ("LNNT").
 pub const NAT_MAGIC: u32 = u32::from_le_bytes(*b"LNNT");
 
 /// Where a node lives and which inode owns it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NatEntry {
+    /// Block holding the node; 0 when the node id is free.
     pub block_addr: u32,
+    /// Inode the node belongs to.
     pub ino: u32,
 }
 
 impl NatEntry {
+    /// Whether the node id is unused.
     pub fn is_free(&self) -> bool {
         self.block_addr == 0
     }
@@ -29,6 +33,7 @@ impl NatEntry {
     pub fn to_word(self) -> u64 {
         self.block_addr as u64 | (self.ino as u64) << 32
     }
+    /// The entry from its word (`to_word`'s inverse).
     pub fn from_word(w: u64) -> NatEntry {
         NatEntry { block_addr: w as u32, ino: (w >> 32) as u32 }
     }
@@ -55,11 +60,14 @@ impl NatEntry {
 /// One NAT block: 510 consecutive entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatBlock {
+    /// Which NAT block this is (entries `index * 510 ..`).
     pub index: u32,
+    /// Its 510 entries.
     pub entries: Vec<NatEntry>,
 }
 
 impl NatBlock {
+    /// Block `index` with every entry free.
     pub fn empty(index: u32) -> Self {
         NatBlock { index, entries: vec![NatEntry::default(); NAT_ENTRIES_PER_BLOCK as usize] }
     }
@@ -69,6 +77,7 @@ impl NatBlock {
         (nid / NAT_ENTRIES_PER_BLOCK, (nid % NAT_ENTRIES_PER_BLOCK) as usize)
     }
 
+    /// The block's bytes, checksummed.
     pub fn encode(&self) -> Vec<u8> {
         assert_eq!(self.entries.len(), NAT_ENTRIES_PER_BLOCK as usize);
         let mut b = vec![0u8; BLOCK_SIZE];

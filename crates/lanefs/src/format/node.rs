@@ -12,9 +12,13 @@ use super::layout::{Geometry, BLOCK_SIZE};
 use super::xattr::XattrNode;
 use crate::error::{Error, Result, Structure};
 
+/// Magic of a node block ("LNND").
 pub const NODE_MAGIC: u32 = u32::from_le_bytes(*b"LNND");
+/// Bytes of the footer at the end of every node block.
 pub const FOOTER_LEN: usize = 64;
+/// Where the footer starts.
 pub const FOOTER_AT: usize = BLOCK_SIZE - FOOTER_LEN;
+/// Bytes before the footer: the body.
 pub const BODY_LEN: usize = FOOTER_AT;
 /// Block addresses held in an inode (after its 512-byte attribute area and five node ids).
 pub const INODE_ADDRS: usize = (BODY_LEN - INODE_ATTR_LEN - 4 * INODE_NIDS) / 4;
@@ -42,7 +46,9 @@ const VALID_TYPES: [u32; 7] = [0o100000, 0o040000, 0o120000, 0o020000, 0o060000,
 /// Seconds and nanoseconds since the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord)]
 pub struct Timespec {
+    /// Seconds since the epoch (negative before it).
     pub sec: i64,
+    /// Nanoseconds, below 1,000,000,000.
     pub nsec: u32,
 }
 
@@ -67,38 +73,63 @@ impl From<std::time::SystemTime> for Timespec {
 /// Node identity and recovery metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NodeFooter {
+    /// The node's id.
     pub nid: u32,
+    /// The inode the node belongs to (its own id for an inode).
     pub ino: u32,
     /// Position of this node in its inode's tree; 0 for the inode itself.
     pub node_ofs: u32,
+    /// Node flags (none defined yet: written as 0).
     pub flags: u16,
+    /// Version of the checkpoint that wrote it.
     pub cp_ver: u64,
+    /// Next block of a chain through the node log (F2FS's roll-forward link; lanefs writes 0 and
+    /// recovers from the journal instead).
     pub next_blkaddr: u32,
+    /// The lane whose log wrote it.
     pub lane: u16,
+    /// Sequence number in a node-log chain (written as 0, as `next_blkaddr`).
     pub seq: u64,
 }
 
 /// An inode's attributes and block map roots.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inode {
+    /// Type and permission bits.
     pub mode: u32,
+    /// Owner's user id.
     pub uid: u32,
+    /// Owner's group id.
     pub gid: u32,
+    /// Number of names.
     pub nlink: u32,
+    /// Size in bytes.
     pub size: u64,
     /// Data blocks allocated to the file.
     pub blocks: u64,
+    /// Last access.
     pub atime: Timespec,
+    /// Last data change.
     pub mtime: Timespec,
+    /// Last inode change.
     pub ctime: Timespec,
+    /// Creation time.
     pub crtime: Timespec,
+    /// Device number of a device node.
     pub rdev: u64,
+    /// Generation: with the number, names the inode for file handles.
     pub generation: u32,
+    /// Inode flags (`FS_*_FL`, as `lsattr` shows).
     pub flags: u32,
+    /// Node id of the xattr node; 0 if none.
     pub xattr_nid: u32,
+    /// Parent directory's inode number when the inode was last written.
     pub parent: u32,
+    /// Its name in that directory then.
     pub name: Vec<u8>,
+    /// Roots of the block map: direct, indirect and double-indirect node ids.
     pub nids: [u32; INODE_NIDS],
+    /// Data block addresses held in the inode itself.
     pub addrs: Vec<u32>,
 }
 
@@ -126,6 +157,7 @@ impl Inode {
             addrs: vec![0; INODE_ADDRS],
         }
     }
+    /// Whether the inode is a directory.
     pub fn is_dir(&self) -> bool {
         self.mode & S_IFMT == 0o040000
     }
@@ -134,6 +166,7 @@ impl Inode {
 /// What a node block holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeBody {
+    /// An inode.
     Inode(Box<Inode>),
     /// `ADDRS_PER_NODE` data block addresses.
     Direct(Vec<u32>),
@@ -158,7 +191,9 @@ impl NodeBody {
 /// A node block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
+    /// Identity and recovery metadata.
     pub footer: NodeFooter,
+    /// What the node holds.
     pub body: NodeBody,
 }
 
@@ -278,6 +313,7 @@ impl Node {
         Ok((f, kind))
     }
 
+    /// Decodes and validates a node block against geometry `g`.
     pub fn decode(b: &[u8], g: &Geometry, addr: Option<u64>) -> Result<Node> {
         let (footer, kind) = Self::decode_footer(b, g, addr)?;
         let s = Structure::Node;

@@ -8,6 +8,7 @@ use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
 use super::layout::{LogType, BLOCKS_PER_SEG, BLOCK_SIZE, SIT_ENTRIES_PER_BLOCK};
 use crate::error::{Result, Structure};
 
+/// Magic of a SIT block ("LNST").
 pub const SIT_MAGIC: u32 = u32::from_le_bytes(*b"LNST");
 const BITMAP_BYTES: usize = BLOCKS_PER_SEG as usize / 8;
 const _: () = assert!(BITMAP_BYTES * 8 == BLOCKS_PER_SEG as usize, "one bit per block of a segment");
@@ -20,10 +21,13 @@ pub const NO_LOG: u8 = 0xFF;
 /// Validity of one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SitEntry {
+    /// Valid blocks in the segment.
     pub valid_blocks: u16,
     /// The log type that wrote the segment, or `NO_LOG`.
     pub log_type: u8,
+    /// Age stamp of its last write (cost-benefit cleaning).
     pub mtime: u64,
+    /// One bit per block: valid or not.
     pub bitmap: [u8; BITMAP_BYTES],
 }
 
@@ -34,6 +38,7 @@ impl Default for SitEntry {
 }
 
 impl SitEntry {
+    /// Whether block `off` of the segment is valid.
     pub fn is_valid(&self, off: u32) -> bool {
         self.bitmap[off as usize / 8] & (1 << (off % 8)) != 0
     }
@@ -60,11 +65,14 @@ impl SitEntry {
 /// One SIT block: 53 consecutive segment entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SitBlock {
+    /// Which SIT block this is.
     pub index: u32,
+    /// Its segment entries.
     pub entries: Vec<SitEntry>,
 }
 
 impl SitBlock {
+    /// Block `index` with every segment free.
     pub fn empty(index: u32) -> Self {
         SitBlock { index, entries: vec![SitEntry::default(); SIT_ENTRIES_PER_BLOCK as usize] }
     }
@@ -74,6 +82,7 @@ impl SitBlock {
         (segno / SIT_ENTRIES_PER_BLOCK, (segno % SIT_ENTRIES_PER_BLOCK) as usize)
     }
 
+    /// The block's bytes, checksummed.
     pub fn encode(&self) -> Vec<u8> {
         assert_eq!(self.entries.len(), SIT_ENTRIES_PER_BLOCK as usize);
         let mut b = vec![0u8; BLOCK_SIZE];
@@ -92,6 +101,7 @@ impl SitBlock {
         b
     }
 
+    /// Decodes and validates SIT block `index`.
     pub fn decode(b: &[u8], index: u32, addr: Option<u64>) -> Result<SitBlock> {
         let h = BlockHeader::check(b, SIT_MAGIC, Structure::Sit, addr)?;
         let mut d = Dec::at(b, HEADER_LEN, Structure::Sit, addr);

@@ -12,6 +12,7 @@ use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
 use super::layout::{BLOCKS_PER_SEG, BLOCK_SIZE};
 use crate::error::{Error, Result, Structure};
 
+/// Magic of an SSA block ("LNSS").
 pub const SSA_MAGIC: u32 = u32::from_le_bytes(*b"LNSS");
 /// SSA blocks per segment.
 pub const SSA_BLOCKS_PER_SEG: u32 = 2;
@@ -25,9 +26,13 @@ const _: () = assert!(HEADER_LEN + SUMMARY_ENTRY_LEN * PER_BLOCK <= BLOCK_SIZE);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum SummaryKind {
+    /// The block holds nothing.
     None = 0,
+    /// File data: `nid` is the inode, `ofs` the block index.
     Data = 1,
+    /// A node: `nid` is the node.
     Node = 2,
+    /// A journal block.
     Journal = 3,
     /// An xattr block of an inode (`nid` = inode, `ofs` = the block's index in its set's stream).
     Xattr = 4,
@@ -36,8 +41,11 @@ pub enum SummaryKind {
 /// Owner of one block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SummaryEntry {
+    /// What the block holds.
     pub kind: SummaryKind,
+    /// Its owner node (see `SummaryKind`).
     pub nid: u32,
+    /// Its offset in the owner.
     pub ofs: u32,
 }
 
@@ -50,11 +58,14 @@ impl Default for SummaryEntry {
 /// The summary of one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentSummary {
+    /// The segment summarized.
     pub segno: u32,
+    /// One entry per block of the segment.
     pub entries: Vec<SummaryEntry>,
 }
 
 impl SegmentSummary {
+    /// The summary of segment `segno` with every block empty.
     pub fn empty(segno: u32) -> Self {
         SegmentSummary { segno, entries: vec![SummaryEntry::default(); BLOCKS_PER_SEG as usize] }
     }

@@ -10,6 +10,7 @@ use crate::error::{Error, Result, Structure};
 
 /// "LNFS" little-endian.
 pub const SB_MAGIC: u32 = u32::from_le_bytes(*b"LNFS");
+/// The on-disk format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 /// Block numbers of the two copies.
 pub const SB_ADDRS: [u64; 2] = [0, 1];
@@ -19,22 +20,27 @@ pub const LABEL_MAX: usize = 31;
 /// The superblock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// Format version (`FORMAT_VERSION`).
     pub version: u32,
     /// Feature bits; none defined yet, any set bit is refused.
     pub features: u32,
+    /// The file system's UUID.
     pub uuid: [u8; 16],
     /// Seconds since the epoch at mkfs.
     pub created: u64,
     /// Up to [`LABEL_MAX`] bytes, NUL-padded.
     pub label: [u8; 32],
+    /// Where everything is.
     pub geometry: Geometry,
 }
 
 impl Superblock {
+    /// A superblock for a new file system.
     pub fn new(geometry: Geometry, uuid: [u8; 16], created: u64) -> Self {
         Superblock { version: FORMAT_VERSION, features: 0, uuid, created, label: [0; 32], geometry }
     }
 
+    /// The superblock's bytes, checksummed.
     pub fn encode(&self) -> Vec<u8> {
         let g = &self.geometry;
         let mut b = vec![0u8; BLOCK_SIZE];
@@ -68,6 +74,7 @@ impl Superblock {
         b
     }
 
+    /// Decodes and validates one superblock copy.
     pub fn decode(b: &[u8], addr: Option<u64>) -> Result<Superblock> {
         let s = Structure::Superblock;
         if b.len() != BLOCK_SIZE {

@@ -36,6 +36,7 @@ pub struct NodePos {
 }
 
 impl NodePos {
+    /// The root slot `root` itself.
     pub const fn root(root: u8) -> NodePos {
         NodePos { root, child: None, grandchild: None }
     }
@@ -89,9 +90,17 @@ impl NodePos {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockLoc {
     /// In the inode's own address slots.
-    Inode { slot: u32 },
+    Inode {
+        /// Index in the inode's address slots.
+        slot: u32,
+    },
     /// In a direct node at `pos`, at `slot`.
-    Node { pos: NodePos, slot: u32 },
+    Node {
+        /// Which node of the tree.
+        pos: NodePos,
+        /// Index in that node's addresses.
+        slot: u32,
+    },
 }
 
 /// Locates logical block `idx`, or None past the largest file.

@@ -32,8 +32,10 @@ use crate::error::{Error, Result, Structure};
 
 /// Longest xattr name and value (as Linux: `XATTR_NAME_MAX`, `XATTR_SIZE_MAX`).
 pub const XATTR_NAME_MAX: usize = 255;
+/// Largest xattr value, in bytes (Linux's XATTR_SIZE_MAX).
 pub const XATTR_SIZE_MAX: usize = 65536;
 
+/// Magic of an xattr block ("LNXA").
 pub const XATTR_MAGIC: u32 = u32::from_le_bytes(*b"LNXA");
 /// Stream bytes one xattr block carries.
 pub const XATTR_PAYLOAD: usize = BLOCK_SIZE - HEADER_LEN;
@@ -68,7 +70,14 @@ pub enum XattrNode {
     /// The whole set, in the node (any order; no name twice).
     Inline(Vec<Xattr>),
     /// The set's stream lives in `addrs` (in order); `stream_len` bytes long, crc32c `stream_crc`.
-    Blocks { stream_len: u32, stream_crc: u32, addrs: Vec<u32> },
+    Blocks {
+        /// Length of the stream in bytes.
+        stream_len: u32,
+        /// Its crc32c.
+        stream_crc: u32,
+        /// The blocks holding it, in order.
+        addrs: Vec<u32>,
+    },
 }
 
 /// Bytes a set occupies in a node body in the inline form.

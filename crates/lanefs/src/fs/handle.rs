@@ -18,25 +18,30 @@ pub struct Handle {
 }
 
 impl Handle {
+    /// The inode this handle is open on.
     pub fn ino(&self) -> Ino {
         self.m.ino as Ino
     }
 
+    /// [`Fs::read_at`](crate::Fs::read_at) on this handle's inode.
     pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
         self.engine.check_live()?;
         self.engine.read_mnode(&self.m, off, buf)
     }
 
+    /// [`Fs::write_at`](crate::Fs::write_at) on this handle's inode.
     pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize> {
         self.engine.check_live()?;
         self.engine.write_mnode(&self.m, off, data)
     }
 
+    /// [`Fs::fsync`](crate::Fs::fsync) of this handle's inode.
     pub fn fsync(&self, datasync: bool) -> Result<()> {
         self.engine.check_live()?;
         self.engine.fsync_mnode(&self.m, datasync)
     }
 
+    /// The file's size now.
     pub fn size(&self) -> u64 {
         self.m.size.load(Ordering::Acquire)
     }

@@ -43,10 +43,6 @@ pub use crate::mem::atime::{AtimeMode, AtimePolicy};
 pub use crate::mem::iflags::InodeFlags;
 use crate::mem::mnode::MNode;
 use crate::mem::ops::NewInode;
-pub use crate::mem::ops::{
-    FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    RENAME_WHITEOUT, XATTR_CREATE, XATTR_REPLACE,
-};
 pub use crate::mkfs::MkfsOptions;
 pub use crate::perm::{Caller, Privileged};
 pub use crate::recovery::RecoveryReport;
@@ -54,10 +50,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use types::kind_of_dtype;
 
+mod flags;
 mod handle;
 mod names;
 mod tmpfile;
 mod types;
+
+pub use flags::{FallocMode, RenameFlags, XattrFlags};
 
 pub use handle::Handle;
 pub use types::{Attr, DirEntry, FileKind, IoStats, Listing, New, SetAttr, StatFs};
@@ -83,7 +82,7 @@ pub(crate) fn ino32(ino: Ino) -> Result<u32> {
 }
 
 impl Fs {
-    /// Formats `dev` (see [`crate::mkfs`]).
+    /// Formats `dev` (the same as [`format_device`](crate::format_device), returning nothing).
     pub fn format(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<()> {
         crate::mkfs::format_device(dev, opts).map(|_| ())
     }
@@ -140,6 +139,7 @@ impl Fs {
         }
     }
 
+    /// The entry `name` in directory `parent` (lookup(2)'s step of a path walk); ENOENT if none.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         self.engine.check_live()?;
         self.engine.lookup_with(ino32(parent)?, name, |m| self.attr(m))
@@ -190,18 +190,21 @@ impl Fs {
         self.engine.mnode(ino32(ino)?)
     }
 
+    /// stat(2) of `ino`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         self.engine.check_live()?;
         let _g = self.engine.pass.shared();
         self.engine.with_mnode(ino32(ino)?, |m| self.attr(m))
     }
 
+    /// Changes attributes (chmod, chown, truncate, utimes) as a privileged caller; returns
+    /// the new attributes. See [`Fs::setattr_as`] for what a change drops.
     pub fn setattr(&self, ino: Ino, a: &SetAttr) -> Result<Attr> {
         self.set_attr(ino, a, None)
     }
 
     /// [`Fs::setattr`] by `caller`: a size change and a chown first drop the privileges they
-    /// take (see [`crate::perm`]).
+    /// take (see `src/perm.rs`).
     pub fn setattr_as(&self, ino: Ino, a: &SetAttr, caller: &dyn Caller) -> Result<Attr> {
         self.set_attr(ino, a, Some(caller))
     }
@@ -305,6 +308,7 @@ impl Fs {
         self.make(parent, name, &New { mode, rdev, uid, gid, umask: 0 })
     }
 
+    /// Creates directory `name` in `parent` with permission bits `mode`, owned by `uid`:`gid`.
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
         self.make(parent, name, &New { mode: 0o040000 | (mode & 0o7777), uid, gid, ..Default::default() })
     }
@@ -326,6 +330,7 @@ impl Fs {
         Ok(self.attr(&m))
     }
 
+    /// Creates symbolic link `name` in `parent` pointing to `target`, owned by `uid`:`gid`.
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
         self.engine.check_live()?;
         let m = self.engine.create_node(
@@ -337,6 +342,7 @@ impl Fs {
         Ok(self.attr(&m))
     }
 
+    /// The target of symlink `ino`; EINVAL for any other type.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
         self.engine.check_live()?;
         let _g = self.engine.pass.shared();
@@ -349,6 +355,7 @@ impl Fs {
         Ok(target)
     }
 
+    /// Gives inode `ino` the new name `newname` in `newparent` (link(2)); EPERM for a directory.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         self.engine.check_live()?;
         let m = self.engine.link(ino32(ino)?, ino32(newparent)?, newname)?;
@@ -356,25 +363,36 @@ impl Fs {
         Ok(self.attr(&m))
     }
 
+    /// Removes the name `name` from `parent` (unlink(2)); the inode goes with its last name
+    /// and last open reference.
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.engine.check_live()?;
         self.engine.unlink(ino32(parent)?, name)?;
         self.dirsync(parent)
     }
 
+    /// Removes the empty directory `name` from `parent` (rmdir(2)); ENOTEMPTY otherwise.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
         self.engine.check_live()?;
         self.engine.rmdir(ino32(parent)?, name)?;
         self.dirsync(parent)
     }
 
-    /// rename(2); `flags` may hold [`RENAME_NOREPLACE`], [`RENAME_EXCHANGE`] or
-    /// [`RENAME_WHITEOUT`] (a whiteout made this way is owned by root; see [`Fs::rename_as`]).
-    pub fn rename(&self, parent: Ino, name: &[u8], newparent: Ino, newname: &[u8], flags: u32) -> Result<()> {
+    /// rename(2); `flags` may hold [`RenameFlags::NOREPLACE`], [`RenameFlags::EXCHANGE`] or
+    /// [`RenameFlags::WHITEOUT`] (a whiteout made this way is owned by root; see
+    /// [`Fs::rename_as`]).
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
         self.rename_as(parent, name, newparent, newname, flags, 0, 0)
     }
 
-    /// rename(2) as [`Fs::rename`], where a whiteout ([`RENAME_WHITEOUT`]) is owned by `uid`
+    /// rename(2) as [`Fs::rename`], where a whiteout ([`RenameFlags::WHITEOUT`]) is owned by `uid`
     /// and `gid`, the caller's (a new inode's owner: `gid` already chosen for a set-group-ID
     /// directory). The rename and its whiteout are one operation: durable together or not at
     /// all. RENAME_WHITEOUT with RENAME_EXCHANGE is EINVAL; with no inode number left, ENOSPC
@@ -386,12 +404,12 @@ impl Fs {
         name: &[u8],
         newparent: Ino,
         newname: &[u8],
-        flags: u32,
+        flags: RenameFlags,
         uid: u32,
         gid: u32,
     ) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags, (uid, gid))?;
+        self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags.bits(), (uid, gid))?;
         self.dirsync(parent)?;
         if newparent != parent {
             self.dirsync(newparent)?;
@@ -415,6 +433,8 @@ impl Fs {
         Ok(self.attr(&m))
     }
 
+    /// Drops an open reference taken by [`Fs::open_ino`] or [`Fs::open_with`]: an unlinked
+    /// inode is freed with its last one.
     pub fn release(&self, ino: Ino) -> Result<()> {
         self.engine.release(ino32(ino)?)
     }
@@ -428,11 +448,14 @@ impl Fs {
         Ok(Handle { engine: self.engine.clone(), m })
     }
 
+    /// Reads up to `buf.len()` bytes at `off`; returns how many (0 at or past the end).
     pub fn read_at(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
         self.engine.check_live()?;
         self.engine.read_at(ino32(ino)?, off, buf)
     }
 
+    /// Writes `data` at `off`, growing the file as needed; returns the bytes written. Durable
+    /// after [`Fs::fsync`].
     pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         self.engine.check_live()?;
         self.engine.write_at(ino32(ino)?, off, data)
@@ -457,34 +480,44 @@ impl Fs {
         self.engine.write_mnode_with(&m, off, data, crate::mem::ops::WriteTimes::Keep)
     }
 
-    /// [`Fs::write_at`] by `caller`, who first loses what a write takes (see [`crate::perm`]):
+    /// [`Fs::write_at`] by `caller`, who first loses what a write takes (see `src/perm.rs`):
     /// no one sees the new bytes with the old set-ID bits.
     pub fn write_at_as(&self, ino: Ino, off: u64, data: &[u8], caller: &dyn Caller) -> Result<usize> {
         let m = self.mnode(ino)?;
         self.engine.write_mnode_as(&m, off, data, caller)
     }
 
+    /// Sets the size of regular file `ino` to `size`: drops what lies past it, or extends with
+    /// a hole.
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
         self.engine.check_live()?;
         self.engine.truncate(ino32(ino)?, size)
     }
 
-    /// fallocate(2): mode 0 or [`FALLOC_FL_KEEP_SIZE`] (reserve the space: ENOSPC, with
-    /// nothing changed, when it is not there), punch hole (with keep size), or
-    /// [`FALLOC_FL_ZERO_RANGE`] (with or without keep size). Other modes are EOPNOTSUPP.
-    pub fn fallocate(&self, ino: Ino, mode: i32, off: u64, len: u64) -> Result<()> {
+    /// fallocate(2): an empty mode or [`FallocMode::KEEP_SIZE`] (reserve the space: ENOSPC,
+    /// with nothing changed, when it is not there), [`FallocMode::PUNCH_HOLE`] (with keep
+    /// size), or [`FallocMode::ZERO_RANGE`] (with or without keep size). Other modes are
+    /// EOPNOTSUPP.
+    pub fn fallocate(&self, ino: Ino, mode: FallocMode, off: u64, len: u64) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.fallocate(ino32(ino)?, mode, off, len)
+        self.engine.fallocate(ino32(ino)?, mode.bits() as i32, off, len)
     }
 
     /// [`Fs::fallocate`] by `caller`, who first loses what a write takes (any mode: the VFS
     /// treats an allocation, a punch and a zeroing alike).
-    pub fn fallocate_as(&self, ino: Ino, mode: i32, off: u64, len: u64, caller: &dyn Caller) -> Result<()> {
+    pub fn fallocate_as(
+        &self,
+        ino: Ino,
+        mode: FallocMode,
+        off: u64,
+        len: u64,
+        caller: &dyn Caller,
+    ) -> Result<()> {
         let m = self.mnode(ino)?;
         if m.pages().is_some() {
             self.engine.drop_privs(&m, crate::perm::Change::Data, caller)?;
         }
-        self.engine.fallocate(ino32(ino)?, mode, off, len)
+        self.engine.fallocate(ino32(ino)?, mode.bits() as i32, off, len)
     }
 
     /// Up to `max` entries after `cookie` (0 starts; "." and ".." come first). Every call sees
@@ -511,8 +544,8 @@ impl Fs {
     ///     for e in &batch {
     ///         if e.name.starts_with(b"f") {
     ///             // Renamed away and back: a new cookie, past the listing's horizon.
-    ///             fs.rename(ROOT, &e.name, ROOT, b"tmp", 0).unwrap();
-    ///             fs.rename(ROOT, b"tmp", ROOT, &e.name, 0).unwrap();
+    ///             fs.rename(ROOT, &e.name, ROOT, b"tmp", lanefs::RenameFlags::empty()).unwrap();
+    ///             fs.rename(ROOT, b"tmp", ROOT, &e.name, lanefs::RenameFlags::empty()).unwrap();
     ///             seen += 1;
     ///         }
     ///     }
@@ -592,17 +625,18 @@ impl Fs {
         }
     }
 
+    /// The value of extended attribute `name`; ENODATA if the inode has none of that name.
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         self.engine.check_live()?;
         self.engine.getxattr(ino32(ino)?, name)
     }
 
-    /// `flags`: 0, [`XATTR_CREATE`] or [`XATTR_REPLACE`].
+    /// `flags`: empty, [`XattrFlags::CREATE`] or [`XattrFlags::REPLACE`].
     /// An ACL (`system.posix_acl_access` or `_default`) must be valid; the access ACL then sets
-    /// the mode's permission bits (see [`crate::acl`]).
-    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+    /// the mode's permission bits (see `src/acl.rs`).
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.setxattr(ino32(ino)?, name, value, flags, &Privileged)
+        self.engine.setxattr(ino32(ino)?, name, value, flags.bits() as i32, &Privileged)
     }
 
     /// [`Fs::setxattr`] by `caller`: an access ACL drops set-group-ID unless the caller is in
@@ -612,18 +646,20 @@ impl Fs {
         ino: Ino,
         name: &[u8],
         value: &[u8],
-        flags: i32,
+        flags: XattrFlags,
         caller: &dyn Caller,
     ) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.setxattr(ino32(ino)?, name, value, flags, caller)
+        self.engine.setxattr(ino32(ino)?, name, value, flags.bits() as i32, caller)
     }
 
+    /// The names of the inode's extended attributes, in name order.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
         self.engine.check_live()?;
         self.engine.listxattr(ino32(ino)?)
     }
 
+    /// Removes extended attribute `name`; ENODATA if there is none.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         self.engine.check_live()?;
         self.engine.removexattr(ino32(ino)?, name)
@@ -705,7 +741,7 @@ impl Fs {
 
     /// FITRIM: tells the device that the free space in `range` holds nothing (a hole punched
     /// in an image file, a discard on a block device); returns the bytes discarded. See
-    /// [`crate::fsctl`] for what counts as free and the arguments refused.
+    /// `src/fsctl.rs` for what counts as free and the arguments refused.
     pub fn trim(&self, range: TrimRange) -> Result<u64> {
         self.engine.trim(range)
     }

@@ -1,5 +1,5 @@
 //! The plain data the library API takes and returns: attributes, changes to them, new inodes,
-//! directory entries and listings, statfs, I/O counters. Re-exported by `lanefs::fs`.
+//! directory entries and listings, statfs, I/O counters. Re-exported at the crate root.
 //!
 //! Invariants: nothing here reaches into the engine; a `Listing` is built only by
 //! `Fs::listing`, from the directory it names.
@@ -10,12 +10,19 @@ use crate::format::node::{Timespec, S_IFMT};
 /// What an inode is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link.
     Symlink,
+    /// A named pipe (FIFO).
     Fifo,
+    /// A Unix domain socket.
     Socket,
+    /// A character device node.
     CharDevice,
+    /// A block device node.
     BlockDevice,
 }
 
@@ -36,21 +43,33 @@ impl FileKind {
 /// Attributes, as stat(2) reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attr {
+    /// Inode number, stable across mounts (the inode's node id).
     pub ino: Ino,
+    /// What the inode is (the type bits of its mode).
     pub kind: FileKind,
     /// Type and permission bits, as `st_mode`.
     pub mode: u32,
+    /// Number of names (hard links) the inode has.
     pub nlink: u32,
+    /// Owner's user id.
     pub uid: u32,
+    /// Owner's group id.
     pub gid: u32,
+    /// Size in bytes (a symlink's: its target's length).
     pub size: u64,
     /// 512-byte units allocated.
     pub blocks: u64,
+    /// Last access.
     pub atime: Timespec,
+    /// Last change of the data.
     pub mtime: Timespec,
+    /// Last change of the inode (data, attributes, names).
     pub ctime: Timespec,
+    /// Creation (birth) time, as statx reports it.
     pub crtime: Timespec,
+    /// Device number of a device node (0 for anything else).
     pub rdev: u64,
+    /// Preferred I/O size: the block size.
     pub blksize: u32,
     /// Tells this inode from earlier ones that had its number (file handles carry it).
     pub generation: u32,
@@ -59,11 +78,17 @@ pub struct Attr {
 /// Attributes to change; `None` leaves one alone.
 #[derive(Debug, Clone, Default)]
 pub struct SetAttr {
+    /// New permission bits (and set-ID and sticky bits); the type bits are ignored.
     pub mode: Option<u32>,
+    /// New owner.
     pub uid: Option<u32>,
+    /// New group.
     pub gid: Option<u32>,
+    /// New size: truncates or extends with a hole.
     pub size: Option<u64>,
+    /// New access time.
     pub atime: Option<Timespec>,
+    /// New modification time.
     pub mtime: Option<Timespec>,
     /// Defaults to now.
     pub ctime: Option<Timespec>,
@@ -79,7 +104,9 @@ pub struct New {
     pub mode: u32,
     /// For a device.
     pub rdev: u64,
+    /// Owner of the new inode.
     pub uid: u32,
+    /// Group of the new inode (already chosen for a set-group-ID directory).
     pub gid: u32,
     /// The creating process's umask: it masks `mode` unless the parent has a default ACL.
     pub umask: u32,
@@ -88,8 +115,11 @@ pub struct New {
 /// One directory entry from [`Fs::readdir`](super::Fs::readdir).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
+    /// The entry's name (no NUL, no '/').
     pub name: Vec<u8>,
+    /// The inode it names.
     pub ino: Ino,
+    /// What that inode is, from the directory entry (no inode read).
     pub kind: FileKind,
     /// Pass to `readdir` to continue after this entry.
     pub cookie: u64,
@@ -110,12 +140,19 @@ pub struct Listing {
 /// statfs(2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatFs {
+    /// Block size in bytes (4096).
     pub bsize: u32,
+    /// Blocks in the main area that can hold data.
     pub blocks: u64,
+    /// Free blocks (invalid blocks the cleaner can reclaim included).
     pub bfree: u64,
+    /// Free blocks available to a caller: the same as `bfree` (no root reserve).
     pub bavail: u64,
+    /// Inode numbers in total.
     pub files: u64,
+    /// Inode numbers free.
     pub ffree: u64,
+    /// Longest name, in bytes.
     pub namelen: u32,
 }
 
@@ -141,14 +178,17 @@ pub struct IoStats {
     pub fsync_flushes: u64,
     /// Cleaning rounds run and segments they emptied.
     pub cleaning_rounds: u64,
+    /// Segments those rounds emptied.
     pub segments_cleaned: u64,
     /// Checkpoints begun (their snapshot taken) and made durable since mount. Equal when none
     /// is in progress.
     pub checkpoints_begun: u64,
+    /// Checkpoints whose pack is durable.
     pub checkpoints_durable: u64,
     /// The longest time, since mount, that a checkpoint's exclusive phase (its snapshot) held
     /// every operation out, and that its write phase held fsync and writeback out (µs).
     pub cp_exclusive_us_max: u64,
+    /// The longest write phase since mount (µs): fsync and writeback wait.
     pub cp_write_phase_us_max: u64,
     /// fsyncs and writebacks that waited for a checkpoint in progress since mount: to be
     /// durable (a directory in its snapshot, or the checkpoint fenced every fsync off), or to

@@ -55,21 +55,30 @@ pub struct FsckOptions {
 /// One thing found wrong.
 #[derive(Debug, Clone)]
 pub struct Problem {
+    /// The structure the problem is in.
     pub structure: Structure,
+    /// What is wrong, in words.
     pub message: String,
     /// Whether `--repair` can rebuild it from the rest of the image.
     pub repairable: bool,
+    /// Whether this run repaired it.
     pub repaired: bool,
 }
 
 /// Sizes seen by the walk.
 #[derive(Debug, Clone, Default)]
 pub struct FsckStats {
+    /// Version of the checkpoint checked.
     pub checkpoint_version: u64,
+    /// Which pack (0 or 1) holds it.
     pub checkpoint_pack: u32,
+    /// Inodes found.
     pub inodes: u64,
+    /// Of them, directories.
     pub directories: u64,
+    /// Node blocks found (inodes included).
     pub nodes: u64,
+    /// Blocks whose owner is file or directory data.
     pub data_blocks: u64,
     /// Xattr blocks (the streams of xattr sets too large for their node).
     pub xattr_blocks: u64,
@@ -78,13 +87,16 @@ pub struct FsckStats {
 /// The outcome of a check.
 #[derive(Debug, Clone, Default)]
 pub struct FsckReport {
+    /// What is wrong, each with whether it was repaired.
     pub problems: Vec<Problem>,
     /// Observations that are not errors (an older or torn checkpoint pack, for instance).
     pub notes: Vec<String>,
+    /// What the check walked: inodes, blocks, entries.
     pub stats: FsckStats,
 }
 
 impl FsckReport {
+    /// Whether the check found nothing wrong.
     pub fn is_clean(&self) -> bool {
         self.problems.is_empty()
     }

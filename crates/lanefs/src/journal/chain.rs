@@ -112,15 +112,12 @@ impl ChainWriter {
         ChainPos { addr: self.next_addr, seq: self.seq, link: self.link }
     }
 
-    pub fn lane(&self) -> u16 {
-        self.lane
-    }
-
     /// Encodes `txn` into as many journal blocks as it needs and returns them as
     /// `(address, block)` for the caller to write (with the data blocks the transaction maps,
     /// in one batch, then flush). `reserve` is called once per block for the address of the
     /// block after it. On any error (encoding, `reserve`, a reserved address that is 0 or used
     /// twice) nothing changes; addresses already reserved are the caller's to reclaim.
+    #[cfg(test)]
     pub fn append(
         &mut self,
         txn: &Transaction,

@@ -13,12 +13,8 @@
 pub mod chain;
 pub mod record;
 
-pub use chain::{
-    merge_by_stamp, read_chain, ChainMarks, ChainPos, ChainRead, ChainWriter, FRAGMENT_CAPACITY,
-};
-pub use record::{
-    InodeAttr, Record, Stamp, Transaction, Whiteout, MAP_RUN_MAX, MAX_SYMLINK_LEN, WHITEOUT_TYPE,
-};
+pub use chain::{merge_by_stamp, read_chain, ChainMarks, ChainPos, ChainRead, ChainWriter};
+pub use record::{InodeAttr, Record, Stamp, Transaction, Whiteout, MAX_SYMLINK_LEN, WHITEOUT_TYPE};
 
 #[cfg(test)]
 mod chain_tests;

@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 pub enum AtimeMode {
     /// `noatime`: never.
     Never,
-    /// `relatime`: when the atime is not after the mtime or ctime, or is [`RELATIME_AGE`] old.
+    /// `relatime`: when the atime is not after the mtime or ctime, or is a day (`RELATIME_AGE`) old.
     #[default]
     Relative,
     /// `strictatime`: on every access.
@@ -37,6 +37,7 @@ pub enum AtimeMode {
 /// A mount's access-time options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AtimePolicy {
+    /// When a read updates the access time.
     pub mode: AtimeMode,
     /// Directory listings update directories' atime (false: `nodiratime`).
     pub dirs: bool,

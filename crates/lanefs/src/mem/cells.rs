@@ -90,6 +90,7 @@ impl<T: Resident> Cells<T> {
     }
 
     /// Number of cells.
+    #[cfg(test)]
     pub fn cell_count(&self) -> usize {
         self.cells.len()
     }
@@ -119,6 +120,7 @@ impl<T: Resident> Cells<T> {
     }
 
     /// True if `ino` is present.
+    #[cfg(test)]
     pub fn contains(&self, ino: u64) -> bool {
         self.cell(ino).pin().contains_key(&ino)
     }
@@ -160,6 +162,7 @@ impl<T: Resident> Cells<T> {
     /// Calls `f` for every mnode, one cell at a time. Each cell's entries are copied out (as
     /// `Arc`s) and `f` runs unpinned, so `f` may use the table and block; entries inserted or
     /// removed meanwhile may or may not be visited.
+    #[cfg(test)]
     pub fn for_each(&self, mut f: impl FnMut(u64, &Arc<T>)) {
         let mut batch: Vec<(u64, Arc<T>)> = Vec::new();
         for cell in self.cells.iter() {
@@ -176,6 +179,7 @@ impl<T: Resident> Cells<T> {
     }
 
     /// True if no cell holds a mnode (not a snapshot).
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.cells.iter().all(|c| c.is_empty())
     }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 /// log2 of the logical blocks one chunk covers: 4 MiB of file, at most 12 KiB of entries to copy.
 const CHUNK_BITS: u32 = 10;
 /// Logical blocks one chunk covers.
+#[cfg(test)]
 pub const CHUNK: u64 = 1 << CHUNK_BITS;
 
 type Chunk = Arc<Vec<(u64, u32)>>;

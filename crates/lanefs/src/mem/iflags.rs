@@ -61,14 +61,17 @@ impl InodeFlags {
     const INHERITED: InodeFlags =
         InodeFlags(Self::SYNC.0 | Self::NODUMP.0 | Self::NOATIME.0 | Self::DIRSYNC.0 | Self::DAX.0);
 
+    /// The raw `FS_*_FL` bits.
     pub fn bits(self) -> u32 {
         self.0
     }
 
+    /// Whether every flag of `other` is set here.
     pub fn contains(self, other: InodeFlags) -> bool {
         self.0 & other.0 == other.0
     }
 
+    /// Whether any flag of `other` is set here.
     pub fn intersects(self, other: InodeFlags) -> bool {
         self.0 & other.0 != 0
     }

@@ -30,4 +30,3 @@ pub mod reserve;
 pub mod xattr;
 
 pub use cells::Cells;
-pub use range_lock::{LockMode, RangeGuard, RangeLock};

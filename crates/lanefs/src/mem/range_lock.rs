@@ -158,16 +158,13 @@ impl RangeLock {
     }
 
     /// Whether page-level entry has opened on this file (a diagnostic for tests).
+    #[cfg(test)]
     pub fn page_level_enabled(&self) -> bool {
         self.pages.enabled()
     }
 
-    /// Opens page-level entry now rather than after `ENABLE_AFTER` requests (tests).
-    pub fn enable_page_level(&self) {
-        self.pages.enable();
-    }
-
     /// Locks `[start, end)` for reading.
+    #[cfg(test)]
     pub fn lock_shared(&self, start: u64, end: u64) -> RangeGuard<'_> {
         self.lock(start, end, LockMode::Shared)
     }
@@ -179,6 +176,7 @@ impl RangeLock {
 
     /// Locks `[start, end)` in `mode` if no outstanding request (granted or waiting) conflicts;
     /// otherwise returns `None` without queueing. Never jumps ahead of a waiting request.
+    #[cfg(test)]
     pub fn try_lock(&self, start: u64, end: u64, mode: LockMode) -> Option<RangeGuard<'_>> {
         self.pages.announce();
         let seq = {
@@ -211,16 +209,19 @@ impl RangeLock {
     }
 
     /// [`try_lock`](Self::try_lock) for reading.
+    #[cfg(test)]
     pub fn try_lock_shared(&self, start: u64, end: u64) -> Option<RangeGuard<'_>> {
         self.try_lock(start, end, LockMode::Shared)
     }
 
     /// [`try_lock`](Self::try_lock) for writing.
+    #[cfg(test)]
     pub fn try_lock_exclusive(&self, start: u64, end: u64) -> Option<RangeGuard<'_>> {
         self.try_lock(start, end, LockMode::Exclusive)
     }
 
     /// Number of requests that are queued but not yet granted (a diagnostic; stale at once).
+    #[cfg(test)]
     pub fn waiting(&self) -> usize {
         let inner = self.inner.lock();
         inner.requests.iter().filter(|r| r.waiter.is_some()).count()
@@ -298,22 +299,16 @@ pub struct RangeGuard<'a> {
 }
 
 impl RangeGuard<'_> {
-    /// First byte of the range.
-    pub fn start(&self) -> u64 {
-        self.start
-    }
     /// One past the last byte (`u64::MAX` for "to infinity").
+    #[cfg(test)]
     pub fn end(&self) -> u64 {
         self.end
-    }
-    /// The mode the range is held in.
-    pub fn mode(&self) -> LockMode {
-        self.mode
     }
 }
 
 impl RangeGuard<'_> {
     /// Whether this guard holds its page at page level (not in the request list).
+    #[cfg(test)]
     pub fn is_page_level(&self) -> bool {
         matches!(self.hold, Hold::Page(_))
     }

@@ -58,6 +58,7 @@ impl Reserved {
         Reserved { ranges: BTreeMap::new(), len: 0, stats }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> u64 {
         self.len
     }
@@ -149,6 +150,7 @@ impl Reserved {
     }
 
     /// Reserved blocks among `first..=last`.
+    #[cfg(test)]
     pub fn count_in(&self, first: u64, last: u64) -> u64 {
         if last < first {
             return 0;

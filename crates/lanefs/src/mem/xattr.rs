@@ -59,10 +59,6 @@ impl XattrSet {
         self.map.contains_key(name)
     }
 
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

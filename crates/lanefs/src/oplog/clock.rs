@@ -47,8 +47,10 @@ pub struct Timestamp {
 
 impl Timestamp {
     /// Smaller than or equal to every timestamp.
+    #[cfg(test)]
     pub const MIN: Timestamp = Timestamp { ticks: 0, cpu: 0 };
     /// Greater than or equal to every timestamp.
+    #[cfg(test)]
     pub const MAX: Timestamp = Timestamp { ticks: u64::MAX, cpu: u32::MAX };
 
     /// The current time from the process's [`ClockSource`].
@@ -58,6 +60,7 @@ impl Timestamp {
     }
 
     /// A timestamp from raw parts (for decoding and tests).
+    #[cfg(test)]
     pub const fn from_parts(ticks: u64, cpu: u32) -> Timestamp {
         Timestamp { ticks, cpu }
     }
@@ -246,6 +249,7 @@ impl InFlight {
     }
 
     /// A registry with exactly `n` slots (at least one); any `n` is correct.
+    #[cfg(test)]
     pub fn with_slots(n: usize) -> Self {
         InFlight { slots: PerCpu::with_slots(n, |_| Slot::default()) }
     }
@@ -265,6 +269,7 @@ impl InFlight {
     }
 
     /// True if some registered operation has a timestamp strictly below `ts` (stale at once).
+    #[cfg(test)]
     pub fn any_below(&self, ts: Timestamp) -> bool {
         self.slots.iter().any(|s| s.state.lock().any_below(ts))
     }
@@ -340,6 +345,7 @@ impl InFlightOp<'_> {
     }
 
     /// Deregisters: the operation's log record is appended. Same as dropping.
+    #[cfg(test)]
     pub fn finish(self) {}
 }
 

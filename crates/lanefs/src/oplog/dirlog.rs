@@ -138,6 +138,7 @@ impl DirLog {
     }
 
     /// Whether any record is not yet journaled.
+    #[cfg(test)]
     pub fn has_unjournaled(&self) -> bool {
         self.shards.iter().any(|s| s.lock().tails().any(|o| !o.journaled.load(Ordering::Acquire)))
     }
@@ -196,6 +197,7 @@ impl DirLog {
     }
 
     /// Number of records held.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.shards
             .iter()
@@ -206,6 +208,7 @@ impl DirLog {
             .sum()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -11,4 +11,4 @@
 pub mod clock;
 pub mod dirlog;
 
-pub use clock::{ClockSource, InFlight, InFlightOp, Timestamp};
+pub use clock::{InFlight, Timestamp};

@@ -25,6 +25,7 @@ impl PmemRegion {
         unsafe { std::slice::from_raw_parts(self.base.as_ptr().cast::<AtomicU64>(), self.len / 8) }
     }
 
+    /// The region's file.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -34,6 +35,7 @@ impl PmemRegion {
         self.len
     }
 
+    /// The header read at open.
     pub fn header(&self) -> &RegionHeader {
         &self.header
     }
@@ -48,10 +50,12 @@ impl PmemRegion {
         HEADER_BYTES..self.len
     }
 
+    /// How the region is mapped (DAX or page cache).
     pub fn mapping(&self) -> Mapping {
         self.mapping
     }
 
+    /// How stores to the region are made durable.
     pub fn persist_method(&self) -> PersistMethod {
         self.method
     }

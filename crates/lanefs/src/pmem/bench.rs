@@ -15,14 +15,19 @@ pub const BENCH_REGION_SIZE: u64 = 16 << 20;
 /// Result for one method.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PersistBench {
+    /// The persistence method measured.
     pub method: PersistMethod,
     /// [`PmemRegion::describe`] of the region as opened for this method.
     pub description: String,
+    /// Bytes persisted per iteration.
     pub bytes: usize,
+    /// Iterations timed.
     pub iterations: usize,
     /// Nanoseconds per persist: mean, median and 99th percentile.
     pub mean_ns: f64,
+    /// Median.
     pub p50_ns: f64,
+    /// 99th percentile.
     pub p99_ns: f64,
     /// Nanoseconds per write of `bytes` plus its persist, mean.
     pub write_and_persist_ns: f64,

@@ -41,9 +41,19 @@ pub struct PendingWord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegionEvent {
     /// The word at `offset` now holds `value`.
-    Store { offset: usize, value: u64 },
+    Store {
+        /// Byte offset of the word in the region.
+        offset: usize,
+        /// The word stored.
+        value: u64,
+    },
     /// Every line touching `[start, end)` was written back.
-    Persist { start: usize, end: usize },
+    Persist {
+        /// First byte written back.
+        start: usize,
+        /// One past the last.
+        end: usize,
+    },
 }
 
 /// What the recorder knows.

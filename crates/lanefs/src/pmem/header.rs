@@ -24,6 +24,7 @@ use std::path::Path;
 
 /// "LNPM" little-endian.
 pub const REGION_MAGIC: u32 = u32::from_le_bytes(*b"LNPM");
+/// Version of the region's layout.
 pub const REGION_VERSION: u32 = 1;
 /// Bytes of the header; the data area starts here.
 pub const HEADER_BYTES: usize = 4096;
@@ -37,8 +38,11 @@ pub const REGION_ALIGN: u64 = 4096;
 /// The decoded header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionHeader {
+    /// Size of the region in bytes.
     pub size: u64,
+    /// UUID of the image the region belongs to.
     pub uuid: [u8; 16],
+    /// When the region was created (seconds since the epoch).
     pub created: u64,
 }
 
@@ -70,6 +74,7 @@ pub fn check_size(path: &Path, size: u64) -> Result<()> {
 }
 
 impl RegionHeader {
+    /// The header's bytes, checksummed.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; HEADER_BYTES];
         let mut e = Enc::new(&mut b);

@@ -1,9 +1,9 @@
 //! The lane journals kept in a region: where fsync commits its transaction when the image has
 //! one (`FsOptions::nvm`). The protocol and its crash-safety argument are in the module comment
-//! of [`crate::pmem`] ("The lane journals in the region"); this file is their code.
+//! of `pmem` (`pmem/mod.rs`) ("The lane journals in the region"); this file is their code.
 //!
 //! [`NvmJournal`] knows transactions as encoded bytes and decodes them back with
-//! [`Transaction::decode`] (magic, checksum, bounds) and checks them against the geometry; it
+//! `Transaction::decode` (magic, checksum, bounds) and checks them against the geometry; it
 //! does not know what they mean, nor the data blocks they map: the engine writes and flushes
 //! those before it calls [`NvmJournal::append`].
 
@@ -38,6 +38,7 @@ fn pad8(n: usize) -> usize {
 pub struct JournalLayout {
     /// First byte of lane 0's slice (page-aligned).
     pub start: usize,
+    /// Number of lanes, one slice each.
     pub lanes: usize,
     /// Bytes of one lane's slice, control line included (a whole number of pages).
     pub lane_bytes: usize,
@@ -88,7 +89,12 @@ struct LaneLog {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Appended {
     /// Committed (durable): the lane's journal held `before` bytes and now holds `after`.
-    Committed { before: usize, after: usize },
+    Committed {
+        /// Bytes the lane's journal held before.
+        before: usize,
+        /// Bytes it holds now.
+        after: usize,
+    },
     /// No room left in the lane's journal: nothing was written.
     Full,
 }
@@ -138,6 +144,7 @@ impl NvmJournal {
         })
     }
 
+    /// Where each lane's slice lies.
     pub fn layout(&self) -> JournalLayout {
         self.layout
     }

@@ -1,6 +1,6 @@
 //! The NAT kept in a region: entries in place, a redo log per checkpoint, and the rules that
 //! tie them to the checkpoint pack in force. The layout, protocol and crash-safety argument
-//! are in the module comment of [`crate::pmem`]; this file is their code.
+//! are in the module comment of `pmem` (`pmem/mod.rs`); this file is their code.
 //!
 //! [`NvmNat`] knows NAT blocks and entries (the format layer) but not the in-memory table:
 //! the engine hands it the dirty NAT blocks of a checkpoint and builds its table from
@@ -32,12 +32,14 @@ const PER_BLOCK: usize = NAT_ENTRIES_PER_BLOCK as usize;
 pub struct NatLayout {
     /// Entries (node ids 0..entries), a whole number of NAT blocks.
     pub entries: usize,
+    /// Offset of the per-checkpoint redo log.
     pub log: usize,
     /// First byte after the NAT's part of the region.
     pub end: usize,
 }
 
 impl NatLayout {
+    /// The layout for the NAT of geometry `g`.
     pub fn of(g: &Geometry) -> NatLayout {
         let entries = g.nat_blocks as usize * PER_BLOCK;
         let log = (NAT_BASE + 8 * entries).div_ceil(4096) * 4096;
@@ -87,10 +89,12 @@ impl NvmNat {
         Ok(NvmNat { region, g: *g, layout, staged: Mutex::new(Rank::NvmNatStaged, None) })
     }
 
+    /// The region the NAT lives in.
     pub fn region(&self) -> &PmemRegion {
         &self.region
     }
 
+    /// Where the NAT and its log lie in the region.
     pub fn layout(&self) -> NatLayout {
         self.layout
     }

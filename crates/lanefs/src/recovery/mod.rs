@@ -54,10 +54,13 @@ use std::sync::Arc;
 /// What recovery did, for the mount's log line, `inspect`-style reporting and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
+    /// Journal transactions replayed.
     pub transactions: usize,
+    /// Records those transactions held.
     pub records_replayed: usize,
     /// Transactions dropped because their data did not reach the disk.
     pub torn_transactions: usize,
+    /// Orphan inodes (unlinked while open) freed.
     pub orphans_removed: usize,
     /// Lanes whose journal (on the device or in the region) held a transaction to replay.
     pub lanes: usize,

@@ -77,10 +77,12 @@ impl LaneSet {
         Ok(LaneSet { table, lanes, closed: Mutex::new(Rank::LaneClosed, Vec::new()) })
     }
 
+    /// The segment table the lanes allocate from.
     pub fn table(&self) -> &Arc<SegmentTable> {
         &self.table
     }
 
+    /// Number of lanes.
     pub fn lane_count(&self) -> u32 {
         self.lanes.len() as u32
     }

@@ -17,9 +17,18 @@ pub const DISCARD_MIN_FREE: usize = 16;
 /// Lifecycle state of a main-area segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegState {
+    /// Holds no valid block; can be allocated.
     Free,
-    Active { lane: u32, log: LogType },
+    /// Open: a log is appending to it.
+    Active {
+        /// The lane whose log writes it.
+        lane: u32,
+        /// Which of the lane's logs.
+        log: LogType,
+    },
+    /// Written and closed; holds valid blocks (a cleaning candidate).
     Dirty,
+    /// Emptied since the last checkpoint: reusable once the next one is durable.
     Prefree,
 }
 
@@ -76,13 +85,18 @@ pub enum VictimPolicy {
     Greedy,
     /// Benefit over cost, `(1 - u) * age / (1 + u)` (Rosenblum and Ousterhout): old, mostly
     /// empty segments first, so cold data is not copied again and again (background).
-    CostBenefit { now: u64 },
+    CostBenefit {
+        /// The current age stamp, against which segment ages are taken.
+        now: u64,
+    },
 }
 
 /// A segment the cleaner may empty.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Victim {
+    /// The segment's number.
     pub segno: u32,
+    /// Its valid blocks when picked.
     pub valid_blocks: u16,
     /// Offsets of the valid blocks at selection time.
     pub valid: Vec<u32>,
@@ -163,6 +177,7 @@ impl SegmentTable {
         .inspect(|t| t.publish(&t.free.lock()))
     }
 
+    /// The image's geometry.
     pub fn geometry(&self) -> &Geometry {
         &self.geometry
     }
@@ -205,10 +220,12 @@ impl SegmentTable {
         &self.segs[segno as usize]
     }
 
+    /// The segment's state.
     pub fn state(&self, segno: u32) -> SegState {
         self.seg(segno).lock().state
     }
 
+    /// The segment's valid blocks.
     pub fn valid_blocks(&self, segno: u32) -> u16 {
         self.seg(segno).lock().entry.valid_blocks
     }

@@ -143,11 +143,6 @@ impl PassSem {
         }
     }
 
-    /// Number of per-CPU counters.
-    pub fn slots(&self) -> usize {
-        self.counters.len()
-    }
-
     /// Enters shared mode on the counter of the CPU the caller runs on. Waits only while an
     /// exclusive phase is pending or running.
     #[inline]
@@ -175,6 +170,7 @@ impl PassSem {
     }
 
     /// Enters shared mode unless an exclusive phase is pending or running.
+    #[cfg(test)]
     pub fn try_shared(&self) -> Option<SharedGuard<'_>> {
         self.try_shared_on(self.counters.current_slot(), &mut None)
     }
@@ -288,6 +284,7 @@ pub struct SharedGuard<'a> {
 
 impl SharedGuard<'_> {
     /// The counter slot this guard incremented.
+    #[cfg(test)]
     pub fn slot(&self) -> usize {
         self.slot
     }

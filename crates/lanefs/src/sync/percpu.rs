@@ -89,12 +89,6 @@ impl<T> PerCpu<T> {
         self.slots.len()
     }
 
-    /// Always false: there is at least one slot. Present for API symmetry with `len`.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
     /// The slot index that CPU `cpu` maps to (ids wrap modulo the slot count).
     #[inline]
     pub fn slot_of(&self, cpu: usize) -> usize {

@@ -332,10 +332,12 @@ pub struct MutexGuard<'a, T: ?Sized> {
 }
 
 impl<T> Mutex<T> {
+    /// A mutex of class `rank` holding `value`.
     pub const fn new(rank: Rank, value: T) -> Self {
         Mutex { rank, inner: pl::Mutex::new(value) }
     }
 
+    /// The value, consuming the mutex.
     pub fn into_inner(self) -> T {
         self.inner.into_inner()
     }
@@ -358,10 +360,12 @@ impl<T: ?Sized> Mutex<T> {
         Some(MutexGuard { guard, _held: Held::without_waiting(self.rank) })
     }
 
+    /// The value, through exclusive access (no locking, no rank check).
     pub fn get_mut(&mut self) -> &mut T {
         self.inner.get_mut()
     }
 
+    /// The lock's class in the hierarchy.
     pub fn rank(&self) -> Rank {
         self.rank
     }
@@ -427,6 +431,7 @@ pub struct RwLockWriteGuard<'a, T: ?Sized> {
 }
 
 impl<T> RwLock<T> {
+    /// A reader-writer lock of class `rank` holding `value`.
     pub const fn new(rank: Rank, value: T) -> Self {
         RwLock { rank, inner: pl::RwLock::new(value) }
     }
@@ -449,6 +454,7 @@ impl<T: ?Sized> RwLock<T> {
         RwLockWriteGuard { guard, _held: held }
     }
 
+    /// The value, through exclusive access (no locking, no rank check).
     pub fn get_mut(&mut self) -> &mut T {
         self.inner.get_mut()
     }
@@ -480,10 +486,12 @@ impl<T: ?Sized> DerefMut for RwLockWriteGuard<'_, T> {
 pub struct Condvar(pl::Condvar);
 
 impl Condvar {
+    /// A condition variable no thread waits on.
     pub const fn new() -> Self {
         Condvar(pl::Condvar::new())
     }
 
+    /// Releases `g`'s mutex, waits for a notification and takes it again.
     pub fn wait<T: ?Sized>(&self, g: &mut MutexGuard<'_, T>) {
         self.0.wait(&mut g.guard);
     }
@@ -493,10 +501,12 @@ impl Condvar {
         self.0.wait_for(&mut g.guard, d).timed_out()
     }
 
+    /// Wakes every waiter; returns how many.
     pub fn notify_all(&self) -> usize {
         self.0.notify_all()
     }
 
+    /// Wakes one waiter; returns whether there was one.
     pub fn notify_one(&self) -> bool {
         self.0.notify_one()
     }

@@ -5,13 +5,13 @@
 
 #![allow(dead_code)]
 
-use lanefs::checkpoint::{self, commit, CommitSet};
 use lanefs::device::{BlockDevice, BLOCK_SIZE};
 use lanefs::format::dentry::dtype_of;
 use lanefs::format::layout::{Geometry, LogType, ROOT_INO};
 use lanefs::format::node::{Inode, NodeBody, NodeFooter, Timespec, INODE_ADDRS};
 use lanefs::format::{Checkpoint, Dentry, DentryBlock, NatBlock, NatEntry, Node, SummaryEntry, SummaryKind};
-use lanefs::seg::{LaneSet, SegmentTable};
+use lanefs::testing::checkpoint::{self, commit, CommitSet};
+use lanefs::testing::seg::{LaneSet, SegmentTable};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 

@@ -4,14 +4,14 @@
 
 #![allow(dead_code)]
 
-use lanefs::checkpoint::{self, commit, CommitSet};
 use lanefs::device::{BlockDevice, MemDevice, WriteReq};
 use lanefs::format::layout::{Geometry, LogType};
 use lanefs::format::Checkpoint;
-use lanefs::mkfs::{format_device, MkfsOptions};
-use lanefs::nat::NatTable;
-use lanefs::node::NodeWriter;
-use lanefs::seg::{LaneSet, SegmentTable};
+use lanefs::testing::checkpoint::{self, commit, CommitSet};
+use lanefs::testing::nat::NatTable;
+use lanefs::testing::node::NodeWriter;
+use lanefs::testing::seg::{LaneSet, SegmentTable};
+use lanefs::{format_device, MkfsOptions};
 use std::sync::Arc;
 
 pub const MIB: u64 = 1 << 20;

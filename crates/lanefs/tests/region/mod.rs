@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use lanefs::device::MemDevice;
-use lanefs::pmem::MIN_REGION_SIZE;
+use lanefs::testing::pmem::MIN_REGION_SIZE;
 use lanefs::{Fs, FsOptions, MkfsOptions};
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! that the schema is one set of types a reader (or a test) can check, not nested macros.
 //! Maps are BTreeMaps: keys come out sorted, as before.
 
-use lanefs::inspect::{ImageInfo, RegionInfo};
+use lanefs::{ImageInfo, RegionInfo};
 use lanefs_fuse::stats::{Counts, EngineCounters};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -10,9 +10,9 @@ mod json;
 
 pub fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Result<(), String> {
     let dev = open(image, io)?;
-    let info = lanefs::inspect::inspect(&dev).map_err(|e| format!("{}: {e}", image.display()))?;
+    let info = lanefs::inspect(&dev).map_err(|e| format!("{}: {e}", image.display()))?;
     let region = match nvm {
-        Some(p) => Some(lanefs::inspect::inspect_region(&dev, p).map_err(|e| e.to_string())?),
+        Some(p) => Some(lanefs::inspect_region(&dev, p).map_err(|e| e.to_string())?),
         None => None,
     };
     // A mounted image: its mount's request counters too.
@@ -52,12 +52,12 @@ pub fn inspect(image: &Path, json: bool, nvm: Option<&Path>, io: IoChoice) -> Re
 fn say_image(
     out: &mut String,
     image: &Path,
-    info: &lanefs::inspect::ImageInfo,
+    info: &lanefs::ImageInfo,
     dev: &dyn BlockDevice,
-    region: Option<&lanefs::inspect::RegionInfo>,
+    region: Option<&lanefs::RegionInfo>,
 ) {
     let g = &info.geometry;
-    let names = lanefs::inspect::ImageInfo::log_names();
+    let names = lanefs::ImageInfo::log_names();
     say!(out, "image         {}", image.display());
     say!(out, "uuid          {}", info.uuid);
     if !info.label.is_empty() {
@@ -236,7 +236,7 @@ pub fn inspect_mount(mp: &Path, json: bool) -> Result<(), String> {
 }
 
 /// Device bytes (file system and cleaning) per user byte, over the image's life.
-fn write_amplification(info: &lanefs::inspect::ImageInfo) -> Option<f64> {
+fn write_amplification(info: &lanefs::ImageInfo) -> Option<f64> {
     (info.user_bytes_written > 0)
         .then(|| (info.cp_bytes_written + info.gc_bytes_written) as f64 / info.user_bytes_written as f64)
 }

@@ -42,11 +42,14 @@ use std::sync::Arc;
 /// An inode's identity: number and creation time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Id {
+    /// The inode number.
     pub ino: Ino,
+    /// Its creation time (seconds, nanoseconds): tells a reused number apart.
     pub crtime: (i64, u32),
 }
 
 impl Id {
+    /// The identity of the inode `a` describes.
     pub fn of(a: &Attr) -> Id {
         Id { ino: a.ino, crtime: (a.crtime.sec, a.crtime.nsec) }
     }
@@ -65,6 +68,7 @@ pub struct Ver<T> {
     pub ev: usize,
     /// From the base image: present in every crash state.
     pub base: bool,
+    /// The object's value in this version.
     pub val: T,
 }
 
@@ -75,11 +79,28 @@ pub type EntryKey = (Id, Vec<u8>);
 #[derive(Debug, Clone)]
 pub enum Promise {
     /// The entry is at version `ver` or later.
-    Entry { key: EntryKey, ver: usize },
+    Entry {
+        /// The entry: (directory, name).
+        key: EntryKey,
+        /// The version it is at least at.
+        ver: usize,
+    },
     /// The file's state (`datasync`: contents and size only) is at version `ver` or later.
-    File { id: Id, ver: usize, datasync: bool },
+    File {
+        /// The file.
+        id: Id,
+        /// The version it is at least at.
+        ver: usize,
+        /// Whether only contents and size were promised (fdatasync).
+        datasync: bool,
+    },
     /// The inode is reachable, unless it lost its last name at version `ver` or later.
-    Reach { id: Id, ver: usize },
+    Reach {
+        /// The inode.
+        id: Id,
+        /// The version from which losing its last name excuses it.
+        ver: usize,
+    },
 }
 
 /// A persistence operation that returned success.
@@ -87,7 +108,9 @@ pub enum Promise {
 pub struct Acked {
     /// Write-log length when it returned: its device flush lies below.
     pub ev_end: usize,
+    /// The operation, as text.
     pub op: String,
+    /// What it promised.
     pub promises: Vec<Promise>,
 }
 
@@ -103,29 +126,39 @@ struct RenameRec {
 /// One executed operation.
 #[derive(Debug, Clone)]
 pub struct OpRecord {
+    /// The thread that ran it.
     pub thread: usize,
+    /// Write-log length when it started.
     pub ev_start: usize,
+    /// Write-log length when it returned.
     pub ev_end: usize,
+    /// The operation, as text.
     pub text: String,
+    /// What it returned.
     pub result: Result<(), String>,
 }
 
 /// Everything a workload did, as the oracle needs it.
 #[derive(Debug, Default, Clone)]
 pub struct History {
+    /// Every version of every directory entry (`None`: no entry).
     pub entries: HashMap<EntryKey, Vec<Ver<Option<Id>>>>,
     /// Every name a directory ever held.
     dir_names: HashMap<Id, BTreeSet<Vec<u8>>>,
+    /// Every version of every file's contents and attributes.
     pub files: HashMap<Id, Vec<Ver<Arc<FileState>>>>,
     /// Number of names of each inode, by version.
     pub links: HashMap<Id, Vec<Ver<u32>>>,
+    /// What each inode is.
     pub kinds: HashMap<Id, FileKind>,
     /// Most names an inode ever had at once.
     max_links: HashMap<Id, u32>,
     /// A path each inode had (for messages).
     paths: HashMap<Id, String>,
     renames: Vec<RenameRec>,
+    /// Persistence operations that returned success, with their promises.
     pub acked: Vec<Acked>,
+    /// Every operation run, in the order they returned.
     pub log: Vec<OpRecord>,
     /// Live namespace: directory -> entries, inode -> names.
     children: HashMap<Id, BTreeMap<Vec<u8>, Id>>,
@@ -164,6 +197,7 @@ impl History {
         h
     }
 
+    /// A path the inode had, for messages.
     pub fn path_of(&self, id: &Id) -> String {
         self.paths.get(id).cloned().unwrap_or_else(|| format!("<{id}>"))
     }

@@ -14,7 +14,9 @@ use super::Id;
 /// Contents and attributes of a non-directory, as a reader sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileState {
+    /// What the inode is.
     pub kind: FileKind,
+    /// Size in bytes.
     pub size: u64,
     /// Hash of the contents (the first `size` bytes).
     pub hash: u64,
@@ -22,6 +24,7 @@ pub struct FileState {
     pub small: Vec<u8>,
     /// Permission bits.
     pub mode: u32,
+    /// Modification time (seconds, nanoseconds).
     pub mtime: (i64, u32),
     /// Sorted (name, value) pairs.
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
@@ -141,11 +144,13 @@ pub fn read_file_state(fs: &Fs, a: &Attr) -> Result<FileState, String> {
 /// A file system as read back through the API after recovery.
 #[derive(Debug, Default, Clone)]
 pub struct Recovered {
+    /// The root directory.
     pub root: Id,
     /// Reachable directories and their entries.
     pub entries: HashMap<Id, BTreeMap<Vec<u8>, Id>>,
     /// Reachable non-directories.
     pub files: HashMap<Id, FileState>,
+    /// What each reachable inode is.
     pub kinds: HashMap<Id, FileKind>,
     /// Number of names of each reachable inode.
     pub name_count: HashMap<Id, u32>,

@@ -272,6 +272,7 @@ impl DirMap {
         self.shards.iter().map(|c| c.len.load(Ordering::Relaxed)).sum()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -435,6 +436,7 @@ impl DirMap {
     }
 
     /// Every entry (name, entry), unordered.
+    #[cfg(test)]
     pub fn entries(&self) -> Vec<(Vec<u8>, DirEntry)> {
         self.names().pin().iter().map(|(k, v)| (k.bytes().to_vec(), v.entry)).collect()
     }

@@ -16,8 +16,8 @@
 mod disk;
 mod meta;
 
-pub use disk::{Bridge, DiskGuard, DiskLock, DiskState, XattrDisk};
-pub use meta::{Meta, MetaGuard, MetaLock, StatMeta};
+pub use disk::{Bridge, DiskLock, DiskState, XattrDisk};
+pub use meta::{Meta, MetaLock};
 
 use super::dir::DirMap;
 use super::pages::{CacheStats, PageMap};

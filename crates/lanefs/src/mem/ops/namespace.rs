@@ -124,12 +124,6 @@ impl Engine {
         })
     }
 
-    pub fn lookup(&self, parent: u32, name: &[u8]) -> Result<Arc<MNode>> {
-        let _g = self.pass.shared();
-        let d = self.dir_mnode(parent)?;
-        self.mnode(Self::step(&d, name)?)
-    }
-
     /// Creates a file, directory, symlink or special file named `name` in `parent`.
     pub fn create_node(&self, parent: u32, name: &[u8], new: NewInode) -> Result<Arc<MNode>> {
         self.check_writable()?;
