@@ -771,13 +771,6 @@ impl Filesystem for LaneFuse {
         reply: ReplyLseek,
     ) {
         let _busy = self.inflight.enter(Op::Lseek, ino.0, req.pid());
-        // The kernel sends LSEEK without writing its dirty pages back first: with its writeback
-        // cache the engine may not have seen data a reader would then skip as a hole (cp
-        // copies with SEEK_DATA). ENOSYS makes the kernel answer from its own size for good
-        // (fc->no_lseek): every byte is data, which is always a correct answer.
-        if self.writeback_cache_on {
-            return reply.error(Errno::ENOSYS);
-        }
         let what = match whence {
             libc::SEEK_DATA => Seek::Data,
             libc::SEEK_HOLE => Seek::Hole,
@@ -785,6 +778,19 @@ impl Filesystem for LaneFuse {
             _ => return reply.error(Errno::EINVAL),
         };
         let Ok(off) = u64::try_from(offset) else { return reply.error(Errno::ENXIO) };
+        // The kernel sends LSEEK without writing its dirty pages back first: with its writeback
+        // cache the engine may not have seen data a reader would then skip as a hole (cp
+        // copies with SEEK_DATA). So they are written back from `off` on first, before the
+        // engine is asked (the wait holds nothing of the engine's). Where this worker may not
+        // wait for that (`proto::spares`), ENOSYS makes the kernel answer from its own size
+        // for good (fc->no_lseek): every byte is data, which is always correct.
+        if self.writeback_cache_on {
+            match self.notifier.get().map(|n| n.write_back(ino, off)) {
+                Some(Ok(true)) => {}
+                Some(Ok(false)) | None => return reply.error(Errno::ENOSYS),
+                Some(Err(e)) => return reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))),
+            }
+        }
         match self.fs.seek(ino.0, off, what) {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(errno(e)),

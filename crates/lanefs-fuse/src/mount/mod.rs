@@ -196,6 +196,13 @@ fn serve(
         Ok((dev, mounted)) => {
             let s = Session::new(fuse, dev, root_and_owner);
             let _ = notifier.set(s.notifier());
+            // A request of the daemon's own, through the mount (`proto::spares`): any one the
+            // kernel cannot answer from its caches; an xattr of the root is never cached. By
+            // path, holding nothing open that would keep the mount busy.
+            let root = mountpoint.clone();
+            s.spares().set_kick(Box::new(move || {
+                let _ = rustix::fs::getxattr(&root, "user.lanefs.spare", &mut [0u8; 0][..]);
+            }));
             (s, mounted)
         }
         Err(e) => {

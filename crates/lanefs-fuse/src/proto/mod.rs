@@ -3,7 +3,8 @@
 //! Layers, bottom up: [`abi`] (the kernel's numbers and a bounds-checked byte reader),
 //! [`request`] (a request decoded into an [`Op`]), [`reply`] (one type per answer, each sent
 //! once through a transport's [`Sink`]), [`dev`] (the /dev/fuse descriptor), [`mod@mount`]
-//! (mount(2) or fusermount3), [`uring`] (FUSE over io_uring: per-CPU queues of ring entries) and
+//! (mount(2) or fusermount3), [`uring`] (FUSE over io_uring: per-CPU queues of ring entries),
+//! [`spares`] (workers that wait for the kernel, and spares for their queues) and
 //! [`session`] (INIT, then the workers of the transport chosen, calling a [`Filesystem`]).
 //!
 //! Why not a crate: fuser 0.18 hides its request decoding behind its own /dev/fuse loop, so it
@@ -17,6 +18,7 @@ pub mod mount;
 pub mod reply;
 pub mod request;
 pub mod session;
+pub mod spares;
 pub mod uring;
 
 pub use dev::DevFuse;

@@ -14,10 +14,11 @@ use super::abi::{self, init, opcode, Out};
 use super::dev::DevFuse;
 use super::reply::*;
 use super::request::{decode, Header, InitIn, Op, Request, SetattrIn};
+use super::spares::{Event, Queue, Spares, SpawnRequest};
 use std::ffi::OsStr;
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 /// What a file system answers. Each method gets its request and the reply to send; every
 /// request is answered exactly once (a dropped reply answers EIO).
@@ -216,9 +217,23 @@ impl KernelConfig {
 #[derive(Clone)]
 pub struct Notifier {
     dev: Arc<DevFuse>,
+    spares: Arc<Spares>,
 }
 
 impl Notifier {
+    /// Has the kernel write `ino`'s dirty pages from `off` on back (and drop its cached pages
+    /// there) and waits until it has: `Ok(false)` if this thread may not wait for the kernel
+    /// (see [`super::spares`]: the WRITEs need a worker of its queue, and none could be
+    /// spared), and nothing was asked.
+    pub fn write_back(&self, ino: INodeNo, off: u64) -> io::Result<bool> {
+        let Some(_waiting) = self.spares.wait_for_kernel() else { return Ok(false) };
+        match self.inval_inode(ino, off.min(i64::MAX as u64) as i64, 0) {
+            // The kernel holds no such inode: it has no pages of it either.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(true),
+            r => r.map(|()| true),
+        }
+    }
+
     /// Drops the kernel's cached attributes of `ino` and its pages in `[off, off + len)` (`off`
     /// -1: the attributes only; `len` 0: to the end).
     pub fn inval_inode(&self, ino: INodeNo, off: i64, len: i64) -> io::Result<()> {
@@ -233,6 +248,15 @@ impl Notifier {
         let mut o = Out::with_capacity(16);
         o.u64(parent.0).u32(name.len() as u32).u32(0);
         self.dev.write_reply(0, abi::NOTIFY_INVAL_ENTRY, &[&o.buf, name, &[0]])
+    }
+}
+
+/// Tells the serving loop that a worker ended, however it ended.
+struct SayEnded(mpsc::Sender<Event>);
+
+impl Drop for SayEnded {
+    fn drop(&mut self) {
+        let _ = self.0.send(Event::Ended);
     }
 }
 
@@ -281,6 +305,8 @@ pub struct TransportInUse {
 pub struct Session<F: Filesystem> {
     fs: F,
     dev: Arc<DevFuse>,
+    /// The workers per queue, and spares for those that wait for the kernel.
+    spares: Arc<Spares>,
     /// Requests come only from the owner and root (`allow_root`): the kernel lets everyone
     /// through (`allow_other`), this filters.
     root_and_owner: Option<u32>,
@@ -289,11 +315,17 @@ pub struct Session<F: Filesystem> {
 impl<F: Filesystem> Session<F> {
     /// A session on `dev`, a /dev/fuse descriptor whose mount is up.
     pub fn new(fs: F, dev: DevFuse, root_and_owner: Option<u32>) -> Session<F> {
-        Session { fs, dev: Arc::new(dev), root_and_owner }
+        let spares = Arc::new(Spares::new(super::uring::queue_count()));
+        Session { fs, dev: Arc::new(dev), spares, root_and_owner }
+    }
+
+    /// The count of workers per queue, where the mount sets how spares are put to work.
+    pub fn spares(&self) -> Arc<Spares> {
+        self.spares.clone()
     }
 
     pub fn notifier(&self) -> Notifier {
-        Notifier { dev: self.dev.clone() }
+        Notifier { dev: self.dev.clone(), spares: self.spares.clone() }
     }
 
     /// Answers INIT (and any INIT before it of a newer major version); whether io_uring was
@@ -364,28 +396,75 @@ impl<F: Filesystem> Session<F> {
         let payload = (max_write as usize).max(abi::MIN_READ_BUFFER);
         let fd = std::os::fd::AsRawFd::as_raw_fd(self.dev.as_file());
         let this = &self;
+        let (events, heard) = mpsc::channel::<Event>();
+        this.spares.set_spawner(Some(events.clone()));
         std::thread::scope(|s| {
-            let mut workers: Vec<_> = devs
-                .into_iter()
-                .enumerate()
-                .map(|(i, dev)| {
-                    std::thread::Builder::new()
-                        .name(format!("fuse-{i}"))
-                        .spawn_scoped(s, move || this.serve(&dev, size))
+            // Each worker says when it ends (the serving loop below counts them down), and
+            // when it serves, if a spare was asked for.
+            let dev_worker = |i: usize, dev: Arc<DevFuse>, ready: Option<mpsc::SyncSender<bool>>| {
+                let ended = events.clone();
+                std::thread::Builder::new().name(format!("fuse-{i}")).spawn_scoped(s, move || {
+                    let _ended = SayEnded(ended);
+                    let _serving = this.spares.serving(Queue::Dev);
+                    if let Some(r) = ready {
+                        let _ = r.send(true);
+                    }
+                    this.serve(&dev, size)
                 })
-                .collect();
-            for (i, cpu) in rings.into_iter().enumerate() {
-                workers.push(std::thread::Builder::new().name(format!("fuse-ring-{cpu}-{i}")).spawn_scoped(
-                    s,
-                    move || {
-                        super::uring::pin_to(cpu);
-                        let mut ring = super::uring::RingWorker::new(fd, cpu as u16, payload)?;
-                        ring.run(&|h, arg, rest, sink| this.request(h, arg, rest, sink)).map_err(|e| {
-                            io::Error::new(e.kind(), format!("FUSE ring worker on CPU {cpu}: {e}"))
-                        })
-                    },
-                ));
+            };
+            let ring_worker = |i: usize, cpu: usize, ready: Option<mpsc::SyncSender<bool>>| {
+                let ended = events.clone();
+                std::thread::Builder::new().name(format!("fuse-ring-{cpu}-{i}")).spawn_scoped(s, move || {
+                    let _ended = SayEnded(ended);
+                    let pinned = super::uring::pin_to(cpu);
+                    let mut serving = None;
+                    let mut ready = ready;
+                    let mut registered = || {
+                        // Unpinned, its WRITEs could go to another CPU's queue: it does not
+                        // count, and never waits for the kernel.
+                        if pinned {
+                            serving = Some(this.spares.serving(Queue::Ring(cpu)));
+                        }
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(pinned);
+                        }
+                    };
+                    let mut ring = super::uring::RingWorker::new(fd, cpu as u16, payload)?;
+                    ring.run(&|h, arg, rest, sink| this.request(h, arg, rest, sink), &mut registered)
+                        .map_err(|e| io::Error::new(e.kind(), format!("FUSE ring worker on CPU {cpu}: {e}")))
+                })
+            };
+            let mut workers = Vec::new();
+            for (i, dev) in devs.into_iter().enumerate() {
+                workers.push(dev_worker(i, dev, None));
             }
+            for (i, cpu) in rings.iter().copied().enumerate() {
+                workers.push(ring_worker(i, cpu, None));
+            }
+            // Until every worker has ended: start the spares asked for (`super::spares`).
+            let mut live = workers.iter().filter(|w| w.is_ok()).count();
+            while live > 0 {
+                match heard.recv() {
+                    Ok(Event::Ended) => live -= 1,
+                    Ok(Event::Spawn(SpawnRequest { queue, ready })) => {
+                        let i = workers.len();
+                        let w = match queue {
+                            Queue::Dev => match this.dev.clone_dev() {
+                                Ok(dev) => dev_worker(i, Arc::new(dev), Some(ready)),
+                                Err(e) => {
+                                    let _ = ready.send(false);
+                                    Err(e)
+                                }
+                            },
+                            Queue::Ring(cpu) => ring_worker(i, cpu, Some(ready)),
+                        };
+                        live += usize::from(w.is_ok());
+                        workers.push(w);
+                    }
+                    Err(_) => break,
+                }
+            }
+            this.spares.set_spawner(None);
             let mut first_err = None;
             for w in workers {
                 let r = match w {

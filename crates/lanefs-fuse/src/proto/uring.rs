@@ -106,8 +106,29 @@ impl RingWorker {
     }
 
     /// Submits `cmd` and waits for its completion: 0 once a request is in the buffers, or a
-    /// negative errno (the connection ended, or the kernel refused).
+    /// negative errno (the connection ended, or the kernel refused). One io_uring_enter.
     fn submit(&mut self, cmd: u32, commit_id: u64) -> io::Result<i32> {
+        self.push(cmd, commit_id)?;
+        self.wait()
+    }
+
+    /// `submit`, calling `submitted` once the kernel has the command and before waiting (a
+    /// second io_uring_enter: for registrations only).
+    fn submit_then(&mut self, cmd: u32, commit_id: u64, submitted: &mut dyn FnMut()) -> io::Result<i32> {
+        self.push(cmd, commit_id)?;
+        loop {
+            match self.ring.submit() {
+                Ok(_) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        submitted();
+        self.wait()
+    }
+
+    /// Puts `cmd` on the submission queue; from here its buffers are the kernel's.
+    fn push(&mut self, cmd: u32, commit_id: u64) -> io::Result<()> {
         let bytes = self.command(cmd, commit_id);
         // SAFETY: `Entry128` is `#[repr(C)]` over the kernel's 128-byte SQE (a 64-byte
         // `io_uring_sqe` and 64 more command bytes), plain integers for which every bit pattern
@@ -119,6 +140,11 @@ impl RingWorker {
         unsafe { self.ring.submission().push(&entry) }
             .map_err(|_| io::Error::other("the ring's submission queue is full"))?;
         self.in_kernel = true;
+        Ok(())
+    }
+
+    /// Waits for the command in the kernel's hands to complete (submitting it if it is not).
+    fn wait(&mut self) -> io::Result<i32> {
         loop {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
@@ -133,10 +159,11 @@ impl RingWorker {
     }
 
     /// Serves requests until the connection ends: `serve(header, arg, rest, sink)` answers
-    /// each one.
-    pub fn run(&mut self, serve: &Serve<'_>) -> io::Result<()> {
+    /// each one. `registered` is called once the entry is first in the kernel's hands (from
+    /// then on the kernel may give it requests).
+    pub fn run(&mut self, serve: &Serve<'_>, registered: &mut dyn FnMut()) -> io::Result<()> {
         let reply = EntryReply::default();
-        let mut r = self.submit(CMD_REGISTER, 0)?;
+        let mut r = self.submit_then(CMD_REGISTER, 0, registered)?;
         if r < 0 && !connection_ended(-r) {
             // Said at once: until every queue has an entry, the kernel serves all through
             // /dev/fuse, slower but whole.
@@ -263,11 +290,11 @@ fn connection_ended(errno: i32) -> bool {
     matches!(errno, libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED)
 }
 
-/// Pins the calling thread to `cpu` (a queue's requests come from that CPU).
-pub fn pin_to(cpu: usize) {
+/// Pins the calling thread to `cpu` (a queue's requests come from that CPU); whether it is.
+pub fn pin_to(cpu: usize) -> bool {
     let mut set = rustix::thread::CpuSet::new();
     set.set(cpu);
-    let _ = rustix::thread::sched_setaffinity(None, &set);
+    rustix::thread::sched_setaffinity(None, &set).is_ok()
 }
 
 #[cfg(test)]

@@ -135,6 +135,9 @@ pub enum Rank {
     Ticket,
     /// The FUSE adapter's table of open directory handles (never held across an engine call).
     DirHandles,
+    /// The FUSE session's count of workers per queue and of those waiting for the kernel
+    /// (`lanefs_fuse::proto::spares`): a leaf, held only to count.
+    FuseWorkers,
 
     // Devices, innermost.
     /// The crash-recording device's barrier (test harness).
@@ -195,6 +198,7 @@ impl Rank {
         Rank::RangeInner,
         Rank::Ticket,
         Rank::DirHandles,
+        Rank::FuseWorkers,
         Rank::CrashBarrier,
         Rank::PmemRecorder,
         Rank::CrashFaults,
