@@ -45,7 +45,7 @@ fn seek_data_and_hole_see_pages_the_kernel_holds_dirty() {
         let (_dir, img, mp) = scratch_image();
         let m = Mounted::daemon(&img, &mp, &["-o", mode]);
         let p = m.mp.join("sparse");
-        let w = OpenOptions::new().create(true).read(true).write(true).open(&p).unwrap();
+        let w = OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&p).unwrap();
         let mut pages = BTreeSet::new();
         let size = 1 << 30;
         w.set_len(size).unwrap();
@@ -107,7 +107,7 @@ fn many_seekers_on_one_cpu_never_hang() {
 }
 
 fn seek_loop(p: &Path, seed: u64) {
-    let f = OpenOptions::new().create(true).read(true).write(true).open(p).unwrap();
+    let f = OpenOptions::new().create(true).truncate(true).read(true).write(true).open(p).unwrap();
     let size = 64 << 20;
     f.set_len(size).unwrap();
     let mut pages = BTreeSet::new();

@@ -29,8 +29,8 @@
 //! inherits default ACLs (FUSE_DONT_MASK: the umask comes with the request) and keeps the mode
 //! in step with them.
 //!
-//! The kernel's writeback cache is off unless `-o writeback_cache` (or `writeback_cache=on`)
-//! asks for it. With it a buffered write is a copy into the kernel's page cache and no request
+//! The kernel's writeback cache is on unless `-o writeback_cache=off` (or `nowriteback_cache`)
+//! turns it off. With it a buffered write is a copy into the kernel's page cache and no request
 //! (DWOL 13-19x faster over io_uring, docs/benchmarks.md); dirty pages come as WRITEs of up to
 //! `max_write` bytes at writeback, fsync and close
 //! (the kernel then sends FLUSH on every close, which the adapter answers ENOSYS once so that it
@@ -55,18 +55,16 @@
 //!   FUSE_WRITE_KILL_SUIDGID) any write that must drop them.
 //! - ENOSPC and EIO come from fsync or close, not from write(2), as on NFS.
 //! - The kernel sends LSEEK (SEEK_DATA, SEEK_HOLE) without writing its dirty pages back, so the
-//!   engine could call a hole what the cache holds: LSEEK answers ENOSYS, and the kernel treats
-//!   every byte up to its size as data (correct, but `cp` and `tar` see no holes). Writing the
-//!   pages back first (FUSE_NOTIFY_INVAL_INODE over the range) would make the handler wait for
-//!   WRITEs that need a free worker on the same CPU's queue, and a queue whose workers all wait
-//!   so would hang: not done until that can be bounded.
+//!   engine could call a hole what the cache holds: the handler has the kernel write them back
+//!   from the offset on first (`proto::Notifier::write_back`). It waits for WRITEs that need a
+//!   free worker of its own queue; `proto::spares` keeps one (a spare worker started when the
+//!   wait would take the last), so that no queue hangs. Where it cannot, LSEEK answers ENOSYS
+//!   and the kernel treats every byte up to its size as data (correct, without holes).
 //! - A rename or unlink of a regular file sends SETATTR (the ctime the kernel gave it), the
 //!   first stat after a close a GETATTR (st_blocks).
 //!
 //! On 6.18 every pjdfstest case and every fstests case of the CI selection that passes with the
-//! cache off passes with it on (207 of 207, 2026-11-27). It stays off by default for the LSEEK
-//! answer above alone: with it, sparse files show no holes (a test of `tests/fuse.rs` checks
-//! that they do), and tools that copy sparsely copy them whole.
+//! cache off passes with it on.
 //!
 //! ioctls (see `adapter::ioctl`): the shutdown (XFS_IOC_GOINGDOWN, which is also ext4's
 //! EXT4_IOC_SHUTDOWN; its flags are read from the caller, see `caller`), FITRIM, and

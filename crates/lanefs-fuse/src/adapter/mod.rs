@@ -72,6 +72,11 @@ pub struct LaneFuse {
     dont_mask: bool,
     /// Tells the kernel of changes it did not ask for (set once the session exists).
     notifier: Arc<OnceLock<Notifier>>,
+    /// Regular files whose ctime the engine moved past the one the kernel keeps under its
+    /// writeback cache (a flag change by ioctl), until the kernel next sends its own
+    /// (`kernel_ctime`); `ctime_ahead_any` says whether the set may hold anything.
+    ctime_ahead: lanefs::sync::Mutex<std::collections::HashSet<u64>>,
+    ctime_ahead_any: std::sync::atomic::AtomicBool,
     /// The transport in use and why (the `lanefs.transport` xattr of the root).
     transport: Arc<OnceLock<String>>,
     ttl: Ttl,
@@ -97,6 +102,8 @@ impl LaneFuse {
             writeback_cache_on: false,
             dont_mask: false,
             notifier: Arc::new(OnceLock::new()),
+            ctime_ahead: lanefs::sync::Mutex::new(lanefs::sync::Rank::CtimeAhead, Default::default()),
+            ctime_ahead_any: std::sync::atomic::AtomicBool::new(false),
             transport: Arc::new(OnceLock::new()),
             ttl: Ttl::default(),
         }
@@ -161,14 +168,27 @@ impl LaneFuse {
     }
 
     /// The ctime to keep when the kernel sends `sent`. Only its writeback cache sends one: the
-    /// stamp it keeps for a regular file, flushed at writeback, fsync and close. That stamp
-    /// predates any change the kernel did not see (chattr, which reaches the daemon as an
-    /// ioctl), and taking it would move the ctime back across such a change: the later of the
-    /// two stands. Both clocks are the coarse real-time clock, and the kernel stamps the
-    /// operations it knows after their replies, so for those its stamp is the later one.
+    /// stamp it keeps for a regular file, flushed at writeback, fsync and close, and the one it
+    /// shows. It stands, so that what stat showed before an unmount is what it shows after
+    /// (fstests generic/392 and 468: a punched hole's ctime, which the kernel does not stamp,
+    /// gives way to it). Except after a change the kernel did not see and must show
+    /// (chattr; `ctime_ahead`): there the kernel's older stamp would move the ctime back,
+    /// and the engine's stands.
     fn kernel_ctime(&self, ino: u64, sent: Timespec) -> Timespec {
+        use std::sync::atomic::Ordering;
+        if !self.ctime_ahead_any.load(Ordering::Acquire) {
+            return sent;
+        }
+        let ahead = {
+            let mut set = self.ctime_ahead.lock();
+            let was = set.remove(&ino);
+            if set.is_empty() {
+                self.ctime_ahead_any.store(false, Ordering::Release);
+            }
+            was
+        };
         match self.fs.getattr(ino) {
-            Ok(a) if a.ctime > sent => a.ctime,
+            Ok(a) if ahead && a.ctime > sent => a.ctime,
             _ => sent,
         }
     }
@@ -180,6 +200,8 @@ impl LaneFuse {
         let Some(n) = self.notifier.get() else { return };
         let _ = n.inval_inode(INodeNo(ino), -1, 0);
         if self.writeback_cache_on && self.fs.getattr(ino).is_ok_and(|a| a.kind == FileKind::File) {
+            self.ctime_ahead.lock().insert(ino);
+            self.ctime_ahead_any.store(true, std::sync::atomic::Ordering::Release);
             self.drop_cached_entry(n, ino);
         }
     }
@@ -257,16 +279,21 @@ impl LaneFuse {
         }
     }
 
-    fn open_flags(flags: i32) -> FopenFlags {
+    fn open_flags(&self, flags: i32) -> FopenFlags {
         // Writes reach the engine as they are made, so close has nothing to flush: no FLUSH
         // round trip on every close (the kernel still sends it when its writeback cache holds
         // dirty pages).
         let f = fopen::NOFLUSH;
-        if flags & libc::O_DIRECT != 0 {
+        if flags & libc::O_DIRECT != 0 && !self.writeback_cache_on {
             // Direct I/O skips the kernel's inode lock on writes, so writers of disjoint ranges
             // of one file reach the range lock together.
             FopenFlags(f | fopen::DIRECT_IO | fopen::PARALLEL_DIRECT_WRITES)
         } else {
+            // With the writeback cache, another descriptor's writes may sit dirty in the
+            // kernel's pages: FOPEN_DIRECT_IO would send O_DIRECT reads and writes past them
+            // (a read missing them, a write they later overwrite). Without it the kernel's
+            // direct I/O path writes the range back before and drops it after, as a disk file
+            // system's does; its direct writes to one file then take the inode lock in turn.
             FopenFlags(f)
         }
     }
@@ -458,7 +485,7 @@ impl Filesystem for LaneFuse {
         let _busy = self.inflight.enter(Op::Open, ino.0, req.pid());
         // The kernel does not see the inode flags: the engine refuses write opens they forbid.
         match self.fs.open_with(ino.0, flags) {
-            Ok(_) => reply.opened(FileHandle(0), Self::open_flags(flags)),
+            Ok(_) => reply.opened(FileHandle(0), self.open_flags(flags)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -708,7 +735,7 @@ impl Filesystem for LaneFuse {
                 &file_attr(&a),
                 generation(&a),
                 FileHandle(0),
-                Self::open_flags(flags),
+                self.open_flags(flags),
             ),
             Err(e) => reply.error(errno(e)),
         }
@@ -731,7 +758,7 @@ impl Filesystem for LaneFuse {
                 &file_attr(&a),
                 generation(&a),
                 FileHandle(0),
-                Self::open_flags(flags),
+                self.open_flags(flags),
             ),
             Err(e) => reply.error(errno(e)),
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// Whether the kernel caches writes when no `writeback_cache` option says (see the crate docs
 /// for what it changes).
-pub const WRITEBACK_CACHE_DEFAULT: bool = false;
+pub const WRITEBACK_CACHE_DEFAULT: bool = true;
 
 /// Default of `stuck_request_secs`.
 pub const STUCK_REQUEST: Duration = Duration::from_secs(30);
@@ -63,7 +63,7 @@ pub struct Parsed {
 }
 
 /// Parses `-o` lists. Standard options become `MountOption`s; `allow_other` / `allow_root` set the
-/// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (off by default;
+/// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (on by default;
 /// `nowriteback_cache` is off too), `checkpoint_secs=N`,
 /// `transport=uring|dev`, `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S`, `cooperative=on|off` and
 /// `norecovery` (read-only mounts only) are lanefs's own; anything else is passed to the kernel, which refuses

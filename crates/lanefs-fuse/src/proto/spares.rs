@@ -312,7 +312,7 @@ mod tests {
         spares.set_spawner(Some(tx));
         let _w = spares.serving(Queue::Ring(0));
         std::thread::scope(|s| {
-            s.spawn(|| {
+            s.spawn(move || {
                 if let Ok(Event::Spawn(r)) = rx.recv() {
                     r.ready.send(true).unwrap();
                 }

@@ -135,6 +135,9 @@ pub enum Rank {
     Ticket,
     /// The FUSE adapter's table of open directory handles (never held across an engine call).
     DirHandles,
+    /// The FUSE adapter's set of inodes whose ctime the engine moved past the kernel's
+    /// (`LaneFuse::ctime_ahead`): a leaf.
+    CtimeAhead,
     /// The FUSE session's count of workers per queue and of those waiting for the kernel
     /// (`lanefs_fuse::proto::spares`): a leaf, held only to count.
     FuseWorkers,
@@ -198,6 +201,7 @@ impl Rank {
         Rank::RangeInner,
         Rank::Ticket,
         Rank::DirHandles,
+        Rank::CtimeAhead,
         Rank::FuseWorkers,
         Rank::CrashBarrier,
         Rank::PmemRecorder,
