@@ -279,6 +279,20 @@ impl LaneFuse {
         }
     }
 
+    /// The answer to a CREATE or TMPFILE: the new inode, opened with `flags`.
+    fn created(&self, r: lanefs::Result<Attr>, flags: i32, reply: ReplyCreate) {
+        match r {
+            Ok(a) => reply.created(
+                &self.ttl.cache,
+                &file_attr(&a),
+                generation(&a),
+                FileHandle(0),
+                self.open_flags(flags),
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
     fn open_flags(&self, flags: i32) -> FopenFlags {
         // Writes reach the engine as they are made, so close has nothing to flush: no FLUSH
         // round trip on every close (the kernel still sends it when its writeback cache holds
@@ -729,16 +743,7 @@ impl Filesystem for LaneFuse {
             Ok(a) => a,
             Err(e) => return reply.error(errno(e)),
         };
-        match self.fs.open_ino(a.ino) {
-            Ok(a) => reply.created(
-                &self.ttl.cache,
-                &file_attr(&a),
-                generation(&a),
-                FileHandle(0),
-                self.open_flags(flags),
-            ),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.created(self.fs.open_ino(a.ino), flags, reply)
     }
 
     fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
@@ -751,17 +756,8 @@ impl Filesystem for LaneFuse {
             Err(e) => return reply.error(e),
         };
         let new = lanefs::New { mode, rdev: 0, uid, gid, umask: self.umask(umask) };
-        match self.fs.tmpfile_open(parent.0, &new) {
-            // The open count it carries is the handle's: RELEASE gives it back.
-            Ok(a) => reply.created(
-                &self.ttl.cache,
-                &file_attr(&a),
-                generation(&a),
-                FileHandle(0),
-                self.open_flags(flags),
-            ),
-            Err(e) => reply.error(errno(e)),
-        }
+        // The open count it carries is the handle's: RELEASE gives it back.
+        self.created(self.fs.tmpfile_open(parent.0, &new), flags, reply)
     }
 
     fn fallocate(
