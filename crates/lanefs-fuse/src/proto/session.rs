@@ -448,18 +448,23 @@ impl<F: Filesystem> Session<F> {
                     Ok(Event::Ended) => live -= 1,
                     Ok(Event::Spawn(SpawnRequest { queue, ready })) => {
                         let i = workers.len();
+                        // A spare that cannot start fails only the wait that asked for it (its
+                        // `ready` says no, or is dropped): not the session.
                         let w = match queue {
-                            Queue::Dev => match this.dev.clone_dev() {
-                                Ok(dev) => dev_worker(i, Arc::new(dev), Some(ready)),
-                                Err(e) => {
-                                    let _ = ready.send(false);
-                                    Err(e)
-                                }
-                            },
+                            Queue::Dev => {
+                                this.dev.clone_dev().and_then(|dev| dev_worker(i, Arc::new(dev), Some(ready)))
+                            }
                             Queue::Ring(cpu) => ring_worker(i, cpu, Some(ready)),
                         };
-                        live += usize::from(w.is_ok());
-                        workers.push(w);
+                        match w {
+                            Ok(h) => {
+                                live += 1;
+                                workers.push(Ok(h));
+                            }
+                            Err(e) => {
+                                eprintln!("lanefs: a spare FUSE worker for {queue:?} did not start: {e}")
+                            }
+                        }
                     }
                     Err(_) => break,
                 }
