@@ -17,10 +17,23 @@ fn counts(mp: &Path) -> BTreeMap<String, u64> {
 }
 
 /// The requests `f` made the mount serve, by opcode (zeros left out).
+///
+/// The kernel sends a close's RELEASE in the background, after close(2) has returned: the
+/// counts are read once RELEASE has stopped changing for a while (at most 2 s), so that a
+/// window holds its own RELEASEs and the next one none of them.
 fn served(mp: &Path, f: impl FnOnce()) -> BTreeMap<String, u64> {
     let before = counts(mp);
     f();
-    let after = counts(mp);
+    let mut after = counts(mp);
+    // Bounded: 100 rounds of 20 ms.
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = counts(mp);
+        if now.get("RELEASE") == after.get("RELEASE") {
+            break;
+        }
+        after = now;
+    }
     after.into_iter().map(|(k, n)| (k.clone(), n - before[&k])).filter(|(_, n)| *n > 0).collect()
 }
 
