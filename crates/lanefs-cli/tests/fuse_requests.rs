@@ -336,16 +336,21 @@ fn with_the_writeback_cache_a_write_is_no_request_until_fsync() {
     let m = Mounted::daemon(&img, &mp, &["-o", "writeback_cache"]);
     const N: u64 = 200;
     let f = File::create(m.mp.join("f")).unwrap();
-    let write = served(&m.mp, || {
-        for i in 0..N {
-            f.write_all_at(&[7u8; 4096], i * 4096).unwrap();
-        }
+    // The kernel's background writeback (FUSE's small dirty limit) may send some of the pages
+    // before the fsync does: the WRITEs are counted over one window around both.
+    let (mut write, mut synced) = Default::default();
+    let both = served(&m.mp, || {
+        write = served(&m.mp, || {
+            for i in 0..N {
+                f.write_all_at(&[7u8; 4096], i * 4096).unwrap();
+            }
+        });
+        synced = served(&m.mp, || f.sync_all().unwrap());
     });
     assert!(total(&write) <= N / 20, "write: {write:?}");
-    let synced = served(&m.mp, || f.sync_all().unwrap());
     assert_eq!(synced.get("FSYNC"), Some(&1), "{synced:?}");
-    let writes = synced.get("WRITE").copied().unwrap_or(0);
-    assert!((1..=N / 4).contains(&writes), "{N} pages in {writes} WRITEs: {synced:?}");
+    let writes = both.get("WRITE").copied().unwrap_or(0);
+    assert!((1..=N / 4).contains(&writes), "{N} pages in {writes} WRITEs: {write:?}, then {synced:?}");
     // A hole, then data past it, not written back yet.
     f.write_all_at(b"tail", (N + 100) * 4096).unwrap();
     use rustix::fs::{seek, SeekFrom};

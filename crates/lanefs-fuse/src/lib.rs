@@ -13,7 +13,9 @@
 //! see `adapter::Ttl` for what keeps the kernel's caches right; `-o cache_timeout=S` and
 //! `-o negative_timeout=S` change them). Opens with O_DIRECT are
 //! answered with FOPEN_DIRECT_IO and FOPEN_PARALLEL_DIRECT_WRITES, so that writers of disjoint
-//! ranges of one file meet only in the engine's range lock.
+//! ranges of one file meet only in the engine's range lock (under the writeback cache, where
+//! the kernel agrees to DIRECT_IO_ALLOW_MMAP: its direct path then writes the cached range back
+//! first).
 //!
 //! open(2) with O_TMPFILE comes as FUSE_TMPFILE (protocol 7.34 on; nothing at INIT turns it
 //! on or off) and is answered as a create, for a file with no name (`Fs::tmpfile_open`);

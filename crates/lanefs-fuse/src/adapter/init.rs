@@ -84,6 +84,7 @@ impl LaneFuse {
         config.add_capabilities(got);
         self.killpriv = got & init::HANDLE_KILLPRIV_V2 != 0;
         self.writeback_cache_on = got & init::WRITEBACK_CACHE != 0;
+        self.direct_io_flushes_cache = got & init::DIRECT_IO_ALLOW_MMAP != 0;
         self.dont_mask = got & init::DONT_MASK != 0;
         config.set_max_write(self.max_write);
         config.set_max_readahead(self.max_write);

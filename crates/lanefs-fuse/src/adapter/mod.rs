@@ -35,7 +35,7 @@ pub use convert::file_attr;
 pub use init::{max_write, Ttl, DEFAULT_TTL, MAX_WRITE};
 
 use crate::inflight::{Inflight, Op};
-use crate::proto::abi::{fopen, WRITE_KILL_SUIDGID};
+use crate::proto::abi::{fopen, READ_LOCKOWNER, WRITE_KILL_SUIDGID};
 use crate::proto::{
     Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, Notifier, ReplyAttr,
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
@@ -69,6 +69,10 @@ pub struct LaneFuse {
     /// The kernel agreed to keep a writeback cache (FUSE_WRITEBACK_CACHE): it owns regular
     /// files' mtime and ctime.
     writeback_cache_on: bool,
+    /// The kernel agreed to FUSE_DIRECT_IO_ALLOW_MMAP, with which its FOPEN_DIRECT_IO path
+    /// writes the range's dirty cached pages back before each direct read or write and drops
+    /// them before a direct write (see `open_flags`).
+    direct_io_flushes_cache: bool,
     dont_mask: bool,
     /// Tells the kernel of changes it did not ask for (set once the session exists).
     notifier: Arc<OnceLock<Notifier>>,
@@ -100,6 +104,7 @@ impl LaneFuse {
             posix_acl: true,
             killpriv: false,
             writeback_cache_on: false,
+            direct_io_flushes_cache: false,
             dont_mask: false,
             notifier: Arc::new(OnceLock::new()),
             ctime_ahead: lanefs::sync::Mutex::new(lanefs::sync::Rank::CtimeAhead, Default::default()),
@@ -232,6 +237,29 @@ impl LaneFuse {
         }
     }
 
+    /// Whether a READ may ask past the engine's end of file while the kernel's size is further
+    /// on. Under the writeback cache the kernel owns the size: an append it still holds dirty
+    /// has moved its end of file and not yet the engine's. A page-cache read never needs the
+    /// difference (the kernel zero-fills what comes back short below its size), but a direct
+    /// one (an O_DIRECT open gets FOPEN_DIRECT_IO) would return short to its caller, ending the
+    /// file early, as if the hole before the dirty pages were past the end. The kernel's direct
+    /// path sends the reader's lock owner (READ_LOCKOWNER) and its page-cache reads never do;
+    /// which matters, since a page-cache read holds its pages locked until the reply, and the
+    /// write-back would wait for those locks.
+    fn size_may_lag(&self, read_flags: u32, flags: i32) -> bool {
+        self.writeback_cache_on
+            && self.direct_io_flushes_cache
+            && flags & libc::O_DIRECT != 0
+            && read_flags & READ_LOCKOWNER != 0
+    }
+
+    /// Has the kernel write `ino`'s dirty pages from `off` on back (they make its size), for a
+    /// direct READ answered short: true if it did, and the read may be made again. Where this
+    /// worker may not wait for the kernel (`proto::spares`), the short answer stands.
+    fn write_back_from(&self, ino: INodeNo, off: u64) -> bool {
+        self.notifier.get().is_some_and(|n| n.write_back(ino, off).unwrap_or(false))
+    }
+
     /// The process behind `req`; `fsetid` if the request says whether it has CAP_FSETID.
     fn caller<'a>(&'a self, req: &Request, fsetid: Option<bool>) -> ReqCaller<'a> {
         ReqCaller::new(req, fsetid, &self.notifier)
@@ -298,16 +326,20 @@ impl LaneFuse {
         // round trip on every close (the kernel still sends it when its writeback cache holds
         // dirty pages).
         let f = fopen::NOFLUSH;
-        if flags & libc::O_DIRECT != 0 && !self.writeback_cache_on {
+        if flags & libc::O_DIRECT != 0 && (!self.writeback_cache_on || self.direct_io_flushes_cache) {
             // Direct I/O skips the kernel's inode lock on writes, so writers of disjoint ranges
-            // of one file reach the range lock together.
+            // of one file reach the range lock together. Under the writeback cache another
+            // descriptor's writes may sit dirty in the kernel's pages; with
+            // DIRECT_IO_ALLOW_MMAP agreed, the kernel's FOPEN_DIRECT_IO path writes the range
+            // back before each direct read or write and drops it before a direct write, as a
+            // disk file system's direct I/O does. What it leaves is the size, which its dirty
+            // appends move first: `size_may_lag`.
             FopenFlags(f | fopen::DIRECT_IO | fopen::PARALLEL_DIRECT_WRITES)
         } else {
-            // With the writeback cache, another descriptor's writes may sit dirty in the
-            // kernel's pages: FOPEN_DIRECT_IO would send O_DIRECT reads and writes past them
-            // (a read missing them, a write they later overwrite). Without it the kernel's
-            // direct I/O path writes the range back before and drops it after, as a disk file
-            // system's does; its direct writes to one file then take the inode lock in turn.
+            // A kernel without DIRECT_IO_ALLOW_MMAP would send direct I/O past its dirty pages
+            // (a read missing them, a write they later overwrite). Its generic direct I/O path
+            // writes the range back and drops it instead; direct writes to one file then take
+            // the inode lock in turn.
             FopenFlags(f)
         }
     }
@@ -511,7 +543,8 @@ impl Filesystem for LaneFuse {
         _fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: i32,
+        read_flags: u32,
+        flags: i32,
         reply: ReplyData,
     ) {
         let _busy = self.inflight.enter(Op::Read, ino.0, req.pid());
@@ -521,7 +554,14 @@ impl Filesystem for LaneFuse {
             if b.len() < size {
                 b.resize(size, 0);
             }
-            match self.fs.read_at(ino.0, offset, &mut b[..size]) {
+            let mut r = self.fs.read_at(ino.0, offset, &mut b[..size]);
+            if matches!(r, Ok(n) if n < size)
+                && self.size_may_lag(read_flags, flags)
+                && self.write_back_from(ino, offset)
+            {
+                r = self.fs.read_at(ino.0, offset, &mut b[..size]);
+            }
+            match r {
                 Ok(n) => reply.data(&b[..n]),
                 Err(e) => reply.error(errno(e)),
             }

@@ -152,6 +152,10 @@ pub mod fopen {
     pub const PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
 }
 
+/// `fuse_read_in.read_flags`: the reader's lock owner is sent. The kernel's direct I/O path sets
+/// it (the owner is the caller's file table); its page-cache reads (readpage, readahead, a page
+/// fault's read) never do.
+pub const READ_LOCKOWNER: u32 = 1 << 1;
 /// `fuse_write_in.write_flags`: the write must drop set-ID bits.
 pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 /// `fuse_fsync_in.fsync_flags`: data only.

@@ -130,6 +130,8 @@ pub struct ReadIn {
     pub fh: u64,
     pub offset: u64,
     pub size: u32,
+    /// `read_flags` (`abi::READ_LOCKOWNER`).
+    pub read_flags: u32,
     /// The file's open flags.
     pub flags: i32,
 }
@@ -420,9 +422,9 @@ fn decode_op<'a>(op: u32, a: &mut Bytes<'a>, r: &mut Bytes<'a>) -> Option<Op<'a>
 }
 
 fn read_in(a: &mut Bytes<'_>) -> Option<ReadIn> {
-    let (fh, offset, size, _read_flags) = (a.u64()?, a.u64()?, a.u32()?, a.u32()?);
+    let (fh, offset, size, read_flags) = (a.u64()?, a.u64()?, a.u32()?, a.u32()?);
     let (_lock_owner, flags) = (a.u64()?, a.u32()?);
-    Some(ReadIn { fh, offset, size, flags: flags as i32 })
+    Some(ReadIn { fh, offset, size, read_flags, flags: flags as i32 })
 }
 
 fn init_in<'a>(a: &mut Bytes<'a>) -> Option<Op<'a>> {

@@ -65,6 +65,7 @@ pub trait Filesystem: Send + Sync {
         fh: FileHandle,
         offset: u64,
         size: u32,
+        read_flags: u32,
         flags: i32,
         reply: ReplyData,
     );
@@ -592,9 +593,16 @@ fn dispatch<F: Filesystem>(fs: &F, req: &Request, op: Op<'_>, rest: &[u8], sink:
             fs.link(req, INodeNo(oldnodeid), ino, newname, ReplyEntry::new(u, sink))
         }
         Op::Open { flags } => fs.open(req, ino, flags, ReplyOpen::new(u, sink)),
-        Op::Read(r) => {
-            fs.read(req, ino, FileHandle(r.fh), r.offset, r.size, r.flags, ReplyData::new(u, sink))
-        }
+        Op::Read(r) => fs.read(
+            req,
+            ino,
+            FileHandle(r.fh),
+            r.offset,
+            r.size,
+            r.read_flags,
+            r.flags,
+            ReplyData::new(u, sink),
+        ),
         Op::Write { fh, offset, data, write_flags, flags } => {
             fs.write(req, ino, FileHandle(fh), offset, data, write_flags, flags, ReplyWrite::new(u, sink))
         }
