@@ -25,8 +25,8 @@
 //! - At the root: the library API ([`Fs`], [`Handle`], their options, attribute and flag
 //!   types), the device trait and its common implementations, and the tools' entry points:
 //!   [`format_device`] (mkfs), [`fsck()`], [`inspect()`] and [`inspect_region`].
-//! - [`device`]: block devices (an image file or block device, memory), the event clock the
-//!   crash recorders share, and the device micro-benchmark.
+//! - [`device`]: block devices (an image file or block device, memory) and the event clock the
+//!   crash recorders share.
 //! - [`format`](mod@format): the codec of every on-disk structure, which `lanefs inspect` and
 //!   fsck show.
 //! - [`sync`]: the contention census and the ranked locks, for the FUSE adapter's own state.

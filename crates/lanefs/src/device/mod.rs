@@ -24,7 +24,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 mod aligned;
-mod bench;
 mod event_clock;
 mod file;
 pub mod halt;
@@ -33,7 +32,6 @@ pub(crate) mod plan;
 mod uring;
 
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_ALIGN};
-pub use bench::{batch_bench, BatchBenchReport};
 pub use event_clock::EventClock;
 pub use file::{create_image, DeviceOptions, FileDevice, IoChoice};
 pub(crate) use file::{fs_name, TMPFS_MAGIC};
