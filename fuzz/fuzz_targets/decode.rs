@@ -3,5 +3,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    lanefs::crashtest::corrupt::fuzz_decoders(data);
+    lanefs_crashtest::corrupt::fuzz_decoders(data);
 });

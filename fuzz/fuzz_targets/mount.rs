@@ -3,6 +3,6 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let violations = lanefs::crashtest::corrupt::fuzz_mount(data);
+    let violations = lanefs_crashtest::corrupt::fuzz_mount(data);
     assert!(violations.is_empty(), "{violations:?}");
 });

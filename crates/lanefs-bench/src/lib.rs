@@ -16,6 +16,8 @@
 //!   /dev/shm, tmpfs, bindfs over tmpfs).
 //! - [`fill`]: `--fill F`, filler files that take a target to a utilisation before the runs.
 //! - [`report`], [`plot`]: JSON lines, markdown, PNG.
+//! - [`device_bench`]: the device layer's batched writes against one pwrite per block
+//!   (`lanefs devbench`).
 //! - [`cli`]: the `lanefs bench` arguments and command.
 
 // An application of the engine: its items are documented where they need it, not as an API
@@ -24,6 +26,7 @@
 
 pub mod cli;
 pub mod compare;
+pub mod device_bench;
 pub mod fill;
 pub mod hist;
 pub mod plot;

@@ -25,17 +25,16 @@
 //! - At the root: the library API ([`Fs`], [`Handle`], their options, attribute and flag
 //!   types), the device trait and its common implementations, and the tools' entry points:
 //!   [`format_device`] (mkfs), [`fsck()`], [`inspect()`] and [`inspect_region`].
-//! - [`device`]: block devices (an image file or block device, memory, the crash-recording
-//!   device crashtest uses) and the device micro-benchmark.
+//! - [`device`]: block devices (an image file or block device, memory) and the event clock the
+//!   crash recorders share.
 //! - [`format`](mod@format): the codec of every on-disk structure, which `lanefs inspect` and
 //!   fsck show.
-//! - [`crashtest`]: the crash-consistency harness behind `lanefs crashtest`, the fuzz targets
-//!   and the durability tests.
 //! - [`sync`]: the contention census and the ranked locks, for the FUSE adapter's own state.
 //! - [`rng`]: the one pseudo-random generator of the harnesses and the bench.
 //!
 //! Everything else is private. (A hidden `testing` module re-exports a few internals for the
-//! integration tests only; it is not part of the API.)
+//! integration tests and the crash harness, the `lanefs-crashtest` crate, only; it is not part
+//! of the API.)
 //!
 //! # Module map
 //!
@@ -54,7 +53,10 @@
 //!   for the rules it applies; `sync`: its primitives and the lock hierarchy.
 //! - `engine`: the state of a mounted file system, joining the layers.
 //! - `fs`, `fsctl` and `fs_seek`: the library API. `mkfs`, `fsck`, `inspect`: the tools.
-//!   `crashtest`: the crash-consistency harness.
+//!
+//! The crash-consistency harness behind `lanefs crashtest` is a crate of its own,
+//! `lanefs-crashtest`; the engine keeps only the hooks it records through (the region's
+//! recorder, `pmem/crash.rs`, and the [`device::EventClock`] it shares).
 
 #![deny(missing_docs)]
 // The engine is where unsafe lives (io_uring submissions, O_DIRECT buffers, the mapped
@@ -64,7 +66,6 @@
 
 mod acl;
 mod checkpoint;
-pub mod crashtest;
 pub mod device;
 mod diskdir;
 mod engine;

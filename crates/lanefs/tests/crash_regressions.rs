@@ -5,9 +5,9 @@
 //! /B/bar with an xattr) or on an empty one; `lanefs crashtest --script "..."` runs the same
 //! workload from the command line and prints every violating state.
 
-use lanefs::crashtest::ops::parse_script;
-use lanefs::crashtest::workload::{Knobs, Setup, Workload};
-use lanefs::crashtest::{check_script, check_workload, gen};
+use lanefs_crashtest::ops::parse_script;
+use lanefs_crashtest::workload::{Knobs, Setup, Workload};
+use lanefs_crashtest::{check_script, check_workload, gen};
 
 fn assert_clean(v: Vec<String>) {
     assert!(v.is_empty(), "{}", v.join("\n"));
@@ -147,9 +147,9 @@ fn replayed_fallocate_over_a_punched_hole_leaks_no_blocks() {
 /// a watchdog) rarely fails even with the bug; it is here to check the fix does not hang.
 #[test]
 fn unmount_never_hangs() {
-    use lanefs::crashtest::overlay::Overlay;
     use lanefs::device::{BlockDevice, MemDevice};
     use lanefs::{Fs, FsOptions, MkfsOptions};
+    use lanefs_crashtest::overlay::Overlay;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};

@@ -6,9 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use lanefs::device::{
-    create_image, state_at, BlockDevice, CrashDevice, DeviceOptions, EventKind, FaultPlan, FileDevice,
-    IoChoice, IoMode, MemDevice, ReadReq, WriteReq, BLOCK_SIZE,
+    create_image, BlockDevice, DeviceOptions, FileDevice, IoChoice, IoMode, MemDevice, ReadReq, WriteReq,
+    BLOCK_SIZE,
 };
+
+use lanefs_crashtest::{state_at, CrashDevice, EventKind, FaultPlan};
 
 const B: usize = BLOCK_SIZE;
 

@@ -12,14 +12,13 @@
 
 mod nvm_mode;
 
-use lanefs::device::{
-    flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, IoMode, MemDevice, ReadReq,
-    WriteReq,
-};
+use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq};
+
 use lanefs::rng::Rng;
 use lanefs::testing::pmem::{PmemRegion, RegionOptions, MIN_REGION_SIZE};
 use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
+use lanefs_crashtest::{flush_points, in_flight_after, state_with_subset, CrashDevice};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 

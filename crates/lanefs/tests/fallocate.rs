@@ -10,11 +10,13 @@
 
 mod nvm_mode;
 
-use lanefs::device::{flush_points, state_at, BlockDevice, CrashDevice, MemDevice};
+use lanefs::device::{BlockDevice, MemDevice};
+
 use lanefs::rng::Rng;
 use lanefs::FallocMode;
 use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
+use lanefs_crashtest::{flush_points, state_at, CrashDevice};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;

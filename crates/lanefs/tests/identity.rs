@@ -9,13 +9,13 @@
 //!   and at every crash state the harness builds, the rename and its whiteout are there together
 //!   or not at all.
 
-use lanefs::crashtest::check_script;
-use lanefs::crashtest::workload::Setup;
 use lanefs::device::{BlockDevice, MemDevice};
 use lanefs::FileKind;
 use lanefs::RenameFlags;
 use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
+use lanefs_crashtest::check_script;
+use lanefs_crashtest::workload::Setup;
 use std::sync::Arc;
 
 fn image(size: u64) -> Arc<MemDevice> {

@@ -11,7 +11,7 @@ use std::path::Path;
 const LAYERS: &[(&str, u32)] = &[
     // Primitives every layer uses: per-CPU slots, the lock hierarchy.
     ("sync", 0),
-    // Deterministic pseudo-random numbers for the harnesses and tests (crashtest, the bench).
+    // Deterministic pseudo-random numbers for the harnesses and tests (lanefs-crashtest, the bench).
     ("rng", 0),
     ("device", 1),
     // The error type names device errors (a shut-down device's EIO).
@@ -42,7 +42,6 @@ const LAYERS: &[(&str, u32)] = &[
     ("mkfs", 12),
     ("fsck", 12),
     ("inspect", 12),
-    ("crashtest", 13),
     // Re-exports of internals for these integration tests (a hidden module, not API): it only
     // names modules below it.
     ("testing", 13),

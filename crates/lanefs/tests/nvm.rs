@@ -2,12 +2,14 @@
 //! and refusals through the library. The protocol's own crash states are enumerated in
 //! `src/pmem/nat_tests.rs`.
 
-use lanefs::device::{BlockDevice, CrashDevice, EventKind, FaultPlan, MemDevice};
+use lanefs::device::{BlockDevice, MemDevice};
+
 use lanefs::format::checkpoint::CP_FLAG_NVM_NAT;
 use lanefs::testing::checkpoint::{read_checkpoint, read_superblock};
 use lanefs::testing::pmem::MIN_REGION_SIZE;
 use lanefs::RegionFault;
 use lanefs::{Error, Fs, FsOptions, MkfsOptions, ROOT};
+use lanefs_crashtest::{CrashDevice, EventKind, FaultPlan};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

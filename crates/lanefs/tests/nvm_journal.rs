@@ -5,9 +5,11 @@
 //! crash at every region event of a run of fsyncs. The protocol's own crash states (torn
 //! entries, every subset of unpersisted words) are enumerated in `src/pmem/journal_tests.rs`.
 
-use lanefs::device::{BlockDevice, CrashDevice, EventKind, MemDevice};
+use lanefs::device::{BlockDevice, MemDevice};
+
 use lanefs::testing::pmem::{PmemCrash, RegionOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, SetAttr, ROOT};
+use lanefs_crashtest::{CrashDevice, EventKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -7,13 +7,12 @@
 //! mounts the result. Every fsync is a transaction of its own that maps one data block filled
 //! with a pattern no other block has, so the image shows where each transaction's data went.
 
-use lanefs::device::{
-    flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, EventKind, IoMode, MemDevice,
-    ReadReq, WriteReq, BLOCK_SIZE,
-};
+use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq, BLOCK_SIZE};
+
 use lanefs::RecoveryReport;
 use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
+use lanefs_crashtest::{flush_points, in_flight_after, state_with_subset, CrashDevice, EventKind};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 

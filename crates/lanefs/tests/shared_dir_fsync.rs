@@ -11,13 +11,12 @@
 //! reaches the recorder, so that flushes which collected later often finish their own writes
 //! first.
 
-use lanefs::device::{
-    flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, IoMode, MemDevice, ReadReq,
-    WriteReq,
-};
+use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq};
+
 use lanefs::rng::Rng;
 use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
+use lanefs_crashtest::{flush_points, in_flight_after, state_with_subset, CrashDevice};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -2,9 +2,11 @@
 //! crash or an unmount it is gone unless a link named it, and once linked and fsynced it is a
 //! created file's equal (durability contract 1).
 
-use lanefs::device::{flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, MemDevice};
+use lanefs::device::{BlockDevice, MemDevice};
+
 use lanefs::testing::acl::{self, Acl, Entry, Tag};
 use lanefs::{fsck as check, Fs, FsOptions, FsckOptions, Handle, Ino, MkfsOptions, New, XattrFlags, ROOT};
+use lanefs_crashtest::{flush_points, in_flight_after, state_with_subset, CrashDevice};
 use std::sync::Arc;
 
 mod region;

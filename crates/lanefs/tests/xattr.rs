@@ -9,7 +9,8 @@
 
 mod nvm_mode;
 
-use lanefs::device::{flush_points, in_flight_after, state_with_subset, BlockDevice, CrashDevice, MemDevice};
+use lanefs::device::{BlockDevice, MemDevice};
+
 use lanefs::format::xattr::{MAX_XATTR_STREAM, XATTR_SIZE_MAX};
 use lanefs::format::SummaryKind;
 use lanefs::rng::Rng;
@@ -17,6 +18,7 @@ use lanefs::testing::checkpoint::{read_checkpoint, read_sit, read_summary, read_
 use lanefs::XattrFlags;
 use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, Ino, MkfsOptions, ROOT};
+use lanefs_crashtest::{flush_points, in_flight_after, state_with_subset, CrashDevice};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 

@@ -18,7 +18,7 @@ pub fn crashtest(
     setup: &str,
     avoid: &[String],
 ) -> ExitCode {
-    use lanefs::crashtest::{self, Event, Family};
+    use lanefs_crashtest::{self as crashtest, Event, Family};
 
     let mut families = Vec::new();
     for w in workloads.iter().flat_map(|w| w.split(',')).filter(|w| !w.is_empty()) {

@@ -2,6 +2,7 @@
 //! persistent-memory region's persist cost.
 
 use lanefs::device::{self, IoChoice};
+use lanefs_bench::device_bench::batch_bench;
 use std::path::Path;
 
 pub fn devbench(
@@ -15,8 +16,7 @@ pub fn devbench(
     if !path.exists() {
         device::create_image(path, size).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let r =
-        device::batch_bench(path, io, batch, iterations).map_err(|e| format!("{}: {e}", path.display()))?;
+    let r = batch_bench(path, io, batch, iterations).map_err(|e| format!("{}: {e}", path.display()))?;
     if json {
         println!(
             "{}",

@@ -13,8 +13,9 @@
 //! every write that completed before it was called.
 //!
 //! Back ends: [`FileDevice`] (io_uring + O_DIRECT where direct I/O is real, vectored
-//! `pwritev`/`preadv` otherwise), [`MemDevice`] (RAM, tests) and [`CrashDevice`] (records and
-//! injects faults for crash testing); [`HaltDevice`] stops every write at a shutdown ([`halt`]).
+//! `pwritev`/`preadv` otherwise) and [`MemDevice`] (RAM, tests); [`HaltDevice`] stops every
+//! write at a shutdown ([`halt`]). The crash-recording device is the `lanefs-crashtest` crate's,
+//! which takes its sequence numbers from an [`EventClock`] it may share with a region.
 //! This module's `unsafe` code lives only in `uring.rs` and `aligned.rs` (the crate's other
 //! `unsafe` modules: see `pmem/persist.rs`).
 
@@ -23,20 +24,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 mod aligned;
-mod bench;
-mod crash;
+mod event_clock;
 mod file;
 pub mod halt;
 mod mem;
-mod plan;
+pub(crate) mod plan;
 mod uring;
 
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_ALIGN};
-pub use bench::{batch_bench, BatchBenchReport};
-pub use crash::{
-    flush_points, in_flight_after, state_at, state_with_subset, CrashDevice, CrashEvent, EventClock,
-    EventKind, FaultPlan, WriteFault,
-};
+pub use event_clock::EventClock;
 pub use file::{create_image, DeviceOptions, FileDevice, IoChoice};
 pub(crate) use file::{fs_name, TMPFS_MAGIC};
 pub use halt::{Halt, HaltDevice};
@@ -161,6 +157,6 @@ macro_rules! forward_block_device {
 }
 
 // Lets a shared device (`Arc<dyn BlockDevice>` from [`open`]) be wrapped, e.g. by
-// [`CrashDevice`].
+// lanefs-crashtest's `CrashDevice`.
 forward_block_device!(Arc);
 forward_block_device!(Box);

@@ -95,7 +95,7 @@ pub(crate) fn plan(reqs: &[(u64, usize)], block_count: u64, is_write: bool) -> i
 }
 
 /// Validates a write batch without planning runs (for back ends that do not merge).
-pub(crate) fn check_writes(reqs: &[super::WriteReq<'_>], block_count: u64) -> io::Result<()> {
+pub fn check_writes(reqs: &[super::WriteReq<'_>], block_count: u64) -> io::Result<()> {
     let shape: Vec<(u64, usize)> = reqs.iter().map(|r| (r.addr, r.data.len())).collect();
     plan(&shape, block_count, true).map(|_| ())
 }

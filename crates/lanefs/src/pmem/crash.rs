@@ -1,4 +1,10 @@
-//! The crash model of a region, the byte-addressable twin of `device::CrashDevice`.
+//! The crash model of a region, the byte-addressable twin of lanefs-crashtest's `CrashDevice`.
+//!
+//! It stays in the engine while the rest of the harness is the `lanefs-crashtest` crate: the
+//! recorder is called from the region's own store and persist paths (`access.rs`) and must see
+//! each 8-byte store as it happens, which no wrapper outside the engine can; and the model
+//! beside it is what the engine's own unit tests of the region's NAT and journal protocols
+//! (`tests.rs`, `nat_tests.rs`, `journal_tests.rs`) enumerate crash images with.
 //!
 //! A region opened with [`super::RegionOptions::record`] keeps its content at open and a log
 //! of every 8-byte word stored (with its new value) and every range persisted since. From the
@@ -16,8 +22,9 @@
 //! [`super::RegionOptions::clock`], a number from an [`EventClock`] shared with a
 //! `CrashDevice`, so that region and device events merge into one timeline (`lanefs
 //! crashtest --nvm`). The number is taken under the recorder's lock after the store or the
-//! write-back happened and before the call returns; see `device::crash` for why that orders
-//! every pair of events one of which returned before the other began. [`RegionRecording`]
+//! write-back happened and before the call returns; see lanefs-crashtest's `crash_device` for
+//! why that orders every pair of events one of which returned before the other began.
+//! [`RegionRecording`]
 //! shares the recorder with whoever opened the region, so the log outlives the mount (the
 //! unmount's own events included), and [`RegionTrace`] rebuilds crash states at any point of
 //! the shared timeline.

@@ -55,8 +55,8 @@
 //! [`RegionOptions::record`] keeps what is persistent and what is not yet ([`crash`]), so that
 //! tests can build every image a crash may leave: the persisted content plus any subset of the
 //! 8-byte words stored since their line was last persisted. [`RegionOptions::clock`] numbers
-//! the recorded events from a clock shared with a `device::CrashDevice`, so that device and
-//! region events form one timeline (`lanefs crashtest --nvm`), and
+//! the recorded events from a clock shared with lanefs-crashtest's `CrashDevice`, so that device
+//! and region events form one timeline (`lanefs crashtest --nvm`), and
 //! [`PmemRegion::recording`] hands out the recorder so that it outlives the mount.
 
 //!
@@ -309,7 +309,8 @@ pub struct RegionOptions {
     /// Keep the crash model (copies the region; tests only).
     pub record: bool,
     /// With `record`: number the recorded events from this clock, shared with a
-    /// `device::CrashDevice`, so both logs form one timeline (`lanefs crashtest --nvm`).
+    /// crash-recording device (lanefs-crashtest's `CrashDevice`), so both logs form one
+    /// timeline (`lanefs crashtest --nvm`).
     pub clock: Option<crate::device::EventClock>,
 }
 

@@ -198,10 +198,12 @@ impl Record {
 /// all of them or none.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Transaction {
+    /// The records, in the order they were logged.
     pub records: Vec<Record>,
 }
 
 impl Transaction {
+    /// A transaction of `records`.
     pub fn new(records: Vec<Record>) -> Transaction {
         Transaction { records }
     }

@@ -7,7 +7,7 @@
 
 use super::states::Prepared;
 use super::workload::{record, Bases, Workload};
-use crate::rng::derive;
+use lanefs::rng::derive;
 use parking_lot::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;

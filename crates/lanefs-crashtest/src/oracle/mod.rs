@@ -34,7 +34,7 @@ mod recovered;
 pub use check::check;
 pub use recovered::{read_file_state, walk, FileState, Recovered};
 
-use crate::fs::{Attr, FileKind, Ino};
+use lanefs::{Attr, FileKind, Ino};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;

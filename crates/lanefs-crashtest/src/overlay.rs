@@ -5,9 +5,10 @@
 //! the write log as a shared map (built once per flush point), and the state's own writes —
 //! the subset of in-flight writes, and whatever mount and unmount write later — in a private
 //! map. Rebuilding a state costs a few pointer copies instead of a 50 MiB image copy, and
-//! [`Overlay::image`] gives the same bytes as [`crate::device::state_with_subset`] (tested).
+//! [`Overlay::image`] gives the same bytes as [`crate::state_with_subset`] (tested).
 
-use crate::device::{BlockDevice, CrashEvent, EventKind, IoMode, ReadReq, WriteReq, BLOCK_SIZE};
+use crate::crash_device::{CrashEvent, EventKind};
+use lanefs::device::{BlockDevice, IoMode, ReadReq, WriteReq, BLOCK_SIZE};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::io;
@@ -224,7 +225,8 @@ impl BlockDevice for Overlay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{state_with_subset, CrashDevice, MemDevice};
+    use crate::crash_device::{state_with_subset, CrashDevice};
+    use lanefs::MemDevice;
 
     #[test]
     fn overlay_matches_state_with_subset() {

@@ -18,13 +18,13 @@ use super::oracle::walk;
 use super::overlay::Overlay;
 use super::states::panic_text;
 use super::workload::{record, Bases, Knobs, Setup, Workload};
-use crate::checkpoint;
-use crate::device::{BlockDevice, BLOCK_SIZE};
-use crate::format::codec::crc_skipping;
-use crate::format::node::FOOTER_AT;
-use crate::fs::{Fs, FsOptions};
-use crate::fsck::{self, FsckOptions};
-use crate::rng::{derive, Rng};
+use lanefs::device::{BlockDevice, BLOCK_SIZE};
+use lanefs::format::codec::crc_skipping;
+use lanefs::format::node::FOOTER_AT;
+use lanefs::rng::{derive, Rng};
+use lanefs::testing::checkpoint;
+use lanefs::FsckOptions;
+use lanefs::{Fs, FsOptions};
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
@@ -379,7 +379,7 @@ fn exercise(dev: Arc<Overlay>) -> Outcome {
                 out.mount_error = Some(msg);
             }
         }
-        out.fsck = match fsck::check(&*dev, &FsckOptions::default()) {
+        out.fsck = match lanefs::fsck(&*dev, &FsckOptions::default()) {
             Ok(r) if r.is_clean() => "clean".into(),
             Ok(r) => format!("{} problem(s)", r.problems.len()),
             Err(e) => format!("error: {e}"),
@@ -457,7 +457,7 @@ fn fix_checkpoint_payload(pack: &mut [u8]) {
         as usize;
     let payload: Vec<u8> = pack[BLOCK_SIZE..(n - 1) * BLOCK_SIZE]
         .chunks(BLOCK_SIZE)
-        .flat_map(|b| b[crate::format::codec::HEADER_LEN..].iter().copied())
+        .flat_map(|b| b[lanefs::format::codec::HEADER_LEN..].iter().copied())
         .take(len)
         .collect();
     let crc = crc32c::crc32c(&payload).to_le_bytes();
@@ -471,7 +471,7 @@ fn fix_checkpoint_payload(pack: &mut [u8]) {
 /// kind in the reference image, the rest is XORed over it (a checkpoint: over its whole pack;
 /// SSA: over both blocks of a summary); then every checksum is recomputed so that decoding
 /// reaches the fields. Returns the kind, the first block's address and the mutated bytes.
-fn fuzz_mutation(r: &Reference, g: &crate::format::Geometry, data: &[u8]) -> Option<(Target, u64, Vec<u8>)> {
+fn fuzz_mutation(r: &Reference, g: &lanefs::format::Geometry, data: &[u8]) -> Option<(Target, u64, Vec<u8>)> {
     let (&k, rest) = data.split_first()?;
     let (&sel, pattern) = rest.split_first()?;
     let kind = Target::ALL[k as usize % Target::ALL.len()];
@@ -488,8 +488,8 @@ fn fuzz_mutation(r: &Reference, g: &crate::format::Geometry, data: &[u8]) -> Opt
             g.cp_pack_blocks as u64
         }
         Target::Ssa => {
-            addr -= (addr - g.ssa_blkaddr) % crate::format::ssa::SSA_BLOCKS_PER_SEG as u64;
-            crate::format::ssa::SSA_BLOCKS_PER_SEG as u64
+            addr -= (addr - g.ssa_blkaddr) % lanefs::format::ssa::SSA_BLOCKS_PER_SEG as u64;
+            lanefs::format::ssa::SSA_BLOCKS_PER_SEG as u64
         }
         _ => 1,
     };
@@ -515,9 +515,9 @@ fn fuzz_mutation(r: &Reference, g: &crate::format::Geometry, data: &[u8]) -> Opt
 /// kind `data` picks, mutated and resealed, through its decoder. Must never panic.
 pub fn fuzz_decoders(data: &[u8]) {
     let Some(r) = fuzz_reference() else { return };
-    let Ok(g) = crate::format::Geometry::compute(r.total_blocks, super::workload::LANES) else { return };
+    let Ok(g) = lanefs::format::Geometry::compute(r.total_blocks, super::workload::LANES) else { return };
     let Some((kind, addr, b)) = fuzz_mutation(r, &g, data) else { return };
-    use crate::format::*;
+    use lanefs::format::*;
     let at = Some(addr);
     let header_a = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
     match kind {
@@ -545,9 +545,9 @@ pub fn fuzz_decoders(data: &[u8]) {
         }
         Target::Journal => {
             if let Ok(j) = JournalBlock::decode(&b, &g, at) {
-                let _ = crate::journal::Transaction::decode(j.payload.get(4..).unwrap_or(&[]));
+                let _ = lanefs::testing::journal::Transaction::decode(j.payload.get(4..).unwrap_or(&[]));
             }
-            let _ = crate::journal::Transaction::decode(&data[2.min(data.len())..]);
+            let _ = lanefs::testing::journal::Transaction::decode(&data[2.min(data.len())..]);
         }
         Target::Xattr => {
             let index = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
@@ -563,7 +563,7 @@ pub fn fuzz_decoders(data: &[u8]) {
 /// Returns the violations (a panic, an empty error); a fuzz target asserts there are none.
 pub fn fuzz_mount(data: &[u8]) -> Vec<String> {
     let Some(r) = fuzz_reference() else { return vec![] };
-    let Ok(g) = crate::format::Geometry::compute(r.total_blocks, super::workload::LANES) else {
+    let Ok(g) = lanefs::format::Geometry::compute(r.total_blocks, super::workload::LANES) else {
         return vec![];
     };
     let Some((_, addr, b)) = fuzz_mutation(r, &g, data) else { return vec![] };

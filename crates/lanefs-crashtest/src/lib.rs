@@ -1,7 +1,29 @@
-//! Crash-consistency and fault harness (`lanefs crashtest`).
+//! lanefs's crash-consistency and fault harness: the search behind `lanefs crashtest`. It runs
+//! generated workloads on a lanefs whose device (and persistent-memory region) record every
+//! write, flush and persist, rebuilds every image a crash could leave, and checks that each
+//! one mounts, keeps what the durability contract (docs/ARCHITECTURE.md) promised and passes
+//! fsck. The CLI's `crashtest` command, the fuzz targets and the engine's crash tests (a
+//! dev-dependency of `lanefs`) use it; the engine itself never does.
 //!
-//! Workloads run on a lanefs mounted over a [`crate::device::CrashDevice`] (a
-//! [`crate::device::MemDevice`] inside), which logs every block write and flush. For every flush
+//! # What is here and what stayed in the engine
+//!
+//! Everything that only *uses* the engine through its traits and API lives here: the search
+//! (workload generation, crash-state enumeration, the oracle, the corruption sweeps) and the
+//! crash-recording block device [`CrashDevice`], which is just another
+//! [`lanefs::BlockDevice`]. What stays in the engine is what the engine itself calls into:
+//! the region's recorder (`pmem/crash.rs`), which the region's store and persist paths feed
+//! and which must see every 8-byte store as it happens, with its crash model beside it (the
+//! engine's own unit tests of the region's NAT and journal protocols enumerate crash images
+//! with it, and they cannot name a type from a crate that depends on the engine); and the
+//! [`lanefs::device::EventClock`] that recorder shares with [`CrashDevice`]. The engine
+//! internals the harness needs come through the hidden `lanefs::testing` module (its module
+//! doc lists them): batch validation for the device, the checkpoint reader and journal decoder
+//! for the corruption sweep, and the region's crash model for `--nvm`.
+//!
+//! # How it works
+//!
+//! Workloads run on a lanefs mounted over a [`CrashDevice`] (a [`lanefs::MemDevice`] inside),
+//! which logs every block write and flush. For every flush
 //! point, and for subsets and reorderings of the writes in flight after it, the harness rebuilds
 //! the device (a cheap [`overlay::Overlay`] over the shared base image), mounts it — recovery
 //! runs — reads the whole tree back, checks it against the [`oracle`], unmounts, and runs fsck.
@@ -31,7 +53,7 @@
 //! persistent-memory region (a scratch file in /dev/shm, NAT and lane journals in it, so an
 //! fsync commits to the region instead of writing journal blocks). The device and the
 //! region's recorder number their events from one shared clock
-//! ([`crate::device::EventClock`]); a number is taken after the event happened and before
+//! ([`lanefs::device::EventClock`]); a number is taken after the event happened and before
 //! its call returned, so the merged order never puts a region persist before a device flush
 //! that returned before the persist was issued. A crash state is a cut of that timeline: the
 //! device durable up to its last flush below the cut plus subsets of the writes in flight,
@@ -65,6 +87,7 @@
 //! workload, verbosely: a replayed id, a script, a regression check).
 
 pub mod corrupt;
+pub mod crash_device;
 pub mod exec;
 pub mod gen;
 mod ids;
@@ -78,6 +101,10 @@ pub mod states;
 mod sweep;
 pub mod workload;
 
+pub use crash_device::{
+    flush_points, in_flight_after, state_at, state_with_subset, CrashDevice, CrashEvent, EventKind,
+    FaultPlan, WriteFault,
+};
 pub use ids::{make_workload, parse_id, BG_CHECKPOINT};
 pub use replay::{check_script, check_workload, replay, run_script};
 

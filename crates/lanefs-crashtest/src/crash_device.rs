@@ -11,21 +11,18 @@
 //!
 //! Every event takes its sequence number from an [`EventClock`], private to the device unless
 //! one is shared ([`CrashDevice::with_clock`]) with a persistent-memory region's recorder
-//! (`crate::pmem::RegionOptions::clock`): the two logs then merge into one timeline. A number
-//! is taken under the log's lock after the event reached the wrapped device and before the call
+//! ([`lanefs::RegionOptions::clock`]): the two logs then merge into one timeline. A number is
+//! taken under the log's lock after the event reached the wrapped device and before the call
 //! returns, so if one event's call returned before another's began (a flush before the region
 //! persist that commits the fsync it served), its number is the smaller.
 //! [`FaultPlan`] makes chosen calls fail the way real devices do: EIO, a short write, a torn block.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use crate::sync::rank::{Mutex, Rank, RwLock};
-
-use super::plan;
-use super::{BlockDevice, IoMode, ReadReq, WriteReq, BLOCK_SIZE};
+use lanefs::device::{BlockDevice, EventClock, IoMode, ReadReq, WriteReq, BLOCK_SIZE};
+use lanefs::sync::{Mutex, Rank, RwLock};
+use lanefs::testing::device::check_writes;
 
 /// What reached the wrapped device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,39 +37,6 @@ pub enum EventKind {
     /// A flush that returned success: every write logged before it is durable.
     Flush,
 }
-
-/// A counter of events shared by the recorders of one run (a [`CrashDevice`] and a region's
-/// recorder): its value is the number of events recorded so far, in all logs together, and
-/// each event takes the next number. Clones share the counter.
-#[derive(Debug, Clone, Default)]
-pub struct EventClock(Arc<AtomicU64>);
-
-impl EventClock {
-    /// A clock at sequence 0.
-    pub fn new() -> EventClock {
-        EventClock::default()
-    }
-
-    /// Takes the next number. Callers take it while holding their log's lock, so numbers are
-    /// increasing within each log.
-    pub fn tick(&self) -> u64 {
-        self.0.fetch_add(1, Ordering::SeqCst)
-    }
-
-    /// Events recorded so far.
-    pub fn now(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// Two clocks are equal when they share the counter.
-impl PartialEq for EventClock {
-    fn eq(&self, other: &EventClock) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for EventClock {}
 
 /// One logged event; `seq` is its number on the device's [`EventClock`] (from 0 in log order
 /// when the clock is the device's own).
@@ -274,7 +238,7 @@ impl<D: BlockDevice> BlockDevice for CrashDevice<D> {
     }
 
     fn write_batch(&self, reqs: &[WriteReq<'_>]) -> io::Result<()> {
-        plan::check_writes(reqs, self.inner.block_count())?;
+        check_writes(reqs, self.inner.block_count())?;
         let _shared = self.barrier.read();
         let fault = {
             let mut f = self.faults.lock();
@@ -420,7 +384,7 @@ pub fn state_with_subset(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::MemDevice;
+    use lanefs::device::MemDevice;
 
     fn block(v: u8) -> Vec<u8> {
         vec![v; BLOCK_SIZE]

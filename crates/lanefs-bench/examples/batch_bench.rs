@@ -1,4 +1,4 @@
-//! Runs `lanefs::device::batch_bench` on a file or block device.
+//! Runs `lanefs_bench::device_bench::batch_bench` on a file or block device.
 //!
 //! Usage: batch_bench PATH [auto|uring|sync] [BATCH_BLOCKS=64] [ITERATIONS=2000]
 //!
@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use lanefs::device::{batch_bench, IoChoice};
+use lanefs::device::IoChoice;
+use lanefs_bench::device_bench::batch_bench;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

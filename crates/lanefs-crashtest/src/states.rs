@@ -11,11 +11,11 @@
 use super::oracle::{check, walk};
 use super::overlay::{BlockMap, Overlay};
 use super::workload::{Recording, RegionRun};
-use crate::device::BlockDevice;
-use crate::fs::{Fs, FsOptions};
-use crate::fsck::{self, FsckOptions};
-use crate::pmem::PmemCrash;
-use crate::rng::{derive, Rng};
+use lanefs::device::BlockDevice;
+use lanefs::rng::{derive, Rng};
+use lanefs::testing::pmem::PmemCrash;
+use lanefs::FsckOptions;
+use lanefs::{Fs, FsOptions};
 use parking_lot::Mutex;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -302,7 +302,7 @@ pub fn check_image(dev: Arc<Overlay>, inspect: impl FnOnce(&Fs) -> Vec<String>) 
         if let Err(e) = std::mem::ManuallyDrop::into_inner(fs).unmount() {
             v.push(format!("unmount after recovery failed: {e}"));
         }
-        match fsck::check(&*dev, &FsckOptions::default()) {
+        match lanefs::fsck(&*dev, &FsckOptions::default()) {
             Ok(r) if r.is_clean() => {}
             Ok(r) => {
                 let ps: Vec<String> =
@@ -322,7 +322,7 @@ pub fn check_image(dev: Arc<Overlay>, inspect: impl FnOnce(&Fs) -> Vec<String>) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crashtest::workload::{record, Bases, Setup, Workload};
+    use crate::workload::{record, Bases, Setup, Workload};
 
     /// The harness must see what a broken file system would do: an acknowledged fsync whose
     /// writes the device dropped, or whose journal block is damaged, is a violation; the true
@@ -343,7 +343,7 @@ mod tests {
         // data checksum does not match), so the file is gone again.
         let damaged = p.device(&exact);
         let (addr, _) = p.rec.log.events[..f].iter().flatten().next().expect("a write before the flush");
-        damaged.put(*addr, &vec![0xAB; crate::device::BLOCK_SIZE]);
+        damaged.put(*addr, &vec![0xAB; lanefs::device::BLOCK_SIZE]);
         let v = p.check_device(Arc::new(damaged), f + 1, f + 1);
         assert!(!v.is_empty(), "a damaged fsync went unnoticed");
     }

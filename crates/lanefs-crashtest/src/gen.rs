@@ -7,7 +7,7 @@
 
 use super::ops::{split, FallocMode, Op};
 use super::workload::{Knobs, Setup, Workload};
-use crate::rng::Rng;
+use lanefs::rng::Rng;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 
 use super::ops::{pattern, split, xattr_value, Op};
 use super::oracle::{read_file_state, Acked, FileState, History, Id, OpRecord, Promise};
-use crate::fs::{Attr, FileKind, Fs};
+use lanefs::{Attr, FileKind, Fs};
 use parking_lot::Mutex;
 
 /// What an operation runs against.
@@ -25,7 +25,7 @@ pub struct Exec<'a> {
     /// Findings made while running (an I/O error not reported to the caller, ...).
     pub findings: &'a Mutex<Vec<String>>,
     /// Inodes opened by `open`, by the path they were opened as.
-    pub handles: std::cell::RefCell<std::collections::HashMap<String, crate::fs::Ino>>,
+    pub handles: std::cell::RefCell<std::collections::HashMap<String, lanefs::Ino>>,
 }
 
 fn parent_and_name(path: &str) -> Result<(&str, &[u8]), String> {
@@ -75,7 +75,7 @@ impl Exec<'_> {
 
     fn run_inner(&self, op: &Op, ev: usize) -> Result<(), String> {
         let fs = self.fs;
-        let e = |r: crate::Result<()>| r.map_err(|e| e.to_string());
+        let e = |r: lanefs::Result<()>| r.map_err(|e| e.to_string());
         match op {
             Op::Create(path) | Op::Mkdir(path) | Op::Symlink(_, path) => self.run_create(op, path, ev),
             Op::Link(from, to) => {
@@ -190,7 +190,7 @@ impl Exec<'_> {
         let [(sdir, sname), (ddir, dname)] = self.both_parents(a, b)?;
         let x = fs.lookup(sdir.ino, sname).map_err(|e| format!("{a}: {e}"))?;
         let y = fs.lookup(ddir.ino, dname).map_err(|e| format!("{b}: {e}"))?;
-        fs.rename(sdir.ino, sname, ddir.ino, dname, crate::fs::RenameFlags::EXCHANGE)
+        fs.rename(sdir.ino, sname, ddir.ino, dname, lanefs::RenameFlags::EXCHANGE)
             .map_err(|e| e.to_string())?;
         if x.ino == y.ino {
             return Ok(());
@@ -209,7 +209,7 @@ impl Exec<'_> {
         let [(sdir, sname), (ddir, dname)] = self.both_parents(from, to)?;
         let src = fs.lookup(sdir.ino, sname).map_err(|e| format!("{from}: {e}"))?;
         let dst = fs.lookup(ddir.ino, dname).ok();
-        let flags = if whiteout { crate::fs::RenameFlags::WHITEOUT } else { crate::fs::RenameFlags::empty() };
+        let flags = if whiteout { lanefs::RenameFlags::WHITEOUT } else { lanefs::RenameFlags::empty() };
         fs.rename(sdir.ino, sname, ddir.ino, dname, flags).map_err(|e| e.to_string())?;
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
             // Two names of one inode: rename does nothing (and leaves no whiteout).
@@ -258,11 +258,11 @@ impl Exec<'_> {
             Op::Truncate { size, .. } => fs.truncate(a.ino, *size),
             Op::Falloc { mode, off, len, .. } => fs.fallocate(a.ino, mode.flags(), *off, *len),
             Op::SetXattr { name, len, tag, .. } => {
-                fs.setxattr(a.ino, name.as_bytes(), &xattr_value(*tag, *len), crate::fs::XattrFlags::empty())
+                fs.setxattr(a.ino, name.as_bytes(), &xattr_value(*tag, *len), lanefs::XattrFlags::empty())
             }
             Op::RemoveXattr { name, .. } => fs.removexattr(a.ino, name.as_bytes()),
             Op::Chmod { mode, .. } => {
-                fs.setattr(a.ino, &crate::fs::SetAttr { mode: Some(*mode), ..Default::default() }).map(|_| ())
+                fs.setattr(a.ino, &lanefs::SetAttr { mode: Some(*mode), ..Default::default() }).map(|_| ())
             }
             _ => unreachable!("run_file_op of {op}"),
         };

@@ -7,7 +7,7 @@
 
 use super::states::{Density, Prepared};
 use super::workload::{record, Bases};
-use crate::rng::derive;
+use lanefs::rng::derive;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! image at a time, so that the memory check measures that image alone.
 
 use super::workload::Bases;
-use crate::rng::{derive, Rng};
+use lanefs::rng::{derive, Rng};
 use std::time::Instant;
 
 use super::{corrupt, nvm, Config, Event, Family, FamilySummary, Sink};

@@ -5,7 +5,7 @@
 //! bytes read per file, and records what fails or looks impossible as a problem instead of
 //! stopping, so a crash state always yields something to check.
 
-use crate::fs::{Attr, DirEntry, FileKind, Fs, ROOT};
+use lanefs::{Attr, DirEntry, FileKind, Fs, ROOT};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 

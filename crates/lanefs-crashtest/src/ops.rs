@@ -23,8 +23,8 @@ pub enum FallocMode {
 
 impl FallocMode {
     /// The mode as the library takes it.
-    pub fn flags(self) -> crate::fs::FallocMode {
-        use crate::fs::FallocMode as M;
+    pub fn flags(self) -> lanefs::FallocMode {
+        use lanefs::FallocMode as M;
         match self {
             FallocMode::Alloc => M::empty(),
             FallocMode::KeepSize => M::KEEP_SIZE,

@@ -5,7 +5,7 @@
 //! its promised version or a later one; a rename is checked on both sides together, since it
 //! is never half durable. Every difference is a message, never a panic.
 
-use crate::fs::FileKind;
+use lanefs::FileKind;
 use std::collections::{BTreeMap, HashMap};
 
 use super::recovered::Recovered;
@@ -262,7 +262,7 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crashtest::oracle::{Acked, FileState};
+    use crate::oracle::{Acked, FileState};
 
     fn id(n: u64) -> Id {
         Id { ino: n, crtime: (n as i64, 0) }

@@ -1,8 +1,8 @@
 //! Crash states of a run with a persistent-memory region (`lanefs crashtest --nvm`).
 //!
-//! The device ([`crate::device::CrashDevice`]) and the region's recorder
-//! ([`crate::pmem::RegionRecording`]) number their events from one
-//! [`crate::device::EventClock`], so the two logs form one timeline ([`RegionRun`]). A crash
+//! The device ([`crate::CrashDevice`]) and the region's recorder
+//! (`lanefs::testing::pmem::RegionRecording`) number their events from one
+//! [`lanefs::device::EventClock`], so the two logs form one timeline ([`RegionRun`]). A crash
 //! state is a cut `c` of that timeline — every event numbered below `c` happened, none after
 //! — and a choice of what of the volatile part survived:
 //!
@@ -10,7 +10,7 @@
 //!   logged after that flush and below `c` may have landed, in any order;
 //! - region: the content persisted by the persists below `c`; any subset of the words stored
 //!   since their line was last persisted may hold any of the values stored since (aligned
-//!   8-byte stores are never torn; [`crate::pmem::PmemCrash`]).
+//!   8-byte stores are never torn; `lanefs::testing::pmem::PmemCrash`).
 //!
 //! A cut never puts a region event before a device event that preceded it in real time: a
 //! number is taken after the event happened and before its call returned, so a persist that
@@ -40,11 +40,12 @@ use super::oracle::{check, walk, Recovered};
 use super::overlay::{Overlay, WriteLog};
 use super::states::{panic_text, Density, StateSpec};
 use super::workload::RegionRun;
-use crate::device::{BlockDevice, EventClock};
-use crate::fs::{Fs, FsOptions};
-use crate::fsck::{self, FsckOptions};
-use crate::pmem::{RegionEvent, RegionOptions, MIN_REGION_SIZE};
-use crate::rng::{derive, Rng};
+use lanefs::device::{BlockDevice, EventClock};
+use lanefs::rng::{derive, Rng};
+use lanefs::testing::pmem::{RegionEvent, MIN_REGION_SIZE};
+use lanefs::FsckOptions;
+use lanefs::RegionOptions;
+use lanefs::{Fs, FsOptions};
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -112,7 +113,7 @@ impl Drop for Scratch {
 }
 
 /// Pending words at a cut: (offset, [(value, position of its store)]), in offset order (the
-/// order of [`crate::pmem::PmemCrash::pending`]).
+/// order of `PmemCrash::pending`).
 type Pending = Vec<(usize, Vec<(u64, u64)>)>;
 
 /// What a state keeps of the volatile part: device writes, region words (pending index, value
@@ -122,7 +123,7 @@ type Choice = (Vec<usize>, Vec<(usize, usize)>);
 /// The pending words at each of `cuts` (increasing), in one pass over the region's events.
 fn pending_at(run: &RegionRun, cuts: &[u64]) -> Vec<Pending> {
     let mut out = Vec::with_capacity(cuts.len());
-    let mut pending = crate::pmem::crash::PendingWords::default();
+    let mut pending = lanefs::testing::pmem::crash::PendingWords::default();
     let mut events = run.trace.events().iter().peekable();
     for &c in cuts {
         // Bounded: each round consumes one event.
@@ -281,7 +282,7 @@ fn options(region: &Path, read_only: bool) -> FsOptions {
 
 fn fsck_lines(dev: &Overlay, region: &Path, when: &str) -> Option<String> {
     let opts = FsckOptions { nvm: Some(region.to_path_buf()), ..Default::default() };
-    match fsck::check(dev, &opts) {
+    match lanefs::fsck(dev, &opts) {
         Ok(r) if r.is_clean() => None,
         Ok(r) => {
             let ps: Vec<String> =
@@ -425,7 +426,7 @@ pub fn region_reference(bases: &super::workload::Bases) -> Result<RegionReferenc
 /// one, or with one bit flipped; a live 64-byte line zeroed; a random word of the data area.
 pub fn region_damages(r: &RegionReference, rng: &mut Rng, n: usize) -> Vec<RegionDamage> {
     let word = |o: usize| u64::from_le_bytes(r.region[o..o + 8].try_into().expect("8 bytes"));
-    let data_words = (r.region.len() - crate::pmem::HEADER_BYTES) / 8;
+    let data_words = (r.region.len() - lanefs::testing::pmem::HEADER_BYTES) / 8;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         if r.stored.is_empty() {
@@ -449,12 +450,12 @@ pub fn region_damages(r: &RegionReference, rng: &mut Rng, n: usize) -> Vec<Regio
                 }
             }
             3 => {
-                let line = o & !(crate::pmem::LINE - 1);
-                let words = (0..crate::pmem::LINE / 8).map(|k| (line + 8 * k, 0)).collect();
+                let line = o & !(lanefs::testing::pmem::LINE - 1);
+                let words = (0..lanefs::testing::pmem::LINE / 8).map(|k| (line + 8 * k, 0)).collect();
                 RegionDamage { what: format!("line {line} zeroed"), words }
             }
             _ => {
-                let o = crate::pmem::HEADER_BYTES + 8 * rng.index(data_words);
+                let o = lanefs::testing::pmem::HEADER_BYTES + 8 * rng.index(data_words);
                 RegionDamage {
                     what: format!("data-area word {o} set to a random value"),
                     words: vec![(o, rng.next_u64())],
@@ -498,7 +499,7 @@ pub fn run_region_case(r: &RegionReference, d: &RegionDamage) -> Option<(bool, V
                     false
                 }
             };
-            let _ = fsck::check(&*dev, &FsckOptions { nvm: Some(path.clone()), ..Default::default() });
+            let _ = lanefs::fsck(&*dev, &FsckOptions { nvm: Some(path.clone()), ..Default::default() });
             (mounted, v)
         }));
         let _ = tx.send(r.unwrap_or_else(|p| (false, vec![format!("panic: {}", panic_text(&*p))])));
@@ -514,8 +515,8 @@ pub fn run_region_case(r: &RegionReference, d: &RegionDamage) -> Option<(bool, V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crashtest::states::Prepared;
-    use crate::crashtest::workload::{record, Bases, Setup, Workload};
+    use crate::states::Prepared;
+    use crate::workload::{record, Bases, Setup, Workload};
 
     fn nvm_workload(script: &str) -> Workload {
         Workload::from_script(Setup::Ace, &format!("nvm; {script}")).unwrap()

@@ -1,11 +1,13 @@
-//! Micro-benchmark: one batched submission against one `pwrite` per block.
+//! Micro-benchmark of the engine's device layer (`lanefs devbench`): one batched submission
+//! against one `pwrite` per block. It uses only the device's public API, so it lives here with
+//! the other measurements rather than in the engine.
 //!
 //! The scatter-gather claim of the device layer (ARCHITECTURE.md, after Son 2018) is that a commit of
 //! many discontiguous blocks costs less as one batch than as one system call per block. This
 //! measures exactly that on a given file or device, with both contenders opened the same way
 //! (O_DIRECT or not), writing the same 4 KiB buffers to the same random addresses.
 //!
-//! Measured on the 2-core development machine (`examples/batch_bench.rs`, 64-block batches,
+//! Measured on the 2-core development machine (`crates/lanefs-bench/examples/batch_bench.rs`, 64-block batches,
 //! 2000 iterations, three runs each; ratio = write_batch / one pwrite per block):
 //!
 //! | target                              | path chosen            | ratio       |
@@ -25,9 +27,9 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::aligned::AlignedBuf;
-use super::file::{DeviceOptions, FileDevice, IoChoice};
-use super::{BlockDevice, IoMode, WriteReq, BLOCK_SIZE};
+use lanefs::device::{
+    AlignedBuf, BlockDevice, DeviceOptions, FileDevice, IoChoice, IoMode, WriteReq, BLOCK_SIZE,
+};
 
 /// Result of [`batch_bench`]. Rates are blocks (4 KiB writes) per second.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,7 +123,7 @@ pub fn batch_bench(
         bufs.push(b);
     }
     let mut slots: Vec<u64> = (0..region / 2).collect();
-    let mut rng = crate::rng::Rng::new(0x9E37_79B9_7F4A_7C15);
+    let mut rng = lanefs::rng::Rng::new(0x9E37_79B9_7F4A_7C15);
     let (mut t_batch, mut t_plain) = (Duration::ZERO, Duration::ZERO);
 
     for it in 0..iterations {

@@ -5,7 +5,7 @@
 //! fixed list instead of drawing, so its keys index that list.
 
 use super::workload::{record, Bases, Fault, Workload};
-use crate::rng::{derive, Rng};
+use lanefs::rng::{derive, Rng};
 use std::sync::OnceLock;
 
 use super::{gen, ops, workload, Family};
