@@ -444,3 +444,23 @@ fn a_write_protected_device_is_mounted_read_only_with_a_word() {
     drop(dev);
     fsck_clean(&img);
 }
+
+/// The kernel's writeback settings for the mount (`lanefs_fuse::mount` `dirty`): the whole
+/// dirty budget by default, the kernel's strict 1% with `-o dirty_limit=strict`.
+#[test]
+fn the_mount_shares_the_dirty_budget_unless_asked_not_to() {
+    if !fuse_available() {
+        return;
+    }
+    for (extra, strict, ratio) in [(None, "0", "100"), (Some("dirty_limit=strict"), "1", "1")] {
+        let (_dir, img, mp) = scratch_image();
+        let opts: Vec<&str> = extra.map(|o| vec!["-o", o]).unwrap_or_default();
+        let m = Mounted::daemon(&img, &mp, &opts);
+        let dev = mount_entry(&m.mp).dev;
+        let bdi = Path::new("/sys/class/bdi").join(&dev);
+        let read = |n: &str| fs::read_to_string(bdi.join(n)).unwrap().trim().to_string();
+        assert_eq!(read("strict_limit"), strict, "{extra:?}: strict_limit of {}", bdi.display());
+        assert_eq!(read("max_ratio"), ratio, "{extra:?}: max_ratio of {}", bdi.display());
+        m.umount();
+    }
+}

@@ -26,8 +26,10 @@
 //! [`crate::inflight`]): on stderr under `--foreground`, in syslog for the detached daemon.
 //!
 //! The `-o` options and their defaults are in `options`; the mount table (which lanefs mounts
-//! /proc/self/mountinfo lists) in `table`.
+//! /proc/self/mountinfo lists) in `table`; the kernel's dirty limit for the mount, and what keeps
+//! the daemon writing beside it, in `dirty`.
 
+mod dirty;
 mod options;
 mod table;
 
@@ -153,6 +155,13 @@ fn serve(
     // mount comes up is held and unmounts it once it is up, where the default action would kill
     // the daemon with the mount up and no final checkpoint.
     let signals = catch_signals();
+    // Before any thread starts: they inherit it. Root in a container may lack the capability;
+    // the mount serves all the same (see `dirty` for what the mark adds), and says so only in
+    // the system log, since every mount would print it.
+    if let Err(e) = dirty::mark_io_flusher() {
+        crate::syslog::open();
+        crate::syslog::info(&e);
+    }
     let (fs, lock, image, mountpoint, read_only) = match open(args, parsed, note)? {
         Opened::Fs { fs, lock, image, mountpoint, read_only } => (fs, lock, image, mountpoint, read_only),
         Opened::Bound(said) => {
@@ -223,6 +232,11 @@ fn serve(
         .ok()
         .and_then(|info| lanefs_mounts(&info).into_iter().rev().find(|m| m.mountpoint == mountpoint))
         .map(|m| m.dev);
+    if parsed.share_dirty_limit {
+        if let Some(Err(e)) = dev.as_deref().map(dirty::share_dirty_limit) {
+            note(&e);
+        }
+    }
     let signals = signals.and_then(|s| signal_thread(s, mountpoint.clone(), dev));
     let watcher = parsed.stuck_request.and_then(|threshold| {
         let log = stuck_log(args.foreground, &mountpoint);

@@ -60,13 +60,17 @@ pub struct Parsed {
     /// `transport=uring|dev`: FUSE over io_uring where the kernel offers it (the default), or
     /// /dev/fuse always.
     pub uring: bool,
+    /// `dirty_limit=shared|strict`: the kernel's dirty pages of the mount share the whole dirty
+    /// budget, as a kernel file system's do (the default), or keep the kernel's strict 1% for
+    /// FUSE (see `mount::dirty`).
+    pub share_dirty_limit: bool,
 }
 
 /// Parses `-o` lists. Standard options become `MountOption`s; `allow_other` / `allow_root` set the
 /// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (on by default;
 /// `nowriteback_cache` is off too), `checkpoint_secs=N`,
-/// `transport=uring|dev`, `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S`, `cooperative=on|off` and
-/// `norecovery` (read-only mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
+/// `transport=uring|dev`, `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S`, `cooperative=on|off`,
+/// `dirty_limit=shared|strict` and `norecovery` (read-only mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut p = Parsed {
@@ -82,6 +86,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
         ttl: Ttl::default(),
         cooperative: true,
         uring: true,
+        share_dirty_limit: true,
     };
     let mut default_permissions = true;
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
@@ -149,6 +154,11 @@ impl Parsed {
             (_, "cooperative=on") => self.cooperative = true,
             (_, "cooperative=off") => self.cooperative = false,
             ("cooperative", _) => return Err(format!("option {o}: give cooperative=on or cooperative=off")),
+            (_, "dirty_limit=shared") => self.share_dirty_limit = true,
+            (_, "dirty_limit=strict") => self.share_dirty_limit = false,
+            ("dirty_limit", _) => {
+                return Err(format!("option {o}: give dirty_limit=shared or dirty_limit=strict"))
+            }
             ("threads", _) => {
                 let n = value
                     .parse::<usize>()
@@ -247,6 +257,10 @@ mod tests {
         assert!(!parse_options(&["transport=dev".into()]).unwrap().uring);
         assert!(parse_options(&["transport=dev,transport=uring".into()]).unwrap().uring);
         assert!(parse_options(&["transport=splice".into()]).is_err());
+        assert!(parse_options(&[]).unwrap().share_dirty_limit, "the whole dirty budget by default");
+        assert!(!parse_options(&["dirty_limit=strict".into()]).unwrap().share_dirty_limit);
+        assert!(parse_options(&["dirty_limit=strict,dirty_limit=shared".into()]).unwrap().share_dirty_limit);
+        assert!(parse_options(&["dirty_limit=1%".into()]).is_err());
     }
 
     #[test]
