@@ -177,6 +177,10 @@ pub struct Engine {
 /// the same tick store the same time, so a timestamp update is usually a read, not a write to
 /// a line every writer of the file shares.
 pub(crate) fn now() -> Timespec {
+    #[cfg(test)]
+    if let Some(t) = test_clock::read() {
+        return t;
+    }
     let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
     Timespec { sec: t.tv_sec, nsec: t.tv_nsec as u32 }
 }
@@ -306,5 +310,43 @@ impl Engine {
         if now / step != (now - n) / step && counter.sum() >= bound {
             self.kick_checkpoint();
         }
+    }
+}
+
+/// A clock of the calling thread for unit tests: [`now`] calls it instead of reading the
+/// coarse clock. It gives a test a time that differs from every earlier one without waiting
+/// for the tick, and a hook at the moment an operation stamps its times (where it may run
+/// something, such as a checkpoint, on another thread). Per thread, so tests running in
+/// parallel never see each other's.
+#[cfg(test)]
+pub(crate) mod test_clock {
+    use crate::format::node::Timespec;
+    use std::cell::RefCell;
+
+    type Clock = Box<dyn FnMut() -> Timespec>;
+
+    thread_local! {
+        static CLOCK: RefCell<Option<Clock>> = const { RefCell::new(None) };
+    }
+
+    /// From now on this thread's [`super::now`] returns what `f` returns.
+    pub(crate) fn set(f: impl FnMut() -> Timespec + 'static) {
+        CLOCK.with(|c| *c.borrow_mut() = Some(Box::new(f)));
+    }
+
+    /// Back to the coarse clock.
+    pub(crate) fn clear() {
+        CLOCK.with(|c| *c.borrow_mut() = None);
+    }
+
+    /// The test clock's time, if one is set. It is taken out while it runs, so that a clock
+    /// that calls into the engine reads the real clock instead of itself.
+    pub(super) fn read() -> Option<Timespec> {
+        let mut f = CLOCK.with(|c| c.borrow_mut().take())?;
+        let t = f();
+        CLOCK.with(|c| {
+            c.borrow_mut().get_or_insert(f);
+        });
+        Some(t)
     }
 }
