@@ -169,7 +169,19 @@ type Names = papaya::HashMap<Name, Slot, foldhash::fast::RandomState>;
 
 /// The epoch collector of every directory's name map (see the module documentation). Never
 /// dropped.
-static COLLECTOR: LazyLock<Arc<seize::Collector>> = LazyLock::new(|| Arc::new(seize::Collector::new()));
+///
+/// Its batch is larger than seize's default of 32: each full batch costs one `membarrier` (an
+/// interrupt on every CPU the process runs on), and every unlink or rename retires a name's
+/// entry, so in one shared directory (MWUM, MWRM) the workers interrupted each other every 32
+/// operations. A name's entry is small (the name, inline up to 22 bytes, and its slot), so 512
+/// of them held back per thread is little memory; a slot may remember its dead mnode, but a
+/// dead mnode gives back its cached pages when the cells let go of it (`Resident::removed`),
+/// not when it is freed.
+static COLLECTOR: LazyLock<Arc<seize::Collector>> =
+    LazyLock::new(|| Arc::new(seize::Collector::new().batch_size(NAME_RETIRE_BATCH)));
+
+/// Retired name entries a thread collects before reclaiming them (see [`COLLECTOR`]).
+const NAME_RETIRE_BATCH: usize = 512;
 
 /// Name maps of directory maps that went away, emptied, for the next ones: a map on the shared
 /// collector must not be dropped (see the module documentation). Lock-free, so that a
