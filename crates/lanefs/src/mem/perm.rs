@@ -43,7 +43,7 @@ impl Engine {
     pub(crate) fn chmod_acl(&self, meta: &mut Meta) {
         let Some(Ok(Some(mut a))) = meta.xattrs.set.get(acl::ACCESS).map(Acl::decode) else { return };
         a.chmod(meta.mode);
-        Arc::make_mut(&mut meta.xattrs.set).set(acl::ACCESS, a.encode());
+        meta.xattrs.set.make_mut().set(acl::ACCESS, a.encode());
         self.xattr_changed(&mut meta.xattrs, acl::ACCESS);
     }
 
@@ -100,7 +100,7 @@ impl Engine {
             let mode = {
                 let mut meta = m.meta.lock();
                 meta.mode &= !loss.setid;
-                if loss.capability && Arc::make_mut(&mut meta.xattrs.set).remove(perm::SECURITY_CAPABILITY) {
+                if loss.capability && meta.xattrs.set.make_mut().remove(perm::SECURITY_CAPABILITY) {
                     self.xattr_changed(&mut meta.xattrs, perm::SECURITY_CAPABILITY);
                 }
                 meta.mode
@@ -161,10 +161,10 @@ impl Engine {
                             "no room for more extended attributes on this inode",
                         ));
                     }
-                    Arc::make_mut(&mut x.set).set(name, v);
+                    x.set.make_mut().set(name, v);
                     true
                 }
-                None => Arc::make_mut(&mut x.set).remove(name),
+                None => x.set.make_mut().remove(name),
             };
             if changed {
                 self.xattr_changed(x, name);
