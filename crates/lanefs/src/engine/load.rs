@@ -56,7 +56,7 @@ impl Engine {
             crtime: inode.crtime,
             rdev: inode.rdev,
             generation: inode.generation,
-            xattrs: XattrState { set: crate::mem::xattr::SharedSet::new(xattrs), ..Default::default() },
+            xattrs: XattrState { set: Arc::new(xattrs), ..Default::default() },
             symlink: Vec::new(),
         };
         let mut disk = DiskState::new(self.cache.clone());

@@ -43,7 +43,7 @@ impl Engine {
     pub(crate) fn chmod_acl(&self, meta: &mut Meta) {
         let Some(Ok(Some(mut a))) = meta.xattrs.set.get(acl::ACCESS).map(Acl::decode) else { return };
         a.chmod(meta.mode);
-        meta.xattrs.set.make_mut().set(acl::ACCESS, a.encode());
+        Arc::make_mut(&mut meta.xattrs.set).set(acl::ACCESS, a.encode());
         self.xattr_changed(&mut meta.xattrs, acl::ACCESS);
     }
 
@@ -100,7 +100,7 @@ impl Engine {
             let mode = {
                 let mut meta = m.meta.lock();
                 meta.mode &= !loss.setid;
-                if loss.capability && meta.xattrs.set.make_mut().remove(perm::SECURITY_CAPABILITY) {
+                if loss.capability && Arc::make_mut(&mut meta.xattrs.set).remove(perm::SECURITY_CAPABILITY) {
                     self.xattr_changed(&mut meta.xattrs, perm::SECURITY_CAPABILITY);
                 }
                 meta.mode
@@ -161,10 +161,10 @@ impl Engine {
                             "no room for more extended attributes on this inode",
                         ));
                     }
-                    x.set.make_mut().set(name, v);
+                    Arc::make_mut(&mut x.set).set(name, v);
                     true
                 }
-                None => x.set.make_mut().remove(name),
+                None => Arc::make_mut(&mut x.set).remove(name),
             };
             if changed {
                 self.xattr_changed(x, name);

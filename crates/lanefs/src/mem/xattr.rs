@@ -6,7 +6,7 @@
 //! stream up to date, so `setxattr` checks the per-inode limit without encoding anything.
 //!
 //! An mnode holds its set behind an `Arc` (`Meta::xattrs`): a checkpoint snapshot shares it, and
-//! a change made while the checkpoint writes it copies it once (`SharedSet::make_mut`).
+//! a change made while the checkpoint writes it copies it once (`Arc::make_mut`).
 //!
 //! Invariant: `stream_len == encode_stream(self).len()`.
 
@@ -17,7 +17,7 @@ use std::sync::Arc;
 /// An mnode's xattrs and what the disk still owes them (in `Meta`, under its lock).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct XattrState {
-    pub set: SharedSet,
+    pub set: Arc<XattrSet>,
     /// Names changed since they were last journaled or checkpointed: an fsync journals each
     /// with its value now (or its removal), so it costs what changed, not the whole set.
     pub unjournaled: BTreeSet<Vec<u8>>,
@@ -32,51 +32,6 @@ pub struct XattrState {
 pub struct XattrSet {
     map: BTreeMap<Vec<u8>, Vec<u8>>,
     stream_len: usize,
-}
-
-/// An mnode's set, shared with checkpoint snapshots (`Arc`), and not allocated at all while it
-/// has never held an attribute: most inodes never do, and the allocation cost every create one
-/// malloc and, once the file was deleted, the checkpoint that dropped its mnode one free on
-/// another thread (namespace operations in one shared directory, issue 16). Reads see the
-/// empty set; [`SharedSet::make_mut`] allocates on the first change, and copies a set a
-/// snapshot shares, as `Arc::make_mut` did.
-#[derive(Clone, Default)]
-pub struct SharedSet(Option<Arc<XattrSet>>);
-
-/// What a [`SharedSet`] that never held an attribute reads as.
-static NO_XATTRS: XattrSet = XattrSet { map: BTreeMap::new(), stream_len: EMPTY_STREAM_LEN };
-
-impl SharedSet {
-    pub fn new(set: XattrSet) -> SharedSet {
-        SharedSet(Some(Arc::new(set)))
-    }
-
-    /// The set, unshared, for a change (allocated on the first one).
-    pub fn make_mut(&mut self) -> &mut XattrSet {
-        Arc::make_mut(self.0.get_or_insert_with(Default::default))
-    }
-}
-
-impl std::ops::Deref for SharedSet {
-    type Target = XattrSet;
-    fn deref(&self) -> &XattrSet {
-        self.0.as_deref().unwrap_or(&NO_XATTRS)
-    }
-}
-
-/// Equal when the sets are: one never allocated equals an allocated empty one.
-impl PartialEq for SharedSet {
-    fn eq(&self, other: &SharedSet) -> bool {
-        **self == **other
-    }
-}
-
-impl Eq for SharedSet {}
-
-impl std::fmt::Debug for SharedSet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        (**self).fmt(f)
-    }
 }
 
 impl Default for XattrSet {

@@ -13,6 +13,7 @@ use crate::mem::mnode::{ts_to_ns, MNode, Meta, S_IFDIR};
 use crate::mem::xattr::XattrSet;
 use crate::oplog::dirlog::LoggedOp;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Replays `records` (in replay order) into MEMFS.
 pub(super) fn replay_all(engine: &Engine, records: &[Record]) -> Result<()> {
@@ -251,7 +252,7 @@ impl Engine {
         let mut meta = m.meta.lock();
         let x = &mut meta.xattrs;
         let old: Vec<Vec<u8>> = x.set.names().map(<[u8]>::to_vec).collect();
-        x.set = crate::mem::xattr::SharedSet::new(XattrSet::from_entries(attrs.to_vec()));
+        x.set = Arc::new(XattrSet::from_entries(attrs.to_vec()));
         for n in old.iter().chain(attrs.iter().map(|(n, _)| n)) {
             self.xattr_changed(x, n);
         }
@@ -270,10 +271,10 @@ impl Engine {
         let x = &mut meta.xattrs;
         match value {
             Some(v) => {
-                x.set.make_mut().set(name, v.clone());
+                Arc::make_mut(&mut x.set).set(name, v.clone());
             }
             None => {
-                x.set.make_mut().remove(name);
+                Arc::make_mut(&mut x.set).remove(name);
             }
         }
         self.xattr_changed(x, name);

@@ -165,6 +165,7 @@ mod tests {
     use super::*;
     use crate::mem::mnode::{S_IFDIR, S_IFREG};
     use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
 
     #[test]
     fn has_xattrs_follows_every_change_of_the_set() {
@@ -181,19 +182,19 @@ mod tests {
                 crtime: Timespec { sec: 0, nsec: 0 },
                 rdev: 0,
                 generation: 0,
-                xattrs: XattrState { set: crate::mem::xattr::SharedSet::new(set), ..Default::default() },
+                xattrs: XattrState { set: Arc::new(set), ..Default::default() },
                 symlink: Vec::new(),
             }
         };
         assert!(MetaLock::new(meta(true)).has_xattrs());
         let l = MetaLock::new(meta(false));
         assert!(!l.has_xattrs());
-        l.lock().xattrs.set.make_mut().set(b"system.posix_acl_default", b"acl".to_vec());
+        Arc::make_mut(&mut l.lock().xattrs.set).set(b"system.posix_acl_default", b"acl".to_vec());
         assert!(l.has_xattrs());
         // A change of something else keeps it.
         l.lock().nlink = 3;
         assert!(l.has_xattrs());
-        l.lock().xattrs.set.make_mut().remove(b"system.posix_acl_default");
+        Arc::make_mut(&mut l.lock().xattrs.set).remove(b"system.posix_acl_default");
         assert!(!l.has_xattrs());
     }
 

@@ -25,6 +25,7 @@ use super::range_lock::RangeLock;
 use crate::format::node::{Timespec, S_IFMT};
 use crate::oplog::dirlog::DirLog;
 use crate::sync::rank::{Mutex, Rank};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -67,62 +68,6 @@ pub enum Content {
     Other,
 }
 
-/// Directories an inode has unjournaled records in, with how many (`MNode::pending`): almost
-/// always one (the directory it was created in), so the first [`PENDING_INLINE`] live in the
-/// mnode itself. A map here cost every create an allocation, which the checkpoint that
-/// journaled the create then freed on its own thread (a glibc free into the creator's arena,
-/// under that arena's lock): a visible share of both in one shared directory (MWCM, MWUM).
-///
-/// Invariants: a slot with count 0 is free; no directory has two slots with a nonzero count.
-#[derive(Default)]
-pub struct PendingDirs {
-    inline: [(u32, u32); PENDING_INLINE],
-    /// Beyond the inline slots (an inode linked or renamed into several directories); only
-    /// nonzero counts.
-    more: Vec<(u32, u32)>,
-}
-
-/// Directories [`PendingDirs`] holds without allocating.
-const PENDING_INLINE: usize = 2;
-
-impl PendingDirs {
-    /// Adds `n` (negative: takes away, saturating at 0) to `dir`'s count.
-    pub fn add(&mut self, dir: u32, n: i32) {
-        let apply =
-            |c: u32| if n < 0 { c.saturating_sub(n.unsigned_abs()) } else { c.saturating_add(n as u32) };
-        if let Some(e) = self.inline.iter_mut().find(|e| e.1 != 0 && e.0 == dir) {
-            e.1 = apply(e.1);
-        } else if let Some(i) = self.more.iter().position(|e| e.0 == dir) {
-            self.more[i].1 = apply(self.more[i].1);
-            if self.more[i].1 == 0 {
-                self.more.swap_remove(i);
-            }
-        } else if n > 0 {
-            match self.inline.iter_mut().find(|e| e.1 == 0) {
-                Some(e) => *e = (dir, n as u32),
-                None => self.more.push((dir, n as u32)),
-            }
-        }
-        debug_assert!(self.well_formed(), "pending counts: a directory twice, or a zero in `more`");
-    }
-
-    /// The directories with a nonzero count, ascending (callers lock them in that order).
-    pub fn dirs(&self) -> Vec<u32> {
-        let mut v: Vec<u32> =
-            self.inline.iter().chain(&self.more).filter(|e| e.1 != 0).map(|e| e.0).collect();
-        v.sort_unstable();
-        v
-    }
-
-    fn well_formed(&self) -> bool {
-        let live: Vec<u32> = self.inline.iter().chain(&self.more).filter(|e| e.1 != 0).map(|e| e.0).collect();
-        let mut d = live.clone();
-        d.sort_unstable();
-        d.dedup();
-        d.len() == live.len() && self.more.iter().all(|e| e.1 != 0)
-    }
-}
-
 /// An in-memory inode.
 pub struct MNode {
     pub ino: u32,
@@ -147,7 +92,7 @@ pub struct MNode {
     /// Directories whose logs hold records naming this inode (its create, links, unlinks,
     /// renames) that no journal holds yet, with how many. An fsync of the inode flushes them,
     /// and so does the flush of any record that depends on the inode's names.
-    pub pending: Mutex<PendingDirs>,
+    pub pending: Mutex<BTreeMap<u32, u32>>,
     /// In the dirty set (changed since the last checkpoint snapshot).
     pub in_dirty_set: AtomicBool,
     /// The per-CPU dirty set it joined last, plus one (0: never). While `in_dirty_set` holds,
@@ -254,7 +199,7 @@ impl MNode {
             disk: DiskLock::new(DiskState::new(stats.clone())),
             open: AtomicU32::new(0),
             parent: AtomicU32::new(0),
-            pending: Mutex::new(Rank::Pending, PendingDirs::default()),
+            pending: Mutex::new(Rank::Pending, BTreeMap::new()),
             in_dirty_set: AtomicBool::new(false),
             dirty_pos: AtomicU64::new(0),
             dead: AtomicBool::new(false),
@@ -334,12 +279,17 @@ impl MNode {
     /// Counts `n` more (or, negative, fewer) unjournaled records in directory `dir` naming
     /// this inode.
     pub fn note_pending(&self, dir: u32, n: i32) {
-        self.pending.lock().add(dir, n);
+        let mut p = self.pending.lock();
+        let c = p.entry(dir).or_insert(0);
+        *c = if n < 0 { c.saturating_sub(n.unsigned_abs()) } else { c.saturating_add(n as u32) };
+        if *c == 0 {
+            p.remove(&dir);
+        }
     }
 
-    /// Directories with unjournaled records naming this inode, in ascending order.
+    /// Directories with unjournaled records naming this inode.
     pub fn pending_dirs(&self) -> Vec<u32> {
-        self.pending.lock().dirs()
+        self.pending.lock().keys().copied().collect()
     }
 
     /// Under `disk`, after a change of its reservations: whether writes must look for them.
@@ -354,32 +304,5 @@ impl MNode {
     pub fn touch_ctime(&self, now: Timespec) {
         self.ctime.store(ts_to_ns(now), Ordering::Relaxed);
         self.attr_dirty.store(true, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::PendingDirs;
-    use std::collections::BTreeMap;
-
-    /// `PendingDirs` agrees with the `BTreeMap` it replaced, through inline slots, spills and
-    /// counts that fall to zero in any order.
-    #[test]
-    fn pending_dirs_agree_with_a_map() {
-        let mut rng = crate::rng::Rng::new(16);
-        for _ in 0..200 {
-            let (mut p, mut m) = (PendingDirs::default(), BTreeMap::<u32, u32>::new());
-            for _ in 0..200 {
-                let dir = 1 + rng.below(6) as u32;
-                let n = rng.below(5) as i32 - 2;
-                p.add(dir, n);
-                let c = m.entry(dir).or_insert(0);
-                *c = if n < 0 { c.saturating_sub(n.unsigned_abs()) } else { c.saturating_add(n as u32) };
-                if *c == 0 {
-                    m.remove(&dir);
-                }
-                assert_eq!(p.dirs(), m.keys().copied().collect::<Vec<_>>());
-            }
-        }
     }
 }

@@ -149,7 +149,7 @@ impl Engine {
             return Err(Error::errno(libc::ENOSPC, "no room for more extended attributes on this inode"));
         }
         // Copies the set only if a checkpoint is writing it now.
-        x.set.make_mut().set(name, value.to_vec());
+        Arc::make_mut(&mut x.set).set(name, value.to_vec());
         self.xattr_changed(x, name);
         drop(meta);
         m.touch_ctime(now());
@@ -171,7 +171,7 @@ impl Engine {
             }
             return Err(Error::errno(libc::ENODATA, String::from_utf8_lossy(name)));
         }
-        x.set.make_mut().remove(name);
+        Arc::make_mut(&mut x.set).remove(name);
         self.xattr_changed(x, name);
         drop(meta);
         m.touch_ctime(now());

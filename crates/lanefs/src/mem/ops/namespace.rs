@@ -172,7 +172,7 @@ impl Engine {
         };
         let mut meta = meta;
         for (n, v) in xattrs {
-            meta.xattrs.set.make_mut().set(&n, v);
+            Arc::make_mut(&mut meta.xattrs.set).set(&n, v);
             self.xattr_changed(&mut meta.xattrs, &n);
         }
         let size = if ftype == S_IFLNK { new.symlink.len() as u64 } else { 0 };

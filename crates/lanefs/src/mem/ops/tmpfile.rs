@@ -52,7 +52,7 @@ impl Engine {
             symlink: Vec::new(),
         };
         for (n, v) in xattrs {
-            meta.xattrs.set.make_mut().set(&n, v);
+            Arc::make_mut(&mut meta.xattrs.set).set(&n, v);
             self.xattr_changed(&mut meta.xattrs, &n);
         }
         let flags = InodeFlags(d.iflags()).inherited_by(mode).bits();
