@@ -203,7 +203,7 @@ struct Shard {
     by_cookie: BTreeMap<u64, Box<[u8]>>,
     next_seq: u64,
     /// Names changed since the last [`DirMap::take_touched`], with their entry now.
-    touched: HashMap<Box<[u8]>, Option<(u32, u8)>>,
+    touched: Touched,
 }
 
 /// A shard behind its lock, with the number of names it holds beside it: changed under the
@@ -223,7 +223,11 @@ impl std::ops::Deref for ShardCell {
 
 /// One shard's touched names (see the module documentation), as [`DirMap::take_touched`]
 /// hands them over.
-pub type Touched = HashMap<Box<[u8]>, Option<(u32, u8)>>;
+///
+/// Hashed with foldhash, randomly seeded, as the name index is (names are chosen by users, so
+/// the seed must be unpredictable; SipHash cost every namespace change a visible share in one
+/// shared directory).
+pub type Touched = HashMap<Box<[u8]>, Option<(u32, u8)>, foldhash::fast::RandomState>;
 
 /// Each shard's last cookie sequence number when a listing started (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -344,7 +348,14 @@ impl DirMap {
             if shard.touched.is_empty() {
                 self.touched.fetch_or(1 << s, Ordering::Relaxed);
             }
-            shard.touched.insert(name.into(), new);
+            // A name changed again since the last checkpoint (MWRM's names come back every
+            // round) keeps its key: no allocation for a new one only to drop it.
+            match shard.touched.get_mut(name) {
+                Some(e) => *e = new,
+                None => {
+                    shard.touched.insert(name.into(), new);
+                }
+            }
         }
         self.set(shard, s, name, old, new);
     }
