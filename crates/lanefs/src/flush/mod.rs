@@ -338,9 +338,9 @@ impl Engine {
     /// Adds `n` to the pending counts of the (inode, directory) pairs `r` names.
     pub(crate) fn count_pending(&self, r: &Record, n: i32) {
         for (ino, dir) in names(r) {
-            if let Some(c) = self.cells.get(ino as u64) {
-                c.note_pending(dir, n);
-            }
+            // No reference count taken: the checkpoint calls this for every record it
+            // releases, and the count is a line the inode's other users write too.
+            self.cells.with(ino as u64, |c| c.note_pending(dir, n));
         }
     }
 

@@ -103,7 +103,19 @@ impl Engine {
         inos.sort_unstable();
         inos.dedup();
         for ino in inos {
-            let Some(m) = self.cells.get(ino as u64) else { continue };
+            // Most dirty inodes owe few pages or none (every create and unlink dirties one):
+            // those are passed over without taking a reference, which the checkpoint would
+            // otherwise count up and down once per namespace operation.
+            let Some(m) = self
+                .cells
+                .with(ino as u64, |m| {
+                    let (pages, _) = m.pages()?;
+                    (pages.dirty_count() + pages.logged_count() >= EARLY_MIN_PAGES).then(|| m.clone())
+                })
+                .flatten()
+            else {
+                continue;
+            };
             let Some((pages, _)) = m.pages() else { continue };
             let owed = || pages.dirty_count() + pages.logged_count();
             // Bounded: what was owed at the start, batch by batch; pages dirtied meanwhile by

@@ -28,9 +28,16 @@ type Chunk = Arc<Vec<(u64, u32)>>;
 /// See the module documentation. Iterates like a `BTreeMap<u64, u32>`, in index order.
 #[derive(Clone, Default)]
 pub struct CowMap {
-    chunks: Arc<BTreeMap<u64, Chunk>>,
+    /// None while the map is empty and has never held an entry since it was made (or taken):
+    /// every mnode starts with one, and most (the files a mail spool or a namespace benchmark
+    /// creates and deletes) never map a block, so an empty map allocates nothing, and a dead
+    /// inode's map costs its checkpoint nothing to free.
+    chunks: Option<Arc<BTreeMap<u64, Chunk>>>,
     len: usize,
 }
+
+/// The chunk index of a map that never held an entry.
+static NO_CHUNKS: BTreeMap<u64, Chunk> = BTreeMap::new();
 
 fn chunk_of(idx: u64) -> u64 {
     idx >> CHUNK_BITS
@@ -39,6 +46,17 @@ fn chunk_of(idx: u64) -> u64 {
 impl CowMap {
     pub fn new() -> CowMap {
         CowMap::default()
+    }
+
+    /// The chunk index, read-only.
+    #[inline]
+    fn index(&self) -> &BTreeMap<u64, Chunk> {
+        self.chunks.as_deref().unwrap_or(&NO_CHUNKS)
+    }
+
+    /// The chunk index, unshared (made on the first change, copied if a clone shares it).
+    fn index_mut(&mut self) -> &mut BTreeMap<u64, Chunk> {
+        Arc::make_mut(self.chunks.get_or_insert_with(Default::default))
     }
 
     pub fn len(&self) -> usize {
@@ -50,7 +68,7 @@ impl CowMap {
     }
 
     pub fn get(&self, idx: &u64) -> Option<&u32> {
-        let c = self.chunks.get(&chunk_of(*idx))?;
+        let c = self.index().get(&chunk_of(*idx))?;
         c.binary_search_by_key(idx, |e| e.0).ok().map(|i| &c[i].1)
     }
 
@@ -60,7 +78,7 @@ impl CowMap {
 
     /// Maps `idx` to `addr`; returns what it mapped to before.
     pub fn insert(&mut self, idx: u64, addr: u32) -> Option<u32> {
-        let c = Arc::make_mut(Arc::make_mut(&mut self.chunks).entry(chunk_of(idx)).or_default());
+        let c = Arc::make_mut(self.index_mut().entry(chunk_of(idx)).or_default());
         match c.binary_search_by_key(&idx, |e| e.0) {
             Ok(i) => Some(std::mem::replace(&mut c[i].1, addr)),
             Err(i) => {
@@ -74,8 +92,8 @@ impl CowMap {
     /// Drops `idx`; returns what it mapped to. Copies nothing when it is not mapped.
     pub fn remove(&mut self, idx: &u64) -> Option<u32> {
         let k = chunk_of(*idx);
-        let i = self.chunks.get(&k)?.binary_search_by_key(idx, |e| e.0).ok()?;
-        let chunks = Arc::make_mut(&mut self.chunks);
+        let i = self.index().get(&k)?.binary_search_by_key(idx, |e| e.0).ok()?;
+        let chunks = self.index_mut();
         let c = Arc::make_mut(chunks.get_mut(&k).expect("found above"));
         let (_, a) = c.remove(i);
         if c.is_empty() {
@@ -88,7 +106,10 @@ impl CowMap {
     /// Splits off every entry at or after `from` and returns them.
     pub fn split_off(&mut self, from: &u64) -> CowMap {
         let k = chunk_of(*from);
-        let mut tail = Arc::make_mut(&mut self.chunks).split_off(&k);
+        if self.chunks.is_none() {
+            return CowMap::new();
+        }
+        let mut tail = self.index_mut().split_off(&k);
         // The chunk holding `from` may hold earlier entries too: those stay.
         if let Some(first) = tail.get_mut(&k) {
             let cut = first.partition_point(|e| e.0 < *from);
@@ -98,17 +119,17 @@ impl CowMap {
                 if c.is_empty() {
                     tail.remove(&k);
                 }
-                Arc::make_mut(&mut self.chunks).insert(k, Arc::new(keep));
+                self.index_mut().insert(k, Arc::new(keep));
             }
         }
         let moved: usize = tail.values().map(|c| c.len()).sum();
         self.len -= moved;
-        CowMap { chunks: Arc::new(tail), len: moved }
+        CowMap { chunks: Some(Arc::new(tail)), len: moved }
     }
 
     /// Entries in index order.
     pub fn iter(&self) -> impl Iterator<Item = (&u64, &u32)> + '_ {
-        self.chunks.values().flat_map(|c| c.iter().map(|(k, v)| (k, v)))
+        self.index().values().flat_map(|c| c.iter().map(|(k, v)| (k, v)))
     }
 
     pub fn values(&self) -> impl Iterator<Item = &u32> + '_ {
@@ -132,7 +153,7 @@ impl CowMap {
             (Some(lo), Some(hi)) if lo <= hi => Some((lo, hi)),
             _ => None,
         };
-        let chunks = span.map(|(lo, hi)| self.chunks.range(chunk_of(lo)..=chunk_of(hi)));
+        let chunks = span.map(|(lo, hi)| self.index().range(chunk_of(lo)..=chunk_of(hi)));
         chunks.into_iter().flatten().flat_map(move |(_, c)| {
             let (lo, hi) = span.expect("chunks only with a span");
             let a = c.partition_point(|e| e.0 < lo);
@@ -149,7 +170,11 @@ impl CowMap {
     /// Whether `self` and `other` share their whole chunk index (a clone not changed since).
     #[cfg(test)]
     fn shares_with(&self, other: &CowMap) -> bool {
-        Arc::ptr_eq(&self.chunks, &other.chunks)
+        match (&self.chunks, &other.chunks) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
     }
 }
 
@@ -269,11 +294,26 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_map_allocates_nothing_until_its_first_entry() {
+        let mut m = CowMap::new();
+        assert!(m.chunks.is_none());
+        assert_eq!(m.remove(&3), None);
+        assert!(m.split_off(&0).chunks.is_none());
+        assert!(m.chunks.is_none(), "reading or removing from an empty map allocates nothing");
+        m.insert(3, 4);
+        assert_eq!(m.get(&3), Some(&4));
+        assert_eq!(m.remove(&3), Some(4));
+        assert!(m.is_empty());
+        assert!(std::mem::take(&mut m).chunks.is_some());
+        assert!(m.chunks.is_none(), "a taken map starts empty again");
+    }
+
+    #[test]
     fn a_change_after_a_snapshot_copies_one_chunk() {
         let mut m: CowMap = (0..10 * CHUNK).map(|i| (i, i as u32 + 1)).collect();
         let snap = m.clone();
         m.insert(3 * CHUNK + 5, 7);
-        let shared = m.chunks.iter().filter(|(k, c)| Arc::ptr_eq(c, &snap.chunks[k])).count();
+        let shared = m.index().iter().filter(|(k, c)| Arc::ptr_eq(c, &snap.index()[k])).count();
         assert_eq!(shared, 9, "only the changed chunk was copied");
         assert_eq!(snap.get(&(3 * CHUNK + 5)), Some(&(3 * CHUNK as u32 + 6)));
         assert_eq!(m.get(&(3 * CHUNK + 5)), Some(&7));

@@ -569,7 +569,8 @@ impl Engine {
         let tree_map = std::mem::take(&mut disk.tree_map);
         let cur_map = std::mem::take(&mut disk.cur_map);
         disk.map_gen += 1;
-        for (&idx, &a) in &cur_map {
+        // `iter`, not `&cur_map`: the latter boxes its iterator, one allocation per dead inode.
+        for (&idx, &a) in cur_map.iter() {
             if tree_map.get(&idx) != Some(&a) && a != NEW_ADDR {
                 self.table.invalidate(a as u64)?;
             }

@@ -169,7 +169,19 @@ type Names = papaya::HashMap<Name, Slot, foldhash::fast::RandomState>;
 
 /// The epoch collector of every directory's name map (see the module documentation). Never
 /// dropped.
-static COLLECTOR: LazyLock<Arc<seize::Collector>> = LazyLock::new(|| Arc::new(seize::Collector::new()));
+///
+/// Its batch is larger than seize's default of 32: each full batch costs one `membarrier` (an
+/// interrupt on every CPU the process runs on), and every unlink or rename retires a name's
+/// entry, so in one shared directory (MWUM, MWRM) the workers interrupted each other every 32
+/// operations. A name's entry is small (the name, inline up to 22 bytes, and its slot), so 512
+/// of them held back per thread is little memory; a slot may remember its dead mnode, but a
+/// dead mnode gives back its cached pages when the cells let go of it (`Resident::removed`),
+/// not when it is freed.
+static COLLECTOR: LazyLock<Arc<seize::Collector>> =
+    LazyLock::new(|| Arc::new(seize::Collector::new().batch_size(NAME_RETIRE_BATCH)));
+
+/// Retired name entries a thread collects before reclaiming them (see [`COLLECTOR`]).
+const NAME_RETIRE_BATCH: usize = 512;
 
 /// Name maps of directory maps that went away, emptied, for the next ones: a map on the shared
 /// collector must not be dropped (see the module documentation). Lock-free, so that a
@@ -191,7 +203,7 @@ struct Shard {
     by_cookie: BTreeMap<u64, Box<[u8]>>,
     next_seq: u64,
     /// Names changed since the last [`DirMap::take_touched`], with their entry now.
-    touched: HashMap<Box<[u8]>, Option<(u32, u8)>>,
+    touched: Touched,
 }
 
 /// A shard behind its lock, with the number of names it holds beside it: changed under the
@@ -211,7 +223,11 @@ impl std::ops::Deref for ShardCell {
 
 /// One shard's touched names (see the module documentation), as [`DirMap::take_touched`]
 /// hands them over.
-pub type Touched = HashMap<Box<[u8]>, Option<(u32, u8)>>;
+///
+/// Hashed with foldhash, randomly seeded, as the name index is (names are chosen by users, so
+/// the seed must be unpredictable; SipHash cost every namespace change a visible share in one
+/// shared directory).
+pub type Touched = HashMap<Box<[u8]>, Option<(u32, u8)>, foldhash::fast::RandomState>;
 
 /// Each shard's last cookie sequence number when a listing started (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,7 +348,14 @@ impl DirMap {
             if shard.touched.is_empty() {
                 self.touched.fetch_or(1 << s, Ordering::Relaxed);
             }
-            shard.touched.insert(name.into(), new);
+            // A name changed again since the last checkpoint (MWRM's names come back every
+            // round) keeps its key: no allocation for a new one only to drop it.
+            match shard.touched.get_mut(name) {
+                Some(e) => *e = new,
+                None => {
+                    shard.touched.insert(name.into(), new);
+                }
+            }
         }
         self.set(shard, s, name, old, new);
     }
