@@ -281,17 +281,30 @@ impl Fs {
     /// The flags are read pinned (`Engine::with_mnode`), and the mnode taken only when it must
     /// be synced: every create, unlink and rename ends here, and a reference taken each time
     /// would write the shared directory's count, a line every core bounces.
+    ///
+    /// The change has been made when this runs, so it never fails for want of the directory:
+    /// between the change and this lookup another thread may remove the directory (emptied by
+    /// this very unlink or rename) and a checkpoint reap its inode, and the lookup then finds
+    /// no inode `dir`. Its flags are gone with it, so it is made durable as if it were
+    /// DIRSYNC: the checkpoint that reaped it holds the change (the directory was removed
+    /// after it), and the one taken here is durable only after that one.
     fn dirsync(&self, dir: Ino) -> Result<()> {
         let which = InodeFlags(InodeFlags::DIRSYNC.bits() | InodeFlags::SYNC.bits());
+        let ino = ino32(dir)?;
         let m = {
             let _g = self.engine.pass.shared();
-            let ino = ino32(dir)?;
-            if !self.engine.with_mnode(ino, |m| InodeFlags(m.iflags()).intersects(which))? {
-                return Ok(());
+            match self.engine.with_mnode(ino, |m| InodeFlags(m.iflags()).intersects(which)) {
+                Ok(false) => return Ok(()),
+                Ok(true) => self.engine.mnode(ino),
+                Err(e) => Err(e),
             }
-            self.engine.mnode(ino)?
         };
-        self.sync_if(&m, which)
+        match m {
+            Ok(m) => self.sync_if(&m, which),
+            // Outside the semaphore: the checkpoint's snapshot takes it exclusive.
+            Err(e) if e.to_errno() == libc::ENOENT => self.engine.checkpoint(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Creates a regular file (`mode`: permission bits).
@@ -829,5 +842,35 @@ impl Drop for Fs {
         if let Err(e) = self.stop() {
             tracing::error!("lanefs: final checkpoint failed: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDevice;
+
+    /// An unlink whose directory is removed, and its inode reaped by a checkpoint, between the
+    /// unlink's change and its DIRSYNC check (a creator preempted there under load, while
+    /// another thread removes the emptied directory: tests/rmdir_race.rs) has succeeded: the
+    /// check must not report ENOENT for the vanished directory.
+    #[test]
+    fn the_dirsync_after_a_change_succeeds_when_the_directory_was_removed_meanwhile() {
+        let dev = Arc::new(MemDevice::new(64 << 20));
+        Fs::format(&*dev, &crate::MkfsOptions::default()).unwrap();
+        let fs = Fs::open(dev as Arc<dyn BlockDevice>, crate::FsOptions::default()).unwrap();
+        let x = fs.mkdir(ROOT, b"x", 0o755, 0, 0).unwrap().ino;
+        fs.create(x, b"f", 0o644, 0, 0).unwrap();
+        // Fs::unlink in two halves, with the other thread's rmdir and a checkpoint between.
+        fs.engine.unlink(ino32(x).unwrap(), b"f").unwrap();
+        fs.rmdir(ROOT, b"x").unwrap();
+        fs.sync().unwrap();
+        assert_eq!(
+            fs.engine.mnode(ino32(x).unwrap()).map(|_| ()).unwrap_err().to_errno(),
+            libc::ENOENT,
+            "the checkpoint reaped the removed directory"
+        );
+        fs.dirsync(x).unwrap();
+        fs.unmount().unwrap();
     }
 }
