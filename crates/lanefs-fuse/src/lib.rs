@@ -46,8 +46,10 @@
 //!   change them across a remount (the SIGKILL test saw it).
 //! - A ctime the kernel flushes never takes back a later one the engine set on a change the
 //!   kernel did not see (`LaneFuse::kernel_ctime`). After a flag change by ioctl (chattr) the
-//!   adapter drops the file's cached entry, so the kernel reads the inode afresh once the
-//!   caller closes it and the new ctime shows at once (fstests generic/277).
+//!   adapter drops the file's cached entry, so the kernel reads the inode afresh once it has
+//!   let go of the file (fstests generic/277). A close's RELEASE is asynchronous and holds
+//!   the inode, so a stat in between can pin the kernel's copy again: the entry is dropped
+//!   once more after each RELEASE of such a file (`adapter/ctime.rs`).
 //! - A touch (utime with NULL) comes with its mtime as an explicit time, which append-only
 //!   would refuse; the adapter tells it by the atime's FATTR_ATIME_NOW carrying the same
 //!   reading of the clock (`LaneFuse::times_now`; generic/079).

@@ -26,6 +26,7 @@
 
 mod convert;
 mod copy;
+mod ctime;
 mod dir;
 mod init;
 pub mod ioctl;
@@ -43,8 +44,8 @@ use crate::proto::{
 };
 use convert::{errno, generation, name, time_or_now, NO_ENTRY};
 use dir::DirHandles;
+use lanefs::Seek;
 use lanefs::{Attr, FileKind, Fs, InodeFlags, SetAttr};
-use lanefs::{Seek, Timespec};
 use process::ReqCaller;
 use std::cell::RefCell;
 use std::ffi::OsStr;
@@ -76,19 +77,12 @@ pub struct LaneFuse {
     dont_mask: bool,
     /// Tells the kernel of changes it did not ask for (set once the session exists).
     notifier: Arc<OnceLock<Notifier>>,
-    /// Regular files whose ctime the engine moved past the one the kernel keeps under its
-    /// writeback cache (a flag change by ioctl), until the kernel next sends its own
-    /// (`kernel_ctime`); `ctime_ahead_any` says whether the set may hold anything.
-    ctime_ahead: lanefs::sync::Mutex<std::collections::HashSet<u64>>,
-    ctime_ahead_any: std::sync::atomic::AtomicBool,
+    /// Regular files whose ctime the kernel holds older than the engine's (`ctime`).
+    kernel_ctime: ctime::KernelCtime,
     /// The transport in use and why (the `lanefs.transport` xattr of the root).
     transport: Arc<OnceLock<String>>,
     ttl: Ttl,
 }
-
-/// How long an ioctl's handler waits for the drop of the file's cached entry
-/// (`LaneFuse::drop_cached_entry`) before it replies anyway.
-const ENTRY_DROP_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl LaneFuse {
     /// Serves `fs`; `writeback_cache` asks the kernel to cache writes (see the crate docs);
@@ -107,8 +101,7 @@ impl LaneFuse {
             direct_io_flushes_cache: false,
             dont_mask: false,
             notifier: Arc::new(OnceLock::new()),
-            ctime_ahead: lanefs::sync::Mutex::new(lanefs::sync::Rank::CtimeAhead, Default::default()),
-            ctime_ahead_any: std::sync::atomic::AtomicBool::new(false),
+            kernel_ctime: ctime::KernelCtime::new(),
             transport: Arc::new(OnceLock::new()),
             ttl: Ttl::default(),
         }
@@ -170,71 +163,6 @@ impl LaneFuse {
             }
         };
         atime_now && mtime_now
-    }
-
-    /// The ctime to keep when the kernel sends `sent`. Only its writeback cache sends one: the
-    /// stamp it keeps for a regular file, flushed at writeback, fsync and close, and the one it
-    /// shows. It stands, so that what stat showed before an unmount is what it shows after
-    /// (fstests generic/392 and 468: a punched hole's ctime, which the kernel does not stamp,
-    /// gives way to it). Except after a change the kernel did not see and must show
-    /// (chattr; `ctime_ahead`): there the kernel's older stamp would move the ctime back,
-    /// and the engine's stands.
-    fn kernel_ctime(&self, ino: u64, sent: Timespec) -> Timespec {
-        use std::sync::atomic::Ordering;
-        if !self.ctime_ahead_any.load(Ordering::Acquire) {
-            return sent;
-        }
-        let ahead = {
-            let mut set = self.ctime_ahead.lock();
-            let was = set.remove(&ino);
-            if set.is_empty() {
-                self.ctime_ahead_any.store(false, Ordering::Release);
-            }
-            was
-        };
-        match self.fs.getattr(ino) {
-            Ok(a) if ahead && a.ctime > sent => a.ctime,
-            _ => sent,
-        }
-    }
-
-    /// Drops the kernel's cached attributes of `ino` (not its pages: offset -1, so it takes
-    /// no lock of the inode, which the kernel holds while it waits for a FUSE_IOCTL). A flag
-    /// change by ioctl changes the ctime, and the kernel refreshes nothing after a FUSE_IOCTL.
-    fn attributes_changed(&self, ino: u64) {
-        let Some(n) = self.notifier.get() else { return };
-        let _ = n.inval_inode(INodeNo(ino), -1, 0);
-        if self.writeback_cache_on && self.fs.getattr(ino).is_ok_and(|a| a.kind == FileKind::File) {
-            self.ctime_ahead.lock().insert(ino);
-            self.ctime_ahead_any.store(true, std::sync::atomic::Ordering::Release);
-            self.drop_cached_entry(n, ino);
-        }
-    }
-
-    /// With the writeback cache the kernel keeps a regular file's ctime itself and ignores the
-    /// daemon's while it holds the inode (`fuse_get_cache_mask`), so a change it did not make
-    /// (flags set by ioctl) would not show until the inode leaves its cache. Dropping the
-    /// file's entry makes that happen: the kernel evicts a FUSE inode as soon as nothing holds
-    /// it (`generic_delete_inode`), here when the caller closes the file, and the next lookup
-    /// reads it afresh.
-    ///
-    /// Dropping an entry takes the directory's lock, and the kernel holds the file's own lock
-    /// while it waits for this FUSE_IOCTL: a rename or unlink of the file that holds the
-    /// directory's lock and waits for the file's would deadlock with a drop sent before the
-    /// reply. So a thread of its own sends it, and the handler waits for it at most
-    /// `ENTRY_DROP_WAIT`: long enough to order it before the reply whenever the directory is
-    /// not locked, bounded so that the reply always goes.
-    fn drop_cached_entry(&self, n: &Notifier, ino: u64) {
-        let Ok(Some((parent, name))) = self.fs.name_of(ino) else { return };
-        let n = n.clone();
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let spawned = std::thread::Builder::new().name("lanefs-inval".into()).spawn(move || {
-            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
-            let _ = tx.send(());
-        });
-        if spawned.is_ok() {
-            let _ = rx.recv_timeout(ENTRY_DROP_WAIT);
-        }
     }
 
     /// Whether a READ may ask past the engine's end of file while the kernel's size is further
@@ -370,11 +298,13 @@ impl Filesystem for LaneFuse {
         }
     }
 
-    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         // Nothing to drop: inode numbers are lanefs's own and no per-lookup state is kept. (Not
         // marked in flight, nor are FLUSH and RELEASEDIR: they cannot wait on anything.)
         // A BATCH_FORGET comes as one call per inode: this counts inodes forgotten.
         self.inflight.count(Op::Forget);
+        // The kernel evicted it (it forgets only then): its next copy is read afresh.
+        self.kernel_ctime.forgotten(ino.0);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -619,7 +549,8 @@ impl Filesystem for LaneFuse {
 
     fn release(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _flags: i32, reply: ReplyEmpty) {
         let _busy = self.inflight.enter(Op::Release, ino.0, req.pid());
-        self.empty(self.fs.release(ino.0), reply)
+        self.empty(self.fs.release(ino.0), reply);
+        self.released(ino.0);
     }
 
     fn fsync(&self, req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
