@@ -54,6 +54,7 @@ const SEED_ENV: &str = "LANEFS_SIGKILL_SEED";
 const ROUNDS_ENV: &str = "LANEFS_SIGKILL_ROUNDS";
 const KEEP_ENV: &str = "LANEFS_SIGKILL_KEEP";
 const AVOID_ENV: &str = "LANEFS_SIGKILL_AVOID";
+const FAST_CHECKPOINT_ENV: &str = "LANEFS_SIGKILL_FAST_CHECKPOINT_PERCENT";
 
 /// Rounds of the default `cargo test`.
 const QUICK_ROUNDS: u64 = 8;
@@ -65,7 +66,8 @@ const BUSY_MS: u64 = 2000;
 /// some after it has finished (everything it fsynced must be there all the same).
 const KILL_MAX_MS: u64 = BUSY_MS + BUSY_MS / 5;
 /// Mounts (in percent) with a checkpoint every second (`-o checkpoint_secs=1`); the others take
-/// one only after recovery (the default timer is 30 s).
+/// one only after recovery (the default timer is 30 s). `LANEFS_SIGKILL_FAST_CHECKPOINT_PERCENT`
+/// sets another share (100: every mount).
 const FAST_CHECKPOINT_PERCENT: u64 = 60;
 /// Rounds (in percent) that also kill a mount during recovery.
 const RECOVERY_KILL_PERCENT: u64 = 15;
@@ -236,7 +238,12 @@ fn sigkill_at_random_moments_loses_nothing_fsynced() {
         mix(t.as_nanos() as u64, std::process::id() as u64) % 1_000_000_000
     });
     let rounds = env_u64(ROUNDS_ENV).unwrap_or(QUICK_ROUNDS);
-    eprintln!("sigkill: seed {seed}, {rounds} rounds ({SEED_ENV}={seed} replays the choices)");
+    let fast_checkpoints = env_u64(FAST_CHECKPOINT_ENV).unwrap_or(FAST_CHECKPOINT_PERCENT);
+    assert!(fast_checkpoints <= 100, "{FAST_CHECKPOINT_ENV}={fast_checkpoints}: a percentage");
+    eprintln!(
+        "sigkill: seed {seed}, {rounds} rounds, {fast_checkpoints}% of mounts with a checkpoint every \
+         second ({SEED_ENV}={seed} replays the choices)"
+    );
     let mut keep = Keep(Some(tempfile::tempdir().unwrap()));
     let dir = keep.0.as_ref().unwrap().path().to_path_buf();
     if std::env::var_os(KEEP_ENV).is_some() {
@@ -369,7 +376,7 @@ fn sigkill_at_random_moments_loses_nothing_fsynced() {
         // The mount the next round's writer works on. Most take a checkpoint every second, so
         // that kills land in checkpoints too. It must show what the read-only mount showed.
         let opts: &[&str] =
-            if rng.chance(FAST_CHECKPOINT_PERCENT, 100) { &["-o", "checkpoint_secs=1"] } else { &[] };
+            if rng.chance(fast_checkpoints, 100) { &["-o", "checkpoint_secs=1"] } else { &[] };
         m = Mounted::foreground_with(&img, &mp, opts);
         up_version = checkpoint_version(&img);
         let rw = observe(&m.mp).unwrap_or_else(|e| panic!("round {round}: walking the remounted tree: {e}"));
