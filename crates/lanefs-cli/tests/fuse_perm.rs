@@ -93,6 +93,21 @@ fn changes_by_another_user_drop_set_id_bits() {
         ok(sh(&mp, script), what);
         assert_eq!(mode(&s), 0o6666, "{what} by root");
     }
+    // Root without CAP_FSETID drops them on a truncate (the kernel says so in the SETATTR)
+    // and on a write, as ext4 does: set-user-ID always, set-group-ID where the group may
+    // execute (root is in the file's group 0, which keeps it otherwise).
+    for (what, script) in [("truncate", "truncate -s 50 s"), ("buffered append", "printf x >> s")] {
+        for (before, after) in [(0o6666, 0o2666), (0o6676, 0o676)] {
+            chmod(&s, before);
+            let out = Command::new("capsh")
+                .args(["--drop=cap_fsetid", "--", "-c", script])
+                .current_dir(&mp)
+                .output()
+                .expect("capsh");
+            assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+            assert_eq!(mode(&s), after, "{what} of a {before:o} file by root without CAP_FSETID");
+        }
+    }
     // A member of the file's group (a supplementary group, read from /proc) keeps
     // set-group-ID on a file it cannot execute as group.
     chmod(&s, 0o6666);

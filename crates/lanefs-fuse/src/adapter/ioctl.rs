@@ -41,11 +41,12 @@ impl LaneFuse {
         req: &Request,
         ino: u64,
         cmd: u32,
+        arg: u64,
         in_data: &[u8],
         out_size: u32,
     ) -> Result<Vec<u8>, Errno> {
         match cmd {
-            GOINGDOWN => self.going_down(req, cmd).map(|()| Vec::new()),
+            GOINGDOWN => self.going_down(req, arg).map(|()| Vec::new()),
             FITRIM => self.fitrim(req, in_data),
             FS_IOC_GETFSLABEL => self.fs.label().map_err(errno).map(|mut l| {
                 l.resize(FSLABEL_MAX, 0);
@@ -123,14 +124,14 @@ impl LaneFuse {
     /// it is NOLOGFLUSH: a crash, the durability contract's test. With DEFAULT or LOGFLUSH,
     /// what was done is made durable first (a sync: more than XFS's log force, which keeps
     /// metadata only, and what a caller asking for it expects to find).
-    pub(super) fn going_down(&self, req: &Request, cmd: u32) -> Result<(), Errno> {
+    pub(super) fn going_down(&self, req: &Request, arg: u64) -> Result<(), Errno> {
         if !capable(req, CAP_SYS_ADMIN) {
             return Err(Errno::EPERM);
         }
         if self.fs.is_shut_down() {
             return Ok(());
         }
-        let flags = crate::caller::ioctl_u32_input(req.pid(), cmd).unwrap_or(GOING_FLAGS_NOLOGFLUSH);
+        let flags = crate::caller::u32_at(req.pid(), arg).unwrap_or(GOING_FLAGS_NOLOGFLUSH);
         match flags {
             GOING_FLAGS_DEFAULT | GOING_FLAGS_LOGFLUSH => {
                 if let Err(e) = self.fs.sync() {

@@ -31,6 +31,7 @@ mod dir;
 mod init;
 pub mod ioctl;
 mod process;
+mod xattr;
 
 pub use convert::file_attr;
 pub use init::{max_write, Ttl, DEFAULT_TTL, MAX_WRITE};
@@ -52,6 +53,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
+use xattr::reply_sized;
 
 /// The FUSE file system: a shared handle on a mounted lanefs.
 pub struct LaneFuse {
@@ -343,9 +345,13 @@ impl Filesystem for LaneFuse {
         };
         // The kernel asks us to drop set-ID bits on a truncate by a caller without CAP_FSETID and
         // on every chown (FATTR_KILL_SUIDGID): the engine applies the kernel's own rule for the
-        // caller, which is what that flag stands for.
+        // caller, which is what that flag stands for. On a truncate alone the flag is that
+        // capability, said up front (fs/fuse/dir.c, `fuse_do_setattr`), as a WRITE's is; a
+        // chown sets it whatever the caller may, so there the engine asks /proc if it must.
+        let truncate_only = s.size.is_some() && s.uid.is_none() && s.gid.is_none();
+        let fsetid = truncate_only.then_some(!s.kill_suidgid);
         let r = if self.killpriv {
-            self.fs.setattr_as(ino.0, &a, &self.caller(req, None))
+            self.fs.setattr_as(ino.0, &a, &self.caller(req, fsetid))
         } else {
             self.fs.setattr(ino.0, &a)
         };
@@ -617,44 +623,12 @@ impl Filesystem for LaneFuse {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
-        // The mount's request and engine counters (`crate::stats`); reading them is not counted.
-        let r = if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::REQUESTS_XATTR.as_bytes() {
-            Ok(crate::stats::format(&self.inflight.requests()).into_bytes())
-        } else if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::TRANSPORT_XATTR.as_bytes() {
-            Ok(format!("{}\n", self.transport.get().map_or("not settled", |t| t.as_str())).into_bytes())
-        } else if ino.0 == lanefs::ROOT && n.as_bytes() == crate::stats::ENGINE_XATTR.as_bytes() {
-            Ok(crate::stats::format_engine(&self.fs.io_stats(), &self.fs.lock_census()).into_bytes())
-        } else {
-            let _busy = self.inflight.enter(Op::Getxattr, ino.0, req.pid());
-            self.fs.getxattr(ino.0, name(n))
-        };
-        match r {
-            Ok(v) if size == 0 => reply.size(v.len() as u32),
-            Ok(v) if v.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
-            Ok(v) => reply.data(&v),
-            Err(e) => reply.error(errno(e)),
-        }
+        reply_sized(self.xattr_value(req, ino.0, n), size, reply)
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _busy = self.inflight.enter(Op::Listxattr, ino.0, req.pid());
-        match self.fs.listxattr(ino.0) {
-            Ok(names) => {
-                let mut buf = Vec::new();
-                for n in names {
-                    buf.extend_from_slice(&n);
-                    buf.push(0);
-                }
-                if size == 0 {
-                    reply.size(buf.len() as u32)
-                } else if buf.len() > size as usize {
-                    reply.error(Errno::from_i32(libc::ERANGE))
-                } else {
-                    reply.data(&buf)
-                }
-            }
-            Err(e) => reply.error(errno(e)),
-        }
+        reply_sized(self.fs.listxattr(ino.0).map(xattr::name_list), size, reply)
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -667,25 +641,10 @@ impl Filesystem for LaneFuse {
 
     fn access(&self, req: &Request, ino: INodeNo, mask: u32, reply: ReplyEmpty) {
         let _busy = self.inflight.enter(Op::Access, ino.0, req.pid());
-        // Only asked when the mount has no default_permissions; the caller's primary group
-        // stands for its groups (FUSE does not send supplementary groups).
-        let a = match self.fs.getattr(ino.0) {
-            Ok(a) => a,
+        // Only asked when the mount has no default_permissions.
+        let ok = match self.fs.getattr(ino.0) {
+            Ok(a) => process::may_access(req, &a, mask),
             Err(e) => return reply.error(errno(e)),
-        };
-        let want = (mask & 0o7) as i32;
-        let ok = if req.uid() == 0 {
-            // root may read and write anything, and execute what anyone may execute.
-            want & 1 == 0 || a.mode & 0o111 != 0 || a.kind == FileKind::Dir
-        } else {
-            let bits = if req.uid() == a.uid {
-                (a.mode >> 6) & 7
-            } else if req.gid() == a.gid {
-                (a.mode >> 3) & 7
-            } else {
-                a.mode & 7
-            };
-            bits as i32 & want == want
         };
         if ok {
             reply.ok()
@@ -798,12 +757,13 @@ impl Filesystem for LaneFuse {
         _fh: FileHandle,
         _flags: u32,
         cmd: u32,
+        arg: u64,
         in_data: &[u8],
         out_size: u32,
         reply: ReplyIoctl,
     ) {
         let _busy = self.inflight.enter(Op::Ioctl, ino.0, req.pid());
-        let r = self.ioctl_reply(req, ino.0, cmd, in_data, out_size);
+        let r = self.ioctl_reply(req, ino.0, cmd, arg, in_data, out_size);
         match r {
             // The kernel takes at most `out_size` bytes back (EIO for more).
             Ok(out) if out.len() <= out_size as usize => reply.ioctl(0, &out),

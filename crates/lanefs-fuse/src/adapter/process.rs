@@ -1,14 +1,16 @@
 //! The process behind a request: its credentials and capabilities, as the engine asks of them.
 
 use crate::proto::{INodeNo, Notifier, Request};
+use lanefs::{Attr, FileKind};
 use std::cell::OnceCell;
 use std::sync::OnceLock;
 
 /// The process behind one request, as the engine asks about it (`lanefs::Caller`). The kernel
 /// sends its file-system uid and gid and its (thread) id; whether it has CAP_FSETID and its
 /// supplementary groups come from /proc/PID/status, read once and only when the engine asks
-/// (for a file with set-ID bits). A WRITE says it up front: the kernel sets
-/// FUSE_WRITE_KILL_SUIDGID exactly when the writer lacks CAP_FSETID. A process gone by then
+/// (for a file with set-ID bits). A WRITE and a truncate say it up front: the kernel sets
+/// FUSE_WRITE_KILL_SUIDGID, and FATTR_KILL_SUIDGID on a SETATTR that changes only the size,
+/// exactly when the caller lacks CAP_FSETID. A process gone by then
 /// counts as uid 0 having CAP_FSETID and no supplementary groups.
 ///
 /// On an idmapped mount the kernel sends `FUSE_INVALID_UIDGID` (u32::MAX) as the uid and gid
@@ -123,6 +125,25 @@ impl lanefs::Caller for ReqCaller<'_> {
             let _ = n.inval_inode(INodeNo(ino), -1, 0);
         }
     }
+}
+
+/// FUSE_ACCESS's answer for `req`, asked only when the mount has no default_permissions: the
+/// mode bits of `mask` (R, W, X) the caller has on `a`. The caller's primary group stands for
+/// its groups (FUSE does not send supplementary ones); root may read and write anything, and
+/// execute what anyone may execute.
+pub(super) fn may_access(req: &Request, a: &Attr, mask: u32) -> bool {
+    let want = mask & 0o7;
+    if req.uid() == 0 {
+        return want & 1 == 0 || a.mode & 0o111 != 0 || a.kind == FileKind::Dir;
+    }
+    let bits = if req.uid() == a.uid {
+        (a.mode >> 6) & 7
+    } else if req.gid() == a.gid {
+        (a.mode >> 3) & 7
+    } else {
+        a.mode & 7
+    };
+    bits & want == want
 }
 
 #[cfg(test)]

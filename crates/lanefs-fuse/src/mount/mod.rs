@@ -49,6 +49,12 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// In-flight slots kept for spare workers (`proto::spares`): a spare is started only when
+/// every other worker of its queue waits for the kernel, which few requests do (LSEEK and
+/// direct reads under the writeback cache), so a session starts a handful at most. A spare past
+/// these still serves and is counted; its requests are not logged if stuck.
+const SPARE_SLOTS: usize = 16;
+
 /// Set in the environment of the re-executed daemon.
 const DAEMON_ENV: &str = "LANEFS_MOUNT_DAEMON";
 
@@ -187,9 +193,10 @@ fn serve(
     }
     let threads = args.threads.or(parsed.threads).unwrap_or_else(default_threads).max(1);
     let transport = if parsed.uring { Transport::uring_for(threads) } else { Transport::DevFuse };
-    // A slot for every worker, /dev/fuse and ring workers both, so that each one's stuck
+    // A slot for every worker, /dev/fuse and ring workers both, and for the spares started
+    // beside workers that wait for the kernel (`proto::spares`), so that each one's stuck
     // requests are logged.
-    let inflight = Arc::new(Inflight::new(threads + transport.ring_workers()));
+    let inflight = Arc::new(Inflight::new(threads + transport.ring_workers() + SPARE_SLOTS));
     let kernel_acls = parsed.fuse.contains(&MountOption::DefaultPermissions);
     // Idmapped mounts need the kernel to check permissions, and requests from every uid (see
     // `LaneFuse::allow_idmap`).

@@ -263,6 +263,8 @@ pub enum Op<'a> {
         fh: u64,
         flags: u32,
         cmd: u32,
+        /// The caller's argument as it passed it: for most commands a pointer in its memory.
+        arg: u64,
         in_data: &'a [u8],
         out_size: u32,
     },
@@ -400,9 +402,9 @@ fn decode_op<'a>(op: u32, a: &mut Bytes<'a>, r: &mut Bytes<'a>) -> Option<Op<'a>
         INTERRUPT => Op::Interrupt,
         DESTROY => Op::Destroy,
         IOCTL => {
-            let (fh, flags, cmd, _arg) = (a.u64()?, a.u32()?, a.u32()?, a.u64()?);
+            let (fh, flags, cmd, arg) = (a.u64()?, a.u32()?, a.u32()?, a.u64()?);
             let (in_size, out_size) = (a.u32()?, a.u32()?);
-            Op::Ioctl { fh, flags, cmd, in_data: r.take(in_size as usize)?, out_size }
+            Op::Ioctl { fh, flags, cmd, arg, in_data: r.take(in_size as usize)?, out_size }
         }
         FALLOCATE => {
             let (fh, offset, length, mode) = (a.u64()?, a.u64()?, a.u64()?, a.u32()? as i32);
@@ -547,6 +549,27 @@ mod tests {
         assert_eq!(s.ctime, Some(Timespec { sec: 30, nsec: 3 }));
         assert_eq!(s.atime_sent, Timespec { sec: 10, nsec: 1 });
         assert!(s.kill_suidgid);
+    }
+
+    #[test]
+    fn ioctl_reads_the_callers_argument_and_the_input_it_names() {
+        let mut a = Out::default();
+        a.u64(7).u32(0).u32(0x8004_587d).u64(0x7ffc_5e0b_1a2c).u32(4).u32(4);
+        let op = decode(&header(opcode::IOCTL), &a.buf, &[1, 2, 3, 4, 5]).unwrap();
+        let want = Op::Ioctl {
+            fh: 7,
+            flags: 0,
+            cmd: 0x8004_587d,
+            arg: 0x7ffc_5e0b_1a2c,
+            in_data: &[1, 2, 3, 4],
+            out_size: 4,
+        };
+        assert_eq!(op, want);
+        assert_eq!(
+            decode(&header(opcode::IOCTL), &a.buf, &[1, 2, 3]),
+            Err(Malformed),
+            "less input than named"
+        );
     }
 
     /// Whatever bytes come with whatever opcode, decoding answers (an operation or Malformed)

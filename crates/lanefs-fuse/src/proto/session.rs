@@ -140,6 +140,7 @@ pub trait Filesystem: Send + Sync {
         fh: FileHandle,
         flags: u32,
         cmd: u32,
+        arg: u64,
         in_data: &[u8],
         out_size: u32,
         reply: ReplyIoctl,
@@ -642,8 +643,8 @@ fn dispatch<F: Filesystem>(fs: &F, req: &Request, op: Op<'_>, rest: &[u8], sink:
         // longer wants.
         Op::Interrupt => {}
         Op::Destroy => ReplyEmpty::new(u, sink).ok(),
-        Op::Ioctl { fh, flags, cmd, in_data, out_size } => {
-            fs.ioctl(req, ino, FileHandle(fh), flags, cmd, in_data, out_size, ReplyIoctl::new(u, sink))
+        Op::Ioctl { fh, flags, cmd, arg, in_data, out_size } => {
+            fs.ioctl(req, ino, FileHandle(fh), flags, cmd, arg, in_data, out_size, ReplyIoctl::new(u, sink))
         }
         Op::Fallocate { fh, offset, length, mode } => {
             fs.fallocate(req, ino, FileHandle(fh), offset, length, mode, ReplyEmpty::new(u, sink))
