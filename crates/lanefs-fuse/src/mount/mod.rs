@@ -180,17 +180,7 @@ fn serve(
         }
     };
     let fs = Arc::new(fs);
-    let mut options = parsed.fuse.clone();
-    // A write-protected image is mounted read-only in the kernel too, so that a change fails
-    // with EROFS there, as on a kernel file system.
-    // (mount(8) passes `rw` on when nothing else is asked for.)
-    if read_only && !options.contains(&MountOption::RO) {
-        options.retain(|o| *o != MountOption::RW);
-        options.push(MountOption::RO);
-    }
-    if !options.iter().any(|o| matches!(o, MountOption::FSName(_))) {
-        options.push(MountOption::FSName(image.display().to_string()));
-    }
+    let options = kernel_options(parsed, &image, read_only);
     let threads = args.threads.or(parsed.threads).unwrap_or_else(default_threads).max(1);
     let transport = if parsed.uring { Transport::uring_for(threads) } else { Transport::DevFuse };
     // A slot for every worker, /dev/fuse and ring workers both, and for the spares started
@@ -205,22 +195,9 @@ fn serve(
         .with_posix_acl(kernel_acls)
         .allow_idmap(idmap)
         .with_ttl(parsed.ttl);
-    let notifier = fuse.notifier_slot();
     let transport_slot = fuse.transport_slot();
-    let root_and_owner = (parsed.acl == SessionACL::RootAndOwner).then(|| rustix::process::getuid().as_raw());
-    let (session, mounted) = match crate::proto::mount(&mountpoint, &options, parsed.acl) {
-        Ok((dev, mounted)) => {
-            let s = Session::new(fuse, dev, root_and_owner);
-            let _ = notifier.set(s.notifier());
-            // A request of the daemon's own, through the mount (`proto::spares`): any one the
-            // kernel cannot answer from its caches; an xattr of the root is never cached. By
-            // path, holding nothing open that would keep the mount busy.
-            let root = mountpoint.clone();
-            s.spares().set_kick(Box::new(move || {
-                let _ = rustix::fs::getxattr(&root, "user.lanefs.spare", &mut [0u8; 0][..]);
-            }));
-            (s, mounted)
-        }
+    let (session, mounted) = match mount_session(fuse, &mountpoint, &options, parsed.acl) {
+        Ok(s) => s,
         Err(e) => {
             let e = format!("cannot mount on {}: {}", mountpoint.display(), plain(&e));
             return Err(match finish(fs, lock) {
@@ -233,12 +210,7 @@ fn serve(
         // The daemon applies the options all the same; only the table would say otherwise.
         note(&e);
     }
-    // Read before anything can be mounted over it; a stat of the mount point would be a FUSE
-    // request that no worker serves yet.
-    let dev = std::fs::read_to_string("/proc/self/mountinfo")
-        .ok()
-        .and_then(|info| lanefs_mounts(&info).into_iter().rev().find(|m| m.mountpoint == mountpoint))
-        .map(|m| m.dev);
+    let dev = mounted_dev(&mountpoint);
     if parsed.share_dirty_limit {
         if let Some(Err(e)) = dev.as_deref().map(dirty::share_dirty_limit) {
             note(&e);
@@ -250,15 +222,10 @@ fn serve(
         Watcher::spawn(inflight, threshold, log).ok()
     });
     ready();
-    let foreground = args.foreground;
+    let (foreground, mp) = (args.foreground, mountpoint.display().to_string());
     let run = session.run(threads, crate::adapter::max_write(), transport, &mut |t| {
         let _ = transport_slot.set(t.why.clone());
-        if foreground {
-            eprintln!("lanefs: {}: transport {}", mountpoint.display(), t.why);
-        } else {
-            crate::syslog::open();
-            crate::syslog::info(&format!("{}: transport {}", mountpoint.display(), t.why));
-        }
+        say_transport(foreground, &mp, &t.why)
     });
     // The kernel ended the connection: the mount is gone (or was never served, on an error:
     // then it is taken down here).
@@ -275,6 +242,62 @@ fn serve(
     let done = finish(fs, lock);
     run.map_err(|e| format!("serving {}: {}", mountpoint.display(), plain(&e)))?;
     done
+}
+
+/// Mounts `fuse` at `mountpoint` and makes the session that serves it (not started yet).
+fn mount_session(
+    fuse: LaneFuse,
+    mountpoint: &Path,
+    options: &[MountOption],
+    acl: SessionACL,
+) -> std::io::Result<(Session<LaneFuse>, crate::proto::Mounted)> {
+    let notifier = fuse.notifier_slot();
+    let root_and_owner = (acl == SessionACL::RootAndOwner).then(|| rustix::process::getuid().as_raw());
+    let (dev, mounted) = crate::proto::mount(mountpoint, options, acl)?;
+    let s = Session::new(fuse, dev, root_and_owner);
+    let _ = notifier.set(s.notifier());
+    // A request of the daemon's own, through the mount (`proto::spares`): any one the kernel
+    // cannot answer from its caches; an xattr of the root is never cached. By path, holding
+    // nothing open that would keep the mount busy.
+    let root = mountpoint.to_path_buf();
+    s.spares().set_kick(Box::new(move || {
+        let _ = rustix::fs::getxattr(&root, "user.lanefs.spare", &mut [0u8; 0][..]);
+    }));
+    Ok((s, mounted))
+}
+
+/// The options the kernel mount gets: the user's, read-only for a write-protected image (so
+/// that a change fails with EROFS in the kernel, as on a kernel file system; mount(8) passes
+/// `rw` on when nothing else is asked for), and the image as the source unless one is named.
+fn kernel_options(parsed: &Parsed, image: &Path, read_only: bool) -> Vec<MountOption> {
+    let mut options = parsed.fuse.clone();
+    if read_only && !options.contains(&MountOption::RO) {
+        options.retain(|o| *o != MountOption::RW);
+        options.push(MountOption::RO);
+    }
+    if !options.iter().any(|o| matches!(o, MountOption::FSName(_))) {
+        options.push(MountOption::FSName(image.display().to_string()));
+    }
+    options
+}
+
+/// The device number (`MAJ:MIN`) of the lanefs mount just made at `mountpoint`. Read from
+/// /proc/self/mountinfo before anything can be mounted over it: a stat of the mount point
+/// would be a FUSE request that no worker serves yet.
+fn mounted_dev(mountpoint: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    lanefs_mounts(&info).into_iter().rev().find(|m| m.mountpoint == mountpoint).map(|m| m.dev)
+}
+
+/// Tells which transport serves the mount, and why: on stderr in the foreground, in the
+/// system log for the daemon.
+fn say_transport(foreground: bool, mountpoint: &str, why: &str) {
+    if foreground {
+        eprintln!("lanefs: {mountpoint}: transport {why}");
+    } else {
+        crate::syslog::open();
+        crate::syslog::info(&format!("{mountpoint}: transport {why}"));
+    }
 }
 
 /// Where stuck requests are told: stderr in the foreground; syslog for the daemon, whose

@@ -310,6 +310,8 @@ pub fn decode<'a>(h: &Header, arg: &'a [u8], rest: &'a [u8]) -> Result<Op<'a>, M
     decode_op(h.opcode, &mut Bytes::new(arg), &mut Bytes::new(rest)).ok_or(Malformed)
 }
 
+/// One arm per opcode, in the protocol's order: long, but a table read as one is where a
+/// wrong field order shows (each arm reads its struct's fields in the kernel's order).
 fn decode_op<'a>(op: u32, a: &mut Bytes<'a>, r: &mut Bytes<'a>) -> Option<Op<'a>> {
     use opcode::*;
     Some(match op {

@@ -374,6 +374,10 @@ impl<F: Filesystem> Session<F> {
     /// Serves with `threads` /dev/fuse workers, or over io_uring if `transport` asks and the
     /// kernel offers it, until the file system is unmounted; `said` is told which, and why,
     /// once INIT has settled it.
+    ///
+    /// Long, and kept in one piece: the workers are threads of one scope that borrow the
+    /// session, started by two closures that the serving loop at the end also calls for
+    /// spares; split up, each part would need the scope, both closures and the event channel.
     pub fn run(
         mut self,
         threads: usize,
@@ -560,7 +564,8 @@ fn split<'a>(h: &Header, req: &'a [u8]) -> (&'a [u8], &'a [u8]) {
     body.split_at(abi::arg_size(h.opcode).min(body.len()))
 }
 
-/// Calls the handler of `op`.
+/// Calls the handler of `op`: one arm per operation, the counterpart of `request::decode_op`'s
+/// table, kept as one for the same reason.
 fn dispatch<F: Filesystem>(fs: &F, req: &Request, op: Op<'_>, rest: &[u8], sink: &dyn Sink) {
     let (u, ino) = (req.unique(), INodeNo(req.nodeid()));
     match op {
