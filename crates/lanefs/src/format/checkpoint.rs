@@ -255,6 +255,8 @@ impl Checkpoint {
             blk[HEADER_LEN..HEADER_LEN + chunk.len()].copy_from_slice(chunk);
             seal(blk, 4);
         }
+        // The pair of every check decode makes: what was encoded decodes to itself.
+        debug_assert_eq!(Checkpoint::decode(&out, g, 0).ok().as_ref(), Some(self), "the pack decodes back");
         Ok(out)
     }
 

@@ -108,6 +108,12 @@ impl DentryBlock {
             e.bytes(&d.name);
         }
         seal(&mut b, 4);
+        // The pair of every check decode makes (entries may name any inode number here).
+        debug_assert_eq!(
+            DentryBlock::decode(&b, self.dir_ino, u32::MAX, None).ok().as_ref(),
+            Some(self),
+            "the block decodes back"
+        );
         Ok(b)
     }
 

@@ -98,6 +98,11 @@ impl SitBlock {
         // Paired with decode's end position: both sides walk the same SIT_ENTRY_LEN entries.
         debug_assert_eq!(e.pos(), HEADER_LEN + SIT_ENTRY_LEN * SIT_ENTRIES_PER_BLOCK as usize);
         seal(&mut b, 4);
+        debug_assert_eq!(
+            SitBlock::decode(&b, self.index, None).ok().as_ref(),
+            Some(self),
+            "the block decodes back"
+        );
         b
     }
 

@@ -87,6 +87,11 @@ impl SegmentSummary {
             debug_assert_eq!(e.pos(), HEADER_LEN + SUMMARY_ENTRY_LEN * entries.len());
             seal(b, 4);
         }
+        debug_assert_eq!(
+            SegmentSummary::decode(&out, self.segno, u32::MAX, None).ok().as_ref(),
+            Some(self),
+            "the summary decodes back"
+        );
         out
     }
 

@@ -116,7 +116,7 @@ pub fn encode_stream<'a>(attrs: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8
     let mut b = vec![0u8; len];
     let mut e = Enc::new(&mut b);
     e.u32(attrs.len() as u32);
-    for (n, v) in attrs {
+    for (n, v) in attrs.clone() {
         debug_assert!(check_attr(n, v).is_ok());
         e.u8(n.len() as u8);
         e.u32(v.len() as u32);
@@ -124,6 +124,12 @@ pub fn encode_stream<'a>(attrs: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8
         e.bytes(v);
     }
     debug_assert_eq!(e.pos(), len);
+    debug_assert!(
+        decode_stream(&b, None).is_ok_and(
+            |d| d.len() == attrs.len() && d.iter().zip(attrs).all(|(x, (n, v))| x.0 == n && x.1 == v)
+        ),
+        "the stream decodes back"
+    );
     b
 }
 
@@ -164,6 +170,10 @@ pub fn encode_block(ino: u32, index: u32, payload: &[u8]) -> Vec<u8> {
     BlockHeader { magic: XATTR_MAGIC, a: ino, b: index }.write(&mut b);
     b[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
     super::codec::seal(&mut b, super::codec::CRC_OFFSET);
+    debug_assert!(
+        decode_block(&b, ino, index, None).is_ok_and(|p| p[..payload.len()] == *payload),
+        "the block decodes back"
+    );
     b
 }
 

@@ -357,6 +357,7 @@ impl Transaction {
         e.u32(count);
         e.u32(body_len);
         e.u32(crc);
+        debug_assert_eq!(Transaction::decode(&b).ok().as_ref(), Some(self), "the transaction decodes back");
         Ok(b)
     }
 
