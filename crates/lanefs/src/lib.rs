@@ -67,6 +67,7 @@
 mod acl;
 mod checkpoint;
 pub mod device;
+mod disk;
 mod diskdir;
 mod engine;
 mod error;

@@ -26,7 +26,7 @@ pub(crate) struct Claim<'a> {
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        self.engine.claimed.fetch_sub(self.blocks, Ordering::AcqRel);
+        self.engine.mem.claimed.fetch_sub(self.blocks, Ordering::AcqRel);
     }
 }
 
@@ -34,7 +34,7 @@ impl Engine {
     /// Blocks that can be allocated now without touching the cleaner's reserve. (Prefree
     /// segments do not count: the checkpoint that frees them must fit without them.)
     pub(crate) fn available_blocks(&self) -> u64 {
-        self.table.free_segments().saturating_sub(self.g.cleaning_reserve()) * 512
+        self.disk.table.free_segments().saturating_sub(self.disk.g.cleaning_reserve()) * 512
     }
 
     /// Blocks users may still fill: the main area less the cleaner's reserve, one active
@@ -58,23 +58,23 @@ impl Engine {
     /// moment after overwrites (their old blocks stay valid until the checkpoint) or a zero
     /// range over written blocks, or on an image whose reservations a bug overcounted.
     pub(crate) fn space_left(&self) -> i64 {
-        let used = self.table.valid_count() + self.committed_blocks() + self.promised_blocks();
-        self.g.user_blocks() as i64 - used as i64
+        let used = self.disk.table.valid_count() + self.committed_blocks() + self.promised_blocks();
+        self.disk.g.user_blocks() as i64 - used as i64
     }
 
     /// Blocks the next checkpoint will need for what is dirty now: a block per dirty page,
     /// (generously) two per dirty inode for its node and directory blocks, and the blocks of
     /// the xattr sets that changed.
     pub(crate) fn committed_blocks(&self) -> u64 {
-        let pages = self.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64;
-        let xattrs = self.xattr_owed.load(Ordering::Relaxed).max(0) as u64;
-        pages + xattrs + 2 * self.dirty_inodes.sum()
+        let pages = self.mem.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64;
+        let xattrs = self.mem.xattr_owed.load(Ordering::Relaxed).max(0) as u64;
+        pages + xattrs + 2 * self.ckpt.requests.dirty_inodes.sum()
     }
 
     /// Blocks promised to preallocated, unwritten ranges, and claimed by fallocates that are
     /// making their promises now.
     pub(crate) fn promised_blocks(&self) -> u64 {
-        self.cache.reserved_blocks.load(Ordering::Acquire) + self.claimed.load(Ordering::Acquire)
+        self.mem.cache.reserved_blocks.load(Ordering::Acquire) + self.mem.claimed.load(Ordering::Acquire)
     }
 
     /// Admits an operation that will dirty up to `blocks` more blocks, each of them new space.
@@ -93,7 +93,7 @@ impl Engine {
         // Fast path: room for everything dirty and promised now plus a wide margin; a margin
         // of one open segment per log makes it imply the space left, too (free segments less
         // the reserve never exceed the user blocks that are not valid by more than those).
-        let margin = self.g.main_blocks() / 16 + self.g.open_blocks();
+        let margin = self.disk.g.main_blocks() / 16 + self.disk.g.open_blocks();
         if self.available_blocks() > self.committed_blocks() + short + self.promised_blocks() + margin {
             return Ok(());
         }
@@ -110,7 +110,7 @@ impl Engine {
             }
             // A checkpoint first: it frees prefree segments, and the blocks that dirty pages
             // overwrite die with it, which cleaning can then give back.
-            if self.table.pending_segments() > 0 || self.dirty_inodes.sum() > 0 {
+            if self.disk.table.pending_segments() > 0 || self.ckpt.requests.dirty_inodes.sum() > 0 {
                 self.wait_for_checkpoint()?;
                 if fits() {
                     return Ok(());
@@ -122,8 +122,8 @@ impl Engine {
             // No checkpoint is half written while this looks (its moved blocks are valid
             // before the blocks they replace die): its write phase holds `cp_serial`.
             let full = {
-                let _serial = self.cp_serial.lock();
-                self.space_left() < long && self.dirty_inodes.sum() == 0
+                let _serial = self.ckpt.cp_serial.lock();
+                self.space_left() < long && self.ckpt.requests.dirty_inodes.sum() == 0
             };
             if full {
                 why = "the space left is short with nothing dirty";
@@ -148,12 +148,12 @@ impl Engine {
             format!(
                 "file system full ({why}): {short} blocks wanted, {long} new; {} valid, {} dirty, {} \
                  promised of {} user blocks, {} free segments, {} pending",
-                self.table.valid_count(),
+                self.disk.table.valid_count(),
                 self.committed_blocks(),
                 self.promised_blocks(),
-                self.g.user_blocks(),
-                self.table.free_segments(),
-                self.table.pending_segments(),
+                self.disk.g.user_blocks(),
+                self.disk.table.free_segments(),
+                self.disk.table.pending_segments(),
             ),
         ))
     }
@@ -164,7 +164,7 @@ impl Engine {
     /// ENOSPC, with nothing claimed, when they do not fit in the space left.
     pub(crate) fn claim(&self, blocks: u64, nodes: u64) -> Result<Claim<'_>> {
         let c = Claim { engine: self, blocks };
-        self.claimed.fetch_add(blocks, Ordering::AcqRel);
+        self.mem.claimed.fetch_add(blocks, Ordering::AcqRel);
         // Nothing more for good: the claim is in the space left already.
         self.admit_with(nodes, || 0)?;
         Ok(c)
@@ -173,7 +173,7 @@ impl Engine {
     /// Admits an operation that frees space (unlink, rmdir, rename over a file) but needs a few
     /// metadata blocks first: it may use the reserve, so a full file system can be emptied.
     pub(crate) fn admit_freeing(&self, blocks: u64) -> Result<()> {
-        let all = || self.table.free_segments() * 512;
+        let all = || self.disk.table.free_segments() * 512;
         if self.committed_blocks() + blocks < all() {
             return Ok(());
         }

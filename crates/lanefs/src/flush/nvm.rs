@@ -15,7 +15,7 @@ impl Engine {
     /// blocks `nat` are logged and committed there, the pack is flagged, and no NAT block is
     /// left for the device. Returns the NAT blocks the device must still get.
     pub(crate) fn stage_nat(&self, cp: &mut Checkpoint, nat: Vec<NatBlock>) -> Result<Vec<NatBlock>> {
-        let Some(nvm) = &self.nvm else { return Ok(nat) };
+        let Some(nvm) = &self.disk.nvm else { return Ok(nat) };
         nvm.stage(cp.version, &nat)?;
         cp.flags |= CP_FLAG_NVM_NAT;
         Ok(Vec::new())
@@ -24,7 +24,7 @@ impl Engine {
     /// After the pack of checkpoint `version` is durable: its logged entries go in place, and
     /// the lane journals are emptied (every record in them is part of the checkpoint).
     pub(crate) fn apply_nat(&self, version: u64) -> Result<()> {
-        match &self.nvm {
+        match &self.disk.nvm {
             Some(nvm) => {
                 nvm.apply(version)?;
                 self.reset_nvm_journals(version)
@@ -37,7 +37,7 @@ impl Engine {
     /// Callers: a checkpoint once its pack is durable (holding the gate, so no fsync appends),
     /// and mount before any fsync can run.
     pub(crate) fn reset_nvm_journals(&self, version: u64) -> Result<()> {
-        match (&self.nvm, &self.nvm_log) {
+        match (&self.disk.nvm, &self.disk.nvm_log) {
             (Some(nvm), Some(log)) => log.reset(nvm.region(), version),
             _ => Ok(()),
         }
@@ -61,7 +61,9 @@ impl Engine {
         txn: &Transaction,
         writes: &[(u64, crate::mem::pages::PageBuf)],
     ) -> Result<RegionCommit> {
-        let (Some(nvm), Some(log)) = (&self.nvm, &self.nvm_log) else { return Ok(RegionCommit::NoRegion) };
+        let (Some(nvm), Some(log)) = (&self.disk.nvm, &self.disk.nvm_log) else {
+            return Ok(RegionCommit::NoRegion);
+        };
         let bytes = txn.encode()?;
         if !log.has_room(lane, bytes.len()) {
             return Ok(RegionCommit::Full);
@@ -74,7 +76,7 @@ impl Engine {
         match log.append(nvm.region(), lane, &bytes)? {
             Appended::Full => Ok(RegionCommit::Full),
             Appended::Committed { before, after } => {
-                self.io.nvm_journal.add((after - before) as u64);
+                self.disk.io.nvm_journal.add((after - before) as u64);
                 // The journal bound counts region bytes as blocks' worth; a checkpoint is also
                 // asked for once a lane's journal is half full.
                 let blocks = (after / crate::device::BLOCK_SIZE - before / crate::device::BLOCK_SIZE) as u64;

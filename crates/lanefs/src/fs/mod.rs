@@ -104,7 +104,7 @@ impl Fs {
     /// The persistent-memory region holding the NAT (and the lane journals), when mounted with
     /// one (`FsOptions::nvm`).
     pub fn nvm(&self) -> Option<&crate::pmem::nat::NvmNat> {
-        self.engine.nvm.as_ref()
+        self.engine.disk.nvm.as_ref()
     }
 
     /// What stat reports of `m`. Reads the attributes' lock-free mirror (`MetaLock::stat`):
@@ -149,7 +149,7 @@ impl Fs {
     /// no name left (removed, even if still open). The caller compares [`Attr::generation`] with
     /// the handle's to tell a reused number from the inode the handle was made for.
     pub fn lookup_ino(&self, ino: Ino) -> Result<Attr> {
-        let _g = self.engine.pass.shared();
+        let _g = self.engine.mem.pass.shared();
         let a = self.engine.with_mnode(ino32(ino)?, |m| self.attr(m))?;
         if a.nlink == 0 {
             return Err(Error::errno(libc::ENOENT, format!("inode {ino} was removed")));
@@ -186,14 +186,14 @@ impl Fs {
     /// The mnode of `ino` (kept alive by the caller's reference however it is unlinked).
     fn mnode(&self, ino: Ino) -> Result<Arc<MNode>> {
         self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        let _g = self.engine.mem.pass.shared();
         self.engine.mnode(ino32(ino)?)
     }
 
     /// stat(2) of `ino`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        let _g = self.engine.mem.pass.shared();
         self.engine.with_mnode(ino32(ino)?, |m| self.attr(m))
     }
 
@@ -292,7 +292,7 @@ impl Fs {
         let which = InodeFlags(InodeFlags::DIRSYNC.bits() | InodeFlags::SYNC.bits());
         let ino = ino32(dir)?;
         let m = {
-            let _g = self.engine.pass.shared();
+            let _g = self.engine.mem.pass.shared();
             match self.engine.with_mnode(ino, |m| InodeFlags(m.iflags()).intersects(which)) {
                 Ok(false) => return Ok(()),
                 Ok(true) => self.engine.mnode(ino),
@@ -358,7 +358,7 @@ impl Fs {
     /// The target of symlink `ino`; EINVAL for any other type.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
         self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        let _g = self.engine.mem.pass.shared();
         let m = self.engine.mnode(ino32(ino)?)?;
         if m.file_type != 0o120000 {
             return Err(Error::errno(libc::EINVAL, "not a symlink"));
@@ -571,7 +571,7 @@ impl Fs {
     /// ```
     pub fn listing(&self, ino: Ino) -> Result<Listing> {
         self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        let _g = self.engine.mem.pass.shared();
         let d = self.engine.dir_mnode(ino32(ino)?)?;
         Ok(Listing { ino, horizon: d.dir().expect("dir").map.horizon() })
     }
@@ -589,7 +589,7 @@ impl Fs {
         horizon: Option<&crate::mem::dir::Horizon>,
     ) -> Result<Vec<DirEntry>> {
         self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        let _g = self.engine.mem.pass.shared();
         let d = self.engine.dir_mnode(ino32(ino)?)?;
         // A listing is an access of the directory (unless `nodiratime`), as getdents is.
         self.engine.touch_atime(&d);
@@ -623,10 +623,10 @@ impl Fs {
     /// blocks does not fail with ENOSPC.
     pub fn statfs(&self) -> StatFs {
         let e = &self.engine;
-        let g = &e.g;
+        let g = &e.disk.g;
         let usable = g.user_blocks();
         let free_blocks = e.free_data_blocks().min(usable);
-        let used_nodes = self.engine.nat.valid_nodes();
+        let used_nodes = self.engine.disk.nat.valid_nodes();
         StatFs {
             bsize: 4096,
             blocks: usable,
@@ -689,26 +689,26 @@ impl Fs {
         use std::sync::atomic::Ordering::Relaxed;
         let e = &self.engine;
         let (begun, durable) = {
-            let cp = e.cp.lock();
+            let cp = e.ckpt.cp.lock();
             (cp.started, cp.durable)
         };
         IoStats {
-            user_bytes: e.io.user.sum(),
-            journal_bytes: e.io.journal.sum(),
-            writeback_bytes: e.io.writeback.sum(),
-            checkpoint_bytes: e.io.checkpoint.sum(),
-            cleaning_bytes: e.io.cleaning.sum(),
-            nvm_journal_bytes: e.io.nvm_journal.sum(),
-            fsync_flushes: e.io.fsync_flushes.sum(),
-            cleaning_rounds: e.gc.rounds.load(Relaxed),
-            segments_cleaned: e.gc.segments_cleaned.load(Relaxed),
+            user_bytes: e.disk.io.user.sum(),
+            journal_bytes: e.disk.io.journal.sum(),
+            writeback_bytes: e.disk.io.writeback.sum(),
+            checkpoint_bytes: e.disk.io.checkpoint.sum(),
+            cleaning_bytes: e.disk.io.cleaning.sum(),
+            nvm_journal_bytes: e.disk.io.nvm_journal.sum(),
+            fsync_flushes: e.disk.io.fsync_flushes.sum(),
+            cleaning_rounds: e.ckpt.gc.rounds.load(Relaxed),
+            segments_cleaned: e.ckpt.gc.segments_cleaned.load(Relaxed),
             checkpoints_begun: begun,
             checkpoints_durable: durable,
-            cp_exclusive_us_max: e.cp_pauses.exclusive_max_us(),
-            cp_write_phase_us_max: e.cp_pauses.write_max_us(),
-            cp_waits: e.io.cp_waits.sum(),
-            cp_bridges: e.io.cp_bridges.sum(),
-            cp_helped: e.io.cp_helped.sum(),
+            cp_exclusive_us_max: e.ckpt.cp_pauses.exclusive_max_us(),
+            cp_write_phase_us_max: e.ckpt.cp_pauses.write_max_us(),
+            cp_waits: e.disk.io.cp_waits.sum(),
+            cp_bridges: e.disk.io.cp_bridges.sum(),
+            cp_helped: e.disk.io.cp_helped.sum(),
         }
     }
 
@@ -716,13 +716,13 @@ impl Fs {
     /// call (or mount), in µs; the next call starts afresh. A benchmark calls it before and
     /// after a run to get the run's own figure.
     pub fn take_cp_exclusive_peak_us(&self) -> u64 {
-        self.engine.cp_pauses.take_exclusive_peak()
+        self.engine.ckpt.cp_pauses.take_exclusive_peak()
     }
 
     /// What checkpoints' exclusive phases did since mount, item by item: dirty inodes they
     /// looked at one by one, and lists and shards they swapped out whole.
     pub fn cp_exclusive_work(&self) -> crate::flush::checkpoint::ExclusiveWork {
-        self.engine.cp_pauses.work()
+        self.engine.ckpt.cp_pauses.work()
     }
 
     /// The contention census (`sync::census`): per lock class, acquisitions that found the
@@ -762,7 +762,7 @@ impl Fs {
     /// sync(2): everything becomes durable (a checkpoint), lazytime access times included.
     pub fn sync(&self) -> Result<()> {
         self.engine.check_live()?;
-        self.engine.lazy_flush.store(true, Ordering::Release);
+        self.engine.mem.lazy_flush.store(true, Ordering::Release);
         self.engine.checkpoint(false)
     }
 
@@ -807,19 +807,19 @@ impl Fs {
     /// assert!(fs.resolve("/lost").is_err());
     /// ```
     pub fn shutdown(&self) -> Result<()> {
-        if self.engine.halt.halt() {
+        if self.engine.disk.halt.halt() {
             tracing::warn!("lanefs: shut down: nothing more is written; the next mount recovers");
         }
         // The background thread and whoever waits for a checkpoint find the gate shut and stop.
         self.engine.kick_checkpoint();
-        self.engine.cp_done.notify_all();
+        self.engine.ckpt.cp_done.notify_all();
         debug_assert!(self.is_shut_down());
         Ok(())
     }
 
     /// Whether [`Fs::shutdown`] was called.
     pub fn is_shut_down(&self) -> bool {
-        self.engine.halt.is_halted()
+        self.engine.disk.halt.is_halted()
     }
 
     /// Stops the background thread and takes the final checkpoint (none after a shutdown).

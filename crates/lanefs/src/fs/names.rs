@@ -20,7 +20,7 @@ impl Fs {
     /// renames). Another hard link's name in another directory is not looked for.
     pub fn name_of(&self, ino: Ino) -> Result<Option<(Ino, Vec<u8>)>> {
         self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        let _g = self.engine.mem.pass.shared();
         let m = self.engine.mnode(super::ino32(ino)?)?;
         let parent = m.parent.load(Ordering::Acquire);
         if parent == 0 || parent as Ino == ino {

@@ -29,7 +29,7 @@ impl Fs {
     pub fn tmpfile(&self, parent: Ino, new: &New) -> Result<(Attr, Handle)> {
         let a = self.tmpfile_open(parent, new)?;
         let m = {
-            let _g = self.engine.pass.shared();
+            let _g = self.engine.mem.pass.shared();
             self.engine.mnode(ino32(a.ino)?)
         };
         match m {

@@ -94,12 +94,12 @@ pub fn due(mode: AtimeMode, atime: i64, mtime: i64, ctime: i64, now: i64) -> boo
 impl Engine {
     /// The access-time policy in force.
     pub fn atime_policy(&self) -> AtimePolicy {
-        AtimePolicy::decode(self.atime.load(Ordering::Relaxed))
+        AtimePolicy::decode(self.mem.atime.load(Ordering::Relaxed))
     }
 
     /// Changes the policy (a remount).
     pub fn set_atime_policy(&self, p: AtimePolicy) {
-        self.atime.store(p.encode(), Ordering::Relaxed);
+        self.mem.atime.store(p.encode(), Ordering::Relaxed);
     }
 
     /// An access of `m` (a read or a listing): updates its atime if the policy says so. The
@@ -118,7 +118,7 @@ impl Engine {
         if !due(p.mode, atime, mtime, ctime, now) {
             return;
         }
-        if self.opts.read_only || self.failed.load(Ordering::Relaxed) {
+        if self.opts.read_only || self.ckpt.failed.load(Ordering::Relaxed) {
             return;
         }
         m.atime.store(now, Ordering::Relaxed);
@@ -136,25 +136,25 @@ impl Engine {
             return;
         }
         let since = self.elapsed_secs().max(1);
-        let _ = self.lazy_since.compare_exchange(0, since, Ordering::AcqRel, Ordering::Relaxed);
-        self.lazy.current().lock().push(m.ino);
+        let _ = self.mem.lazy_since.compare_exchange(0, since, Ordering::AcqRel, Ordering::Relaxed);
+        self.mem.lazy.current().lock().push(m.ino);
     }
 
     /// For a checkpoint snapshot: the inodes whose lazy atimes it must write (all of them on
     /// `sync` and unmount, or once the oldest is [`LAZY_EXPIRY`] old), taken off the queue.
     pub(crate) fn take_lazy(&self, all: bool) -> Vec<u32> {
-        let since = self.lazy_since.load(Ordering::Acquire);
+        let since = self.mem.lazy_since.load(Ordering::Acquire);
         let expired = since != 0 && self.elapsed_secs().saturating_sub(since) >= LAZY_EXPIRY;
         if !(all || expired) || since == 0 {
             return Vec::new();
         }
-        self.lazy_since.store(0, Ordering::Release);
+        self.mem.lazy_since.store(0, Ordering::Release);
         let mut out = Vec::new();
-        for q in self.lazy.iter() {
+        for q in self.mem.lazy.iter() {
             out.append(&mut q.lock());
         }
         for &ino in &out {
-            if let Some(m) = self.cells.get(ino as u64) {
+            if let Some(m) = self.mem.cells.get(ino as u64) {
                 m.lazy_queued.store(false, Ordering::Release);
             }
         }

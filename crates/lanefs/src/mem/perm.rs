@@ -96,7 +96,7 @@ impl Engine {
         }
         self.check_writable()?;
         let mode = {
-            let _g = self.pass.shared();
+            let _g = self.mem.pass.shared();
             let mode = {
                 let mut meta = m.meta.lock();
                 meta.mode &= !loss.setid;
@@ -139,7 +139,7 @@ impl Engine {
             };
             mode & S_ISGID != 0 && !perm::acl_keeps_sgid(gid, caller)
         };
-        let g = self.pass.shared();
+        let g = self.mem.pass.shared();
         let mode = {
             let mut meta = m.meta.lock();
             let mut mode = meta.mode;

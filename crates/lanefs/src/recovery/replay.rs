@@ -78,7 +78,7 @@ impl Engine {
     /// create names an inode the checkpoint has: a created inode's number was free in it.
     fn replay_adopt(&self, d: &MNode, name: &[u8], ino: u32, attr: &InodeAttr) -> bool {
         let dm = d.dir().expect("dir");
-        if dm.map.lookup(name).is_some() || !self.cp.lock().cp.orphans.contains(&ino) {
+        if dm.map.lookup(name).is_some() || !self.ckpt.cp.lock().cp.orphans.contains(&ino) {
             return false;
         }
         let Ok(m) = self.mnode(ino) else { return false };
@@ -220,9 +220,9 @@ impl Engine {
                 }
                 // The chain walk and the region's reader checked every address against the
                 // geometry (`Transaction::validate_geometry`) before it got here.
-                debug_assert!(self.g.in_main(addr as u64), "map of {ino} to block {addr}");
+                debug_assert!(self.disk.g.in_main(addr as u64), "map of {ino} to block {addr}");
                 // Installed: live from now on (its segment was kept out of the free map).
-                self.table.claim_valid(addr as u64, 0)?;
+                self.disk.table.claim_valid(addr as u64, 0)?;
                 disk.remap(idx, addr);
             }
         }
@@ -298,10 +298,10 @@ impl Engine {
     /// inode exists already (the record was superseded).
     fn replay_new_inode(&self, d: &MNode, name: &[u8], ino: u32, attr: &InodeAttr, symlink: &[u8]) -> bool {
         let dm = d.dir().expect("dir");
-        if dm.map.lookup(name).is_some() || self.cells.get(ino as u64).is_some() {
+        if dm.map.lookup(name).is_some() || self.mem.cells.get(ino as u64).is_some() {
             return false;
         }
-        if self.nat.reserve(ino).is_err() {
+        if self.disk.nat.reserve(ino).is_err() {
             return false;
         }
         let is_dir = attr.mode & crate::format::node::S_IFMT == S_IFDIR;
@@ -322,13 +322,13 @@ impl Engine {
             ctime: attr.ctime,
             flags: attr.flags,
         };
-        let m = MNode::new(ino, meta, attr.size, stamps, &self.cache);
+        let m = MNode::new(ino, meta, attr.size, stamps, &self.mem.cache);
         m.parent.store(d.ino, Ordering::Relaxed);
         if is_dir {
             m.disk.lock().dentries = Some(Default::default());
             d.add_nlink(1);
         }
-        let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
+        let (m, _) = self.mem.cells.insert_if_absent(ino as u64, || m);
         let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
         self.mark_dirty(&m);
         true
