@@ -27,7 +27,7 @@ impl Fs {
     /// lseek(2) SEEK_DATA / SEEK_HOLE from `off`. ENXIO when `off` is at or past the end, or
     /// (SEEK_DATA) no data follows it. A file that is not a regular file is all data.
     pub fn seek(&self, ino: Ino, off: u64, what: Seek) -> Result<u64> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let m = {
             let _g = self.engine.mem.pass.shared();
             self.engine.mnode(ino32(ino)?)?

@@ -34,7 +34,7 @@ pub struct TrimRange {
 impl Engine {
     /// The label: the bytes of the superblock's label field up to the first NUL.
     pub(crate) fn label(&self) -> Result<Vec<u8>> {
-        self.check_live()?;
+        self.disk.check_live()?;
         let sb = read_superblock(&*self.disk.dev)?.sb;
         let end = sb.label.iter().position(|&c| c == 0).unwrap_or(sb.label.len());
         Ok(sb.label[..end].to_vec())

@@ -133,7 +133,7 @@ impl Engine {
         }
         let Some(_round) = self.ckpt.gc.round.try_lock() else { return Ok(RoundPlan::default()) };
         let want = (self.gc_threshold() - self.disk.table.free_segments()) * BLOCKS_PER_SEG as u64;
-        let plan = self.plan_round(VictimPolicy::CostBenefit { now: self.elapsed_secs() }, want)?;
+        let plan = self.plan_round(VictimPolicy::CostBenefit { now: self.disk.elapsed_secs() }, want)?;
         if plan.victims > 0 {
             self.checkpoint(false)?;
         }
@@ -146,7 +146,7 @@ impl Engine {
         let before = self.ckpt.gc.segments_cleaned.load(Ordering::Relaxed);
         // Blocks that dirty data overwrote die with a checkpoint: take it first, so that the
         // victims show all their invalid blocks.
-        if self.ckpt.requests.dirty_inodes.sum() > 0 {
+        if self.mem.dirty_inodes.sum() > 0 {
             self.checkpoint(false)?;
         }
         // Bounded: each round empties at least one victim or stops.
@@ -181,7 +181,7 @@ impl Engine {
         // log's open segment (`LaneSet::checkpoint_segments`), so that a round can still run
         // when an ordinary checkpoint's fresh segments have taken free ones below the reserve.
         let free = self.disk.table.free_segments();
-        let committed = self.committed_blocks() + SLACK_BLOCKS;
+        let committed = self.mem.committed_blocks() + SLACK_BLOCKS;
         let fits = |data: u64, other: u64| {
             self.disk.lanes.checkpoint_segments(data, committed + other, crate::engine::JOURNAL_LOG) <= free
         };
@@ -263,7 +263,7 @@ impl Engine {
             }
             // Otherwise the block is superseded: the inode's next checkpoint drops it.
         }
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(true)
     }
 
@@ -284,7 +284,7 @@ impl Engine {
             }
         }
         // The inode node itself is rewritten whenever its inode is checkpointed.
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(true)
     }
 
@@ -300,7 +300,7 @@ impl Engine {
             disk.xattr.relocate.push((idx, addr));
         }
         m.meta.lock().xattrs.cp_dirty = true;
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(true)
     }
 
@@ -436,13 +436,13 @@ mod tests {
                     e.disk.lanes.reserve(lane, LogType::WarmNode, junk(lane), 1).unwrap();
                 }
             }
-            e.mark_dirty(&e.mnode(f).unwrap());
+            e.mem.mark_dirty(&e.mnode(f).unwrap());
             e.checkpoint(false).unwrap();
         }
         drop(round);
         let free = e.disk.table.free_segments();
         assert!(free < LOG_TYPES as u64 && free > 0, "{free} free segments");
-        assert_eq!(e.committed_blocks(), 0);
+        assert_eq!(e.mem.committed_blocks(), 0);
         assert!(e.disk.table.valid_count() < e.disk.g.user_blocks() * 2 / 3, "most of the space is garbage");
 
         // Overwrites (each needs a round when they reach the reserve) keep succeeding.

@@ -149,7 +149,7 @@ impl Engine {
         if !datasync && m.atime_dirty.swap(false, Ordering::AcqRel) {
             m.attr_dirty.store(true, Ordering::Release);
             // Dirty too: a transaction that does not fit leaves it to the checkpoint.
-            self.mark_dirty(m);
+            self.mem.mark_dirty(m);
         }
         let mut start = m.pending_dirs();
         if m.is_dir() {
@@ -173,7 +173,7 @@ impl Engine {
     fn flush_txn(&self, m: &Arc<MNode>, start: &[u32]) -> Result<bool> {
         // First, and alone of its kind: every other lock below is taken after it.
         let _order = m.fsync_order.lock();
-        let (lane, _) = self.lane();
+        let (lane, _) = self.disk.lane();
         let dirs = self.dir_closure(start)?;
         let (dir_ops, ticket) = self.take_dir_ops(&dirs, m.ino)?;
         // Stamped after every record collected: replay applies the file's own records last.
@@ -216,7 +216,7 @@ impl Engine {
                 // Durable after the flush: what the lane's next transaction says it may skip.
                 let marks = &self.disk.chain_marks[lane as usize];
                 let upto = marks.written();
-                self.fsync_flush()?;
+                self.disk.fsync_flush()?;
                 marks.flushed(upto);
                 Ok(false)
             }
@@ -265,12 +265,6 @@ impl Engine {
         if let Some((p, _)) = m.pages() {
             p.restore_dirty(pages);
         }
-    }
-
-    /// The device flush of an fsync, shared with every concurrent one (group commit).
-    pub(crate) fn fsync_flush(&self) -> Result<()> {
-        self.disk.io.fsync_flushes.add(1);
-        self.disk.group.sync(&*self.disk.dev)
     }
 
     /// The directories an fsync starting at `start` must flush, in ascending inode order.
@@ -418,7 +412,7 @@ impl Engine {
         inline: bool,
     ) -> Result<Commit> {
         debug_assert!(!inline || self.disk.nvm_log.is_some());
-        let mtime = self.elapsed_secs();
+        let mtime = self.disk.elapsed_secs();
         let mut parts = self.place_pages(m, lane, pages, inline, mtime)?;
         parts.records = dir_ops.ops.iter().map(|o| o.record.clone()).collect();
         self.take_inode_records(m, stamp, pages, inline, &mut parts)?;
@@ -590,12 +584,12 @@ impl Engine {
             }
             Err(e) => return Err(e),
         };
-        self.count_journal(blocks.len() as u64);
+        self.ckpt.requests.count_journal(blocks.len() as u64);
         // Within a lane, journal blocks complete in chain order: the chain lock is held
         // until the batch (data and journal blocks together) is written.
         let reqs: Vec<_> =
             page_reqs(writes).chain(blocks.iter().map(|(a, d)| WriteReq { addr: *a, data: d })).collect();
-        if let Err(e) = self.write_reqs(&reqs, WriteKind::Journal) {
+        if let Err(e) = self.disk.write_reqs(&reqs, WriteKind::Journal) {
             *chain = before;
             return Err(e);
         }
@@ -630,27 +624,6 @@ impl Engine {
         if !undo.xattr_names.is_empty() {
             m.meta.lock().xattrs.unjournaled.append(&mut undo.xattr_names);
         }
-    }
-
-    /// Writes (address, bytes) pairs in bounded batches, counted as `kind`.
-    pub(crate) fn write_all(&self, writes: &[(u64, Vec<u8>)], kind: WriteKind) -> Result<()> {
-        let reqs: Vec<WriteReq> = writes.iter().map(|(a, d)| WriteReq { addr: *a, data: d }).collect();
-        self.write_reqs(&reqs, kind)
-    }
-
-    /// Writes `reqs` in bounded batches, counted as `kind`.
-    pub(crate) fn write_reqs(&self, reqs: &[WriteReq], kind: WriteKind) -> Result<()> {
-        for chunk in reqs.chunks(256) {
-            self.disk.dev.write_batch(chunk)?;
-            self.disk.io.count(kind, chunk.iter().map(|r| r.data.len() as u64).sum());
-        }
-        Ok(())
-    }
-
-    /// File-system age in seconds (segment mtimes for cleaning): the age the last checkpoint
-    /// recorded at mount plus the time mounted since.
-    pub(crate) fn elapsed_secs(&self) -> u64 {
-        self.disk.age_at_mount + self.disk.mounted_at.elapsed().as_secs()
     }
 }
 

@@ -47,8 +47,8 @@ impl Engine {
         if dirty.is_empty() {
             return Ok(());
         }
-        let (lane, _) = self.lane();
-        let mtime = self.elapsed_secs();
+        let (lane, _) = self.disk.lane();
+        let mtime = self.disk.elapsed_secs();
         let mut writes = Vec::with_capacity(dirty.len());
         let mut placed = Vec::with_capacity(dirty.len());
         for (idx, buf) in &dirty {
@@ -67,7 +67,7 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = self.write_reqs(&writes, crate::engine::WriteKind::Writeback) {
+        if let Err(e) = self.disk.write_reqs(&writes, crate::engine::WriteKind::Writeback) {
             pages.restore_dirty(&dirty);
             for (_, a, _) in placed {
                 self.disk.table.invalidate(a as u64)?;

@@ -10,6 +10,7 @@
 
 use super::mnode::{MNode, Meta, S_IFDIR, S_IFLNK, S_IFREG};
 use super::xattr::XattrSet;
+use super::Memfs;
 use crate::acl::{self, Acl};
 use crate::engine::{now, Engine};
 use crate::error::{Error, Result};
@@ -37,7 +38,7 @@ fn fits(x: &Xattrs) -> Result<()> {
     Ok(())
 }
 
-impl Engine {
+impl Memfs {
     /// After a chmod: the access ACL's mirrored entries rewritten to the new mode. A stored
     /// value that does not decode (written before ACLs were checked) is left as it is.
     pub(crate) fn chmod_acl(&self, meta: &mut Meta) {
@@ -47,6 +48,73 @@ impl Engine {
         self.xattr_changed(&mut meta.xattrs, acl::ACCESS);
     }
 
+    /// setxattr of an ACL: validated; an access ACL sets the mode's permission bits and is kept
+    /// only if it says more than they do, and drops set-group-ID unless `caller` is in the
+    /// file's group or privileged; a default ACL only on a directory. An empty ACL removes it.
+    /// (Flags are ignored, as the kernel ignores them for ACLs.)
+    pub(crate) fn set_acl(&self, m: &MNode, name: &[u8], value: &[u8], caller: &dyn Caller) -> Result<()> {
+        debug_assert!(name == acl::ACCESS || name == acl::DEFAULT);
+        let new = Acl::decode(value)?;
+        if m.file_type == S_IFLNK {
+            return Err(Error::errno(libc::EOPNOTSUPP, "symlinks have no ACLs"));
+        }
+        if name == acl::DEFAULT && !m.is_dir() {
+            return match new {
+                Some(_) => Err(Error::errno(libc::EACCES, "a default ACL on a non-directory")),
+                None => Ok(()),
+            };
+        }
+        let drop_sgid = name == acl::ACCESS && new.is_some() && {
+            let (mode, gid) = {
+                let meta = m.meta.lock();
+                (meta.mode, meta.gid)
+            };
+            mode & S_ISGID != 0 && !perm::acl_keeps_sgid(gid, caller)
+        };
+        let g = self.pass.shared();
+        let mode = {
+            let mut meta = m.meta.lock();
+            let mut mode = meta.mode;
+            let value = match &new {
+                Some(a) if name == acl::ACCESS => {
+                    let (m2, extended) = a.equiv_mode(mode);
+                    mode = if drop_sgid { m2 & !S_ISGID } else { m2 };
+                    extended.then(|| a.encode())
+                }
+                Some(a) => Some(a.encode()),
+                None => None,
+            };
+            let x = &mut meta.xattrs;
+            let changed = match value {
+                Some(v) => {
+                    if x.set.stream_len_with(name, v.len()) > MAX_XATTR_STREAM {
+                        return Err(Error::errno(
+                            libc::ENOSPC,
+                            "no room for more extended attributes on this inode",
+                        ));
+                    }
+                    Arc::make_mut(&mut x.set).set(name, v);
+                    true
+                }
+                None => Arc::make_mut(&mut x.set).remove(name),
+            };
+            if changed {
+                self.xattr_changed(x, name);
+            }
+            meta.mode = mode;
+            mode
+        };
+        m.touch_ctime(now());
+        self.mark_dirty(m);
+        drop(g);
+        if drop_sgid {
+            caller.dropped(m.ino as u64, mode);
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
     /// The mode and xattrs of a new inode created with `mode` (type and permission bits) in
     /// directory `dir`, by a process whose umask is `umask`: masked by the directory's default
     /// ACL if it has one (and then not by the umask), which a new directory also inherits.
@@ -101,81 +169,16 @@ impl Engine {
                 let mut meta = m.meta.lock();
                 meta.mode &= !loss.setid;
                 if loss.capability && Arc::make_mut(&mut meta.xattrs.set).remove(perm::SECURITY_CAPABILITY) {
-                    self.xattr_changed(&mut meta.xattrs, perm::SECURITY_CAPABILITY);
+                    self.mem.xattr_changed(&mut meta.xattrs, perm::SECURITY_CAPABILITY);
                 }
                 meta.mode
             };
             m.touch_ctime(now());
-            self.mark_dirty(m);
+            self.mem.mark_dirty(m);
             mode
         };
         // Told with nothing held: the adapter writes to the kernel.
         if loss.setid != 0 {
-            caller.dropped(m.ino as u64, mode);
-        }
-        Ok(())
-    }
-
-    /// setxattr of an ACL: validated; an access ACL sets the mode's permission bits and is kept
-    /// only if it says more than they do, and drops set-group-ID unless `caller` is in the
-    /// file's group or privileged; a default ACL only on a directory. An empty ACL removes it.
-    /// (Flags are ignored, as the kernel ignores them for ACLs.)
-    pub(crate) fn set_acl(&self, m: &MNode, name: &[u8], value: &[u8], caller: &dyn Caller) -> Result<()> {
-        debug_assert!(name == acl::ACCESS || name == acl::DEFAULT);
-        let new = Acl::decode(value)?;
-        if m.file_type == S_IFLNK {
-            return Err(Error::errno(libc::EOPNOTSUPP, "symlinks have no ACLs"));
-        }
-        if name == acl::DEFAULT && !m.is_dir() {
-            return match new {
-                Some(_) => Err(Error::errno(libc::EACCES, "a default ACL on a non-directory")),
-                None => Ok(()),
-            };
-        }
-        let drop_sgid = name == acl::ACCESS && new.is_some() && {
-            let (mode, gid) = {
-                let meta = m.meta.lock();
-                (meta.mode, meta.gid)
-            };
-            mode & S_ISGID != 0 && !perm::acl_keeps_sgid(gid, caller)
-        };
-        let g = self.mem.pass.shared();
-        let mode = {
-            let mut meta = m.meta.lock();
-            let mut mode = meta.mode;
-            let value = match &new {
-                Some(a) if name == acl::ACCESS => {
-                    let (m2, extended) = a.equiv_mode(mode);
-                    mode = if drop_sgid { m2 & !S_ISGID } else { m2 };
-                    extended.then(|| a.encode())
-                }
-                Some(a) => Some(a.encode()),
-                None => None,
-            };
-            let x = &mut meta.xattrs;
-            let changed = match value {
-                Some(v) => {
-                    if x.set.stream_len_with(name, v.len()) > MAX_XATTR_STREAM {
-                        return Err(Error::errno(
-                            libc::ENOSPC,
-                            "no room for more extended attributes on this inode",
-                        ));
-                    }
-                    Arc::make_mut(&mut x.set).set(name, v);
-                    true
-                }
-                None => Arc::make_mut(&mut x.set).remove(name),
-            };
-            if changed {
-                self.xattr_changed(x, name);
-            }
-            meta.mode = mode;
-            mode
-        };
-        m.touch_ctime(now());
-        self.mark_dirty(m);
-        drop(g);
-        if drop_sgid {
             caller.dropped(m.ino as u64, mode);
         }
         Ok(())

@@ -232,6 +232,7 @@ fn new_engine(
             orphans: Mutex::new(Rank::Orphans, Default::default()),
             generations: crate::generation::Generations::new(generation_floor),
             xattr_owed: Default::default(),
+            dirty_inodes: PerCpuCounter::new(),
             claimed: Default::default(),
         },
         ckpt: Checkpointer {
@@ -255,8 +256,9 @@ fn new_engine(
                 journal_blocks: PerCpuCounter::new(),
                 logged_ops: PerCpuCounter::new(),
                 deleted_inodes: PerCpuCounter::new(),
-                dirty_inodes: PerCpuCounter::new(),
                 kick: (Mutex::new(Rank::CpKick, false), Condvar::new()),
+                logged_ops_limit: opts.logged_ops_limit,
+                journal_blocks_limit: opts.journal_blocks_limit,
             },
             failed: AtomicBool::new(false),
             failure: Mutex::new(Rank::Failure, String::new()),
@@ -279,7 +281,7 @@ fn finish(engine: &Engine, checkpoint: bool) -> Result<()> {
     } else {
         // Whatever the lane journals hold belongs to no live checkpoint (or is empty).
         let version = engine.ckpt.cp.lock().cp.version;
-        engine.reset_nvm_journals(version)?;
+        engine.disk.reset_nvm_journals(version)?;
     }
     Ok(())
 }

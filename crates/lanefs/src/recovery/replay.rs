@@ -30,7 +30,7 @@ pub(super) fn mark_orphans(engine: &Engine, orphans: Vec<u32>) -> usize {
     for o in orphans {
         if let Ok(m) = engine.mnode(o) {
             if m.meta.lock().nlink == 0 {
-                engine.mark_dirty(&m);
+                engine.mem.mark_dirty(&m);
                 removed += 1;
             }
         }
@@ -94,7 +94,7 @@ impl Engine {
         }
         m.parent.store(d.ino, Ordering::Relaxed);
         let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         true
     }
 
@@ -104,7 +104,7 @@ impl Engine {
         if d.dir().expect("dir").map.insert(name, ino, file_type).is_ok() {
             m.add_nlink(1);
             self.replayed(&d, r);
-            self.mark_dirty(&m);
+            self.mem.mark_dirty(&m);
         }
     }
 
@@ -147,7 +147,7 @@ impl Engine {
                     dd.add_nlink(-1);
                     sd.add_nlink(1);
                 }
-                self.mark_dirty(&other);
+                self.mem.mark_dirty(&other);
             }
         } else {
             if let Some(de) = de {
@@ -171,7 +171,7 @@ impl Engine {
         if src_dir != dst_dir {
             self.replayed(&dd, r);
         }
-        self.mark_dirty(&src);
+        self.mem.mark_dirty(&src);
     }
 
     /// A setattr: the attributes as the fsync saw them (the file type bits stay; a directory's
@@ -194,7 +194,7 @@ impl Engine {
         }
         m.mtime.store(ts_to_ns(attr.mtime), Ordering::Relaxed);
         m.ctime.store(ts_to_ns(attr.ctime), Ordering::Relaxed);
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// A map: blocks `first..` of `ino` now at `entries`' addresses (0 a hole, `NEW_ADDR`
@@ -228,7 +228,7 @@ impl Engine {
         }
         m.note_reserved(&disk);
         drop(disk);
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(())
     }
 
@@ -243,7 +243,7 @@ impl Engine {
         if let Some((p, _)) = m.pages() {
             p.truncate(from_block);
         }
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// A whole xattr set (the record older images wrote): replaces the inode's set.
@@ -254,10 +254,10 @@ impl Engine {
         let old: Vec<Vec<u8>> = x.set.names().map(<[u8]>::to_vec).collect();
         x.set = Arc::new(XattrSet::from_entries(attrs.to_vec()));
         for n in old.iter().chain(attrs.iter().map(|(n, _)| n)) {
-            self.xattr_changed(x, n);
+            self.mem.xattr_changed(x, n);
         }
         drop(meta);
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// One xattr set to `value`, or removed (`None`).
@@ -277,9 +277,9 @@ impl Engine {
                 Arc::make_mut(&mut x.set).remove(name);
             }
         }
-        self.xattr_changed(x, name);
+        self.mem.xattr_changed(x, name);
         drop(meta);
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// A page logged inline: a dirty page, which the checkpoint that ends recovery writes to
@@ -290,7 +290,7 @@ impl Engine {
         m.disk.lock().draw(idx);
         let whole = p.write(idx, 0, &data[..], None);
         debug_assert!(whole, "a logged page is a whole page");
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// A new inode `ino` named `name` in directory `d` (a create, or a rename's whiteout), with
@@ -330,7 +330,7 @@ impl Engine {
         }
         let (m, _) = self.mem.cells.insert_if_absent(ino as u64, || m);
         let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         true
     }
 
@@ -348,7 +348,7 @@ impl Engine {
         if was_dir {
             d.add_nlink(-1);
         }
-        self.mark_dirty(m);
+        self.mem.mark_dirty(m);
     }
 
     /// Logs a replayed operation in `d` (journaled already) so the checkpoint rewrites its names.
@@ -356,6 +356,6 @@ impl Engine {
         let op = LoggedOp::new(r.clone());
         op.journaled.store(true, Ordering::Relaxed);
         d.dir().expect("dir").log.push(op);
-        self.mark_dirty(d);
+        self.mem.mark_dirty(d);
     }
 }

@@ -1,5 +1,5 @@
 //! The background checkpoint and cleaning thread of a writable mount: it checkpoints on a timer
-//! and whenever asked (`Engine::kick_checkpoint`: a bound passed, a writer short of space), and
+//! and whenever asked (`CpRequests::kick_checkpoint`: a bound passed, a writer short of space), and
 //! cleans while free segments are short and the file system is quiet, or whatever the load
 //! once they near the cleaning reserve. It lives with the checkpointer it drives, as F2FS keeps
 //! `gc_thread_func` in gc.c; `Fs` only starts and stops it (`Background`).
@@ -49,7 +49,7 @@ impl Background {
                     // Writers waiting for a checkpoint would wait for ever: stop the file
                     // system instead (every later change fails with EIO, as after a failed
                     // checkpoint), and let `stop` report the panic.
-                    e.stop_with_failure(format!(
+                    e.ckpt.stop_with_failure(format!(
                         "the background checkpoint thread panicked: {}",
                         panic_text(&*p)
                     ));

@@ -63,8 +63,8 @@ impl Engine {
                 self.settle_inode(s);
                 plans.push(self.prepare_data(w, s, &mut data, &mut moves)?);
             }
-            self.write_all(&data, WriteKind::Checkpoint)?;
-            self.write_all(&moves, WriteKind::Cleaning)?;
+            self.disk.write_all(&data, WriteKind::Checkpoint)?;
+            self.disk.write_all(&moves, WriteKind::Cleaning)?;
             drop((data, moves));
             for (mut s, plan) in batch.into_iter().zip(plans) {
                 self.install_inode(w, &mut s, plan, writes, bridge)?;
@@ -74,20 +74,9 @@ impl Engine {
             drop(self.ckpt.cp.lock());
             self.ckpt.cp_done.notify_all();
             if writes.len() >= 1024 {
-                self.write_all(writes, WriteKind::Checkpoint)?;
+                self.disk.write_all(writes, WriteKind::Checkpoint)?;
                 writes.clear();
             }
-        }
-    }
-
-    /// Waits until no fsync or writeback is still installing an inode for the checkpoint in
-    /// progress (their node blocks must be written, and their NAT entries set, before the
-    /// checkpoint takes the NAT and the SIT).
-    pub(super) fn wait_for_helpers(&self) {
-        let mut cp = self.ckpt.cp.lock();
-        // Bounded: each helper finishes its one inode and counts itself out.
-        while cp.installs.helping > 0 {
-            self.ckpt.cp_done.wait(&mut cp);
         }
     }
 
@@ -105,10 +94,10 @@ impl Engine {
         let r = (|| {
             let (mut data, mut moves, mut writes) = (Vec::new(), Vec::new(), Vec::new());
             let plan = self.prepare_data(&w, &s, &mut data, &mut moves)?;
-            self.write_all(&data, WriteKind::Checkpoint)?;
-            self.write_all(&moves, WriteKind::Cleaning)?;
+            self.disk.write_all(&data, WriteKind::Checkpoint)?;
+            self.disk.write_all(&moves, WriteKind::Cleaning)?;
             self.install_inode(&w, &mut s, plan, &mut writes, args.bridge)?;
-            self.write_all(&writes, WriteKind::Checkpoint)
+            self.disk.write_all(&writes, WriteKind::Checkpoint)
         })();
         let mut cp = self.ckpt.cp.lock();
         debug_assert!(cp.installs.helping > 0);

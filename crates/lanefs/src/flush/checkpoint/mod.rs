@@ -8,7 +8,7 @@
 //!    whole, and snapshot each live dirty inode — attributes, dirty pages (shared,
 //!    copy-on-write), current mapping (shared, `mem::cowmap`), and for a directory its logs
 //!    (set aside whole, still offered to fsyncs: `DirLog::hold_all`) and touched-name sets
-//!    (swapped out whole, `mem::dir`). Dead inodes are not visited (`Engine::bury`). No I/O
+//!    (swapped out whole, `mem::dir`). Dead inodes are not visited (`Memfs::bury`). No I/O
 //!    happens here, and no work per dead inode, directory record or touched name; namespace
 //!    and data operations resume right after. What the phase did is counted
 //!    (`ExclusiveWork`). Then the gate is released: fsync and writeback run beside the rest.
@@ -105,7 +105,7 @@ impl Engine {
         let deleted = match r {
             Ok(deleted) => deleted,
             Err(e) => {
-                self.stop_with_failure(e.to_string());
+                self.ckpt.stop_with_failure(e.to_string());
                 return Err(e);
             }
         };
@@ -125,12 +125,12 @@ impl Engine {
     /// How this checkpoint writes nodes and data (its lane, CPU slot, version and segment
     /// time) and the bridge it leaves: the same for its writer and its helpers.
     fn writer_args(&self, snap: &Snapshot) -> WriterArgs {
-        let (_, cpu) = self.lane();
+        let (_, cpu) = self.disk.lane();
         WriterArgs {
             lane: self.checkpoint_lane(),
             cpu,
             cp_ver: self.ckpt.cp.lock().cp.version + 1,
-            mtime: self.elapsed_secs(),
+            mtime: self.disk.elapsed_secs(),
             bridge: (snap.seq, snap.full_stamp),
         }
     }
@@ -175,7 +175,7 @@ impl Engine {
         // Whatever happened, nothing stays offered, and no helper is still writing for this
         // checkpoint when it commits (or gives up).
         self.ckpt.cp.lock().installs.close();
-        self.wait_for_helpers();
+        self.ckpt.wait_for_helpers();
         installed?;
         if let Some(why) = self.ckpt.cp.lock().installs.failed.take() {
             return Err(Error::errno(
@@ -190,7 +190,7 @@ impl Engine {
             // more: no name, not open.
             self.mem.cells.remove_if_same(m.ino as u64, m);
         }
-        self.write_all(&writes, WriteKind::Checkpoint)?;
+        self.disk.write_all(&writes, WriteKind::Checkpoint)?;
         drop(writes);
 
         let nat = self.disk.nat.take_dirty_blocks();
@@ -232,10 +232,10 @@ impl Engine {
         cp.orphans = snap.orphans.clone();
         let pack = cps.pack;
         drop(cps);
-        let nat = self.stage_nat(&mut cp, nat)?;
+        let nat = self.disk.stage_nat(&mut cp, nat)?;
         let written =
             commit(&*self.disk.dev, &self.disk.g, &mut cp, pack, &CommitSet { nat, sit, summaries })?;
-        self.apply_nat(cp.version)?;
+        self.disk.apply_nat(cp.version)?;
         self.disk.nat.checkpoint_done();
         self.gc_checkpoint_done();
         let mut cps = self.ckpt.cp.lock();

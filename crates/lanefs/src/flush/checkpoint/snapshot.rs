@@ -62,7 +62,7 @@ pub(super) struct Snapshot {
     /// Inodes dead at the snapshot, which this checkpoint drops (`settle_snapshot` fills it
     /// from the two below).
     pub(super) deleted: Vec<Arc<MNode>>,
-    /// The per-CPU dead lists, swapped out whole (`Engine::bury`).
+    /// The per-CPU dead lists, swapped out whole (`Memfs::bury`).
     pub(super) dead: Vec<Vec<u32>>,
     /// Dirty inodes the phase found dead that no one buried.
     pub(super) found_dead: Vec<Arc<MNode>>,
@@ -94,7 +94,7 @@ impl Engine {
     /// The exclusive phase (every operation drained): what the checkpoint must take at this
     /// instant, and nothing it can take after. Lists, logs and touched-name sets are swapped
     /// out whole; each live dirty inode is captured (its mapping shared, not copied); dead
-    /// inodes are not visited at all (`Engine::bury` took them out of the dirty set). The work
+    /// inodes are not visited at all (`Memfs::bury` took them out of the dirty set). The work
     /// done per item is counted in `cp_pauses` (`ExclusiveWork`).
     ///
     /// The guards are the proof of the phase: the gate held exclusively (no fsync or
@@ -216,7 +216,7 @@ impl Engine {
             }
             // Whatever is pending is this checkpoint's now: the xattrs it writes (their
             // blocks no longer owed) and those an fsync would journal.
-            self.xattr_settled(&mut meta.xattrs);
+            self.mem.xattr_settled(&mut meta.xattrs);
             let xattr_names = std::mem::take(&mut meta.xattrs.unjournaled);
             let xattrs_changed = std::mem::take(&mut meta.xattrs.cp_dirty);
             // Cheap: the xattr set is shared, not copied.
@@ -289,14 +289,14 @@ impl Engine {
         // fsyncs wait for this checkpoint, whatever they flush, when a lane's chain left its
         // head behind (a transaction after the new head is out of reach from the last
         // checkpoint's, which recovery reads if this one never lands), or with region journals
-        // (emptied once the pack is durable: `Engine::apply_nat`).
+        // (emptied once the pack is durable: `Disk::apply_nat`).
         if moved || self.disk.nvm_log.is_some() {
             self.ckpt.cp.lock().fence = seq;
         }
         self.ckpt.requests.journal_blocks.take();
         self.ckpt.requests.logged_ops.take();
         self.ckpt.requests.deleted_inodes.take();
-        self.ckpt.requests.dirty_inodes.take();
+        self.mem.dirty_inodes.take();
         SnapshotTail { orphans, heads, reserved }
     }
 
@@ -320,7 +320,7 @@ impl Engine {
             {
                 let mut meta = m.meta.lock();
                 debug_assert!(meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0, "inode {} dead", m.ino);
-                self.xattr_settled(&mut meta.xattrs);
+                self.mem.xattr_settled(&mut meta.xattrs);
                 meta.xattrs.unjournaled.clear();
             }
             m.attr_dirty.store(false, Ordering::Release);
@@ -344,7 +344,7 @@ impl Engine {
     /// (active segments are never freed), and records that position as the lane's head.
     fn reanchor_journal_heads(&self) -> bool {
         let cursors = self.disk.lanes.cursors();
-        let mtime = self.elapsed_secs();
+        let mtime = self.disk.elapsed_secs();
         let mut moved = false;
         for (l, chain) in self.disk.chains.iter().enumerate() {
             let mut chain = chain.lock();

@@ -58,7 +58,7 @@ impl Engine {
             let mut meta = m.meta.lock();
             if let Some(md) = mode {
                 meta.mode = (meta.mode & S_IFMT) | (md & 0o7777);
-                self.chmod_acl(&mut meta);
+                self.mem.chmod_acl(&mut meta);
             }
             if let Some(u) = uid {
                 meta.uid = u;
@@ -71,7 +71,7 @@ impl Engine {
             m.mtime.store(ts_to_ns(t), Ordering::Relaxed);
         }
         m.touch_ctime(ctime.unwrap_or_else(now));
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(m)
     }
 
@@ -133,7 +133,7 @@ impl Engine {
             };
             // An ACL is an attribute change like any other (t_immutable's add_acl).
             refuse(m.iflags(), InodeFlags::PRIVILEGED, "set an ACL")?;
-            return self.set_acl(&m, name, value, caller);
+            return self.mem.set_acl(&m, name, value, caller);
         }
         let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
@@ -150,10 +150,10 @@ impl Engine {
         }
         // Copies the set only if a checkpoint is writing it now.
         Arc::make_mut(&mut x.set).set(name, value.to_vec());
-        self.xattr_changed(x, name);
+        self.mem.xattr_changed(x, name);
         drop(meta);
         m.touch_ctime(now());
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(())
     }
 
@@ -172,28 +172,11 @@ impl Engine {
             return Err(Error::errno(libc::ENODATA, String::from_utf8_lossy(name)));
         }
         Arc::make_mut(&mut x.set).remove(name);
-        self.xattr_changed(x, name);
+        self.mem.xattr_changed(x, name);
         drop(meta);
         m.touch_ctime(now());
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(())
-    }
-
-    /// Notes (under the inode's meta lock) that xattr `name` changed: the next fsync journals
-    /// it, the next checkpoint writes the set, and the blocks that takes are owed until then.
-    pub(crate) fn xattr_changed(&self, x: &mut XattrState, name: &[u8]) {
-        x.unjournaled.insert(name.to_vec());
-        x.cp_dirty = true;
-        // An upper bound: a small set goes inline in its node, and a checkpoint rewrites only
-        // the blocks that changed.
-        let need = blocks_for(x.set.stream_len()) as u64;
-        self.mem.xattr_owed.fetch_add(need as i64 - x.owed as i64, Ordering::Relaxed);
-        x.owed = need;
-    }
-
-    /// The blocks owed for `x` are no longer (a checkpoint took the set, or the inode is gone).
-    pub(crate) fn xattr_settled(&self, x: &mut XattrState) {
-        self.mem.xattr_owed.fetch_sub(std::mem::take(&mut x.owed) as i64, Ordering::Relaxed);
     }
 
     /// Number of allocated 4 KiB blocks of a file (for st_blocks).

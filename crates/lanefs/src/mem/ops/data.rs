@@ -59,7 +59,7 @@ impl Engine {
             m.flags.store(new.bits(), Ordering::Release);
         }
         m.touch_ctime(now());
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(m)
     }
 
@@ -73,8 +73,8 @@ impl Engine {
         }
         if prev == 1 && m.meta.lock().nlink == 0 {
             self.mem.orphans.lock().remove(&m.ino);
-            self.mark_dirty(&m);
-            self.bury(&m);
+            self.mem.mark_dirty(&m);
+            self.mem.bury(&m);
         }
         Ok(())
     }
@@ -266,7 +266,7 @@ impl Engine {
             m.touch(now());
         }
         self.disk.io.user.add(data.len() as u64);
-        self.mark_dirty(m);
+        self.mem.mark_dirty(m);
         Ok(())
     }
 
@@ -452,7 +452,7 @@ impl Engine {
         }
         m.size.store(size, Ordering::Release);
         m.touch(now());
-        self.mark_dirty(m);
+        self.mem.mark_dirty(m);
         Ok(dropped)
     }
 
@@ -526,7 +526,7 @@ impl Engine {
             g
         };
         m.touch(now());
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(())
     }
 

@@ -154,7 +154,7 @@ impl Engine {
         refuse(d.iflags(), InodeFlags::IMMUTABLE, "create")?;
         // Its ACLs go in with it, before its name is visible.
         let (mode, xattrs) = self.inherit(d, new.mode, new.umask)?;
-        let (_, cpu) = self.lane();
+        let (_, cpu) = self.disk.lane();
         let ino =
             self.disk.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
         let t = now();
@@ -174,7 +174,7 @@ impl Engine {
         let mut meta = meta;
         for (n, v) in xattrs {
             Arc::make_mut(&mut meta.xattrs.set).set(&n, v);
-            self.xattr_changed(&mut meta.xattrs, &n);
+            self.mem.xattr_changed(&mut meta.xattrs, &n);
         }
         let size = if ftype == S_IFLNK { new.symlink.len() as u64 } else { 0 };
         let flags = InodeFlags(d.iflags()).inherited_by(new.mode).bits();
@@ -223,9 +223,9 @@ impl Engine {
             d.add_nlink(1);
         }
         d.touch(t);
-        self.count_op();
-        self.mark_dirty(d);
-        self.mark_dirty(&m);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(d);
+        self.mem.mark_dirty(&m);
         Ok(m)
     }
 
@@ -299,9 +299,9 @@ impl Engine {
         m.touch_ctime(t);
         d.touch(t);
         self.note_name_dir(m, parent);
-        self.count_op();
-        self.mark_dirty(d);
-        self.mark_dirty(m);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(d);
+        self.mem.mark_dirty(m);
         Ok(())
     }
 
@@ -379,8 +379,8 @@ impl Engine {
             d.add_nlink(-1);
         }
         d.touch(t);
-        self.count_op();
-        self.mark_dirty(d);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(d);
         Ok(())
     }
 
@@ -394,14 +394,14 @@ impl Engine {
         child.touch_ctime(t);
         let open = nlink == 0 && child.open.load(Ordering::Acquire) > 0;
         if nlink == 0 {
-            self.count_deleted();
+            self.ckpt.requests.count_deleted();
             if open {
                 self.mem.orphans.lock().insert(child.ino);
             }
         }
-        self.mark_dirty(child);
+        self.mem.mark_dirty(child);
         if nlink == 0 && !open {
-            self.bury(child);
+            self.mem.bury(child);
         }
     }
 
@@ -612,7 +612,7 @@ impl Engine {
             }
             dst.touch_ctime(t);
             self.note_name_dir(dst, sp);
-            self.mark_dirty(dst);
+            self.mem.mark_dirty(dst);
         } else if let Some(dst) = dst {
             if dst.is_dir() {
                 dd.add_nlink(-1);
@@ -623,19 +623,19 @@ impl Engine {
         self.note_name_dir(src, dp);
         sd.touch(t);
         dd.touch(t);
-        self.count_op();
-        self.mark_dirty(src);
-        self.mark_dirty(sd);
-        self.mark_dirty(dd);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(src);
+        self.mem.mark_dirty(sd);
+        self.mem.mark_dirty(dd);
         if let Some(w) = wh {
-            self.mark_dirty(w);
+            self.mem.mark_dirty(w);
         }
     }
 
     /// A whiteout inode for a rename out of directory `dir`, in the inode table but not yet
     /// named: a character device 0:0 with no permission bits (as ext4 makes one).
     fn new_whiteout(&self, dir: u32, (uid, gid): (u32, u32)) -> Result<Arc<MNode>> {
-        let (_, cpu) = self.lane();
+        let (_, cpu) = self.disk.lane();
         let ino =
             self.disk.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
         let t = now();

@@ -37,7 +37,7 @@ impl Engine {
         }
         refuse(d.iflags(), InodeFlags::IMMUTABLE, "create")?;
         let (mode, xattrs) = self.inherit(d, new.mode, new.umask)?;
-        let (_, cpu) = self.lane();
+        let (_, cpu) = self.disk.lane();
         let ino =
             self.disk.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
         let t = now();
@@ -54,7 +54,7 @@ impl Engine {
         };
         for (n, v) in xattrs {
             Arc::make_mut(&mut meta.xattrs.set).set(&n, v);
-            self.xattr_changed(&mut meta.xattrs, &n);
+            self.mem.xattr_changed(&mut meta.xattrs, &n);
         }
         let flags = InodeFlags(d.iflags()).inherited_by(mode).bits();
         let m = MNode::new(ino, meta, 0, Stamps { flags, ..Stamps::at(t) }, &self.mem.cache);
@@ -68,8 +68,8 @@ impl Engine {
         // Within the pass-through semaphore, so a checkpoint's snapshot sees it dirty and on
         // the orphan list together, or neither.
         self.mem.orphans.lock().insert(ino);
-        self.count_op();
-        self.mark_dirty(&m);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(&m);
         Ok(m)
     }
 
