@@ -1,24 +1,34 @@
-//! The engine: every piece of state a mounted file system has, and the glue between MEMFS and
-//! DISKFS (loading inodes on first use, the dirty set, group commit, the operation clock).
+//! The engine: a mounted file system as the composition of its layers' parts, and the glue
+//! between them (loading inodes on first use, admission, the operation clock).
 //!
-//! Locking: every lock here has a rank in the one hierarchy written in `sync::rank`, which
-//! test builds enforce on every acquisition. No lock is held across device I/O except the gate
-//! (by design: it is how a checkpoint keeps fsync from changing block validity under it), a
-//! lane's chain writer (journal blocks of one lane complete in chain order), and `cp_serial`.
+//! [`Engine`] holds one part per layer, each defined in its layer's module with the methods
+//! that need only it:
+//! - [`Disk`] (`crate::disk`): the device, the NAT, segments, lanes and their journal chains.
+//! - [`Memfs`] (`crate::mem`): the mnodes, the pass-through semaphore, the dirty sets and
+//!   what else MEMFS keeps for the next checkpoint.
+//! - [`Checkpointer`] (`crate::flush::checkpoint`): the gate, checkpoint state and failure,
+//!   the cleaner's state, and the requests for a checkpoint that MEMFS and fsync make
+//!   (`CpRequests`).
 //!
-//! This file holds [`Engine`] itself, the operation clock, the dirty set and the checkpoint
-//! bounds; each child one more job of the glue:
+//! What joins the parts is still `impl Engine`, in the layer that runs it: MEMFS's operations
+//! (mem/ops/, atime.rs, perm.rs), fsync, writeback and checkpoints (flush/), the cleaner's
+//! rounds (gc.rs), replay (recovery/), and here admission and loading.
+//!
+//! Locking: every lock of the parts has a rank in the one hierarchy written in `sync::rank`,
+//! which test builds enforce on every acquisition. No lock is held across device I/O except the
+//! gate (by design: it is how a checkpoint keeps fsync from changing block validity under it),
+//! a lane's chain writer (journal blocks of one lane complete in chain order), and `cp_serial`.
+//!
+//! This file holds [`Engine`] itself, the operation clock and the waits for a checkpoint;
+//! each child one more job of the glue:
 //! - `options`: [`FsOptions`], how a mount behaves.
 //! - `load`: inodes loaded from disk on first use.
 //! - `space`: admission control — what an operation may dirty before the space runs out.
-//! - `group_commit`: concurrent fsyncs sharing one device flush.
-//! - `io`: bytes written by cause, for write amplification.
 
 mod load;
 mod options;
 mod space;
 
-pub(crate) use crate::disk::WriteKind;
 pub use options::FsOptions;
 pub use space::data_room;
 
@@ -67,6 +77,8 @@ pub struct Engine {
     pub(crate) mem: Memfs,
     /// The checkpointer and the cleaner.
     pub(crate) ckpt: Checkpointer,
+    /// Stamps for records: MEMFS's operations, fsync, checkpoints and replay stamp from one
+    /// clock, so it belongs to no single part.
     pub(crate) clock: StampClock,
     pub(crate) opts: FsOptions,
 }

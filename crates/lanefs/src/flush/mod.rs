@@ -33,7 +33,8 @@ mod nvm;
 pub mod writeback;
 
 use crate::device::WriteReq;
-use crate::engine::{Engine, WriteKind, JOURNAL_LOG};
+use crate::disk::WriteKind;
+use crate::engine::{Engine, JOURNAL_LOG};
 use crate::error::{Error, Result};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::journal::{Record, Transaction};

@@ -3,7 +3,8 @@
 //! and the lane journals fsync commits to instead of writing journal blocks. Without a region
 //! every hook is a no-op and both go to the device as before.
 
-use crate::engine::{Engine, WriteKind};
+use crate::disk::WriteKind;
+use crate::engine::Engine;
 use crate::error::Result;
 use crate::journal::Transaction;
 use crate::pmem::journal::Appended;

@@ -67,7 +67,7 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = self.disk.write_reqs(&writes, crate::engine::WriteKind::Writeback) {
+        if let Err(e) = self.disk.write_reqs(&writes, crate::disk::WriteKind::Writeback) {
             pages.restore_dirty(&dirty);
             for (_, a, _) in placed {
                 self.disk.table.invalidate(a as u64)?;

@@ -12,7 +12,8 @@
 
 use super::installs::{Claimed, INSTALL_BATCH_BLOCKS};
 use super::snapshot::InodeSnap;
-use crate::engine::{Engine, WriteKind};
+use crate::disk::WriteKind;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::node::{Inode, NodeBody, NodeFooter, BODY_LEN, INODE_ADDRS, INODE_NIDS, NEW_ADDR};
 use crate::format::ssa::{SummaryEntry, SummaryKind};

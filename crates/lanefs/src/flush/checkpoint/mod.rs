@@ -59,7 +59,8 @@ pub use pauses::{CpPauses, ExclusiveWork};
 pub(crate) use state::{Checkpointer, CpRequests, CpState};
 
 use crate::checkpoint::{commit, CommitSet};
-use crate::engine::{Engine, WriteKind};
+use crate::disk::WriteKind;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{LaneCheckpoint, CP_FLAG_CLEAN};
 use crate::mem::mnode::MNode;
