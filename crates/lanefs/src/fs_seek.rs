@@ -27,9 +27,9 @@ impl Fs {
     /// lseek(2) SEEK_DATA / SEEK_HOLE from `off`. ENXIO when `off` is at or past the end, or
     /// (SEEK_DATA) no data follows it. A file that is not a regular file is all data.
     pub fn seek(&self, ino: Ino, off: u64, what: Seek) -> Result<u64> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let m = {
-            let _g = self.engine.pass.shared();
+            let _g = self.engine.mem.pass.shared();
             self.engine.mnode(ino32(ino)?)?
         };
         let nxio = || Error::errno(libc::ENXIO, "offset past the data of the file");
@@ -44,8 +44,8 @@ impl Fs {
         };
         // No page is in flight while no checkpoint runs and the gate is held exclusively (see
         // the module comment).
-        let _serial = self.engine.cp_serial.lock();
-        let _gate = self.engine.gate.write();
+        let _serial = self.engine.ckpt.cp_serial.lock();
+        let _gate = self.engine.ckpt.gate.write();
         let size = m.size.load(Ordering::Acquire);
         if off >= size {
             return Err(nxio());

@@ -34,8 +34,8 @@ pub struct TrimRange {
 impl Engine {
     /// The label: the bytes of the superblock's label field up to the first NUL.
     pub(crate) fn label(&self) -> Result<Vec<u8>> {
-        self.check_live()?;
-        let sb = read_superblock(&*self.dev)?.sb;
+        self.disk.check_live()?;
+        let sb = read_superblock(&*self.disk.dev)?.sb;
         let end = sb.label.iter().position(|&c| c == 0).unwrap_or(sb.label.len());
         Ok(sb.label[..end].to_vec())
     }
@@ -51,14 +51,14 @@ impl Engine {
         }
         // One superblock writer at a time; checkpoints write other blocks, so sharing their
         // lock costs nothing that matters.
-        let _one = self.cp_serial.lock();
-        let mut sb = read_superblock(&*self.dev)?.sb;
+        let _one = self.ckpt.cp_serial.lock();
+        let mut sb = read_superblock(&*self.disk.dev)?.sb;
         sb.label = [0; 32];
         sb.label[..label.len()].copy_from_slice(label);
         let bytes = sb.encode();
         for addr in SB_ADDRS {
-            self.dev.write_block(addr, &bytes)?;
-            self.dev.flush()?;
+            self.disk.dev.write_block(addr, &bytes)?;
+            self.disk.dev.flush()?;
         }
         Ok(())
     }
@@ -70,7 +70,7 @@ impl Engine {
     pub(crate) fn trim(&self, r: TrimRange) -> Result<u64> {
         self.check_writable()?;
         let bs = BLOCK_SIZE as u64;
-        let dev_bytes = self.g.total_blocks * bs;
+        let dev_bytes = self.disk.g.total_blocks * bs;
         if r.len < bs {
             return Err(Error::errno(libc::EINVAL, format!("trim range of {} bytes, under a block", r.len)));
         }
@@ -80,7 +80,7 @@ impl Engine {
                 format!("trim start {} past the device ({dev_bytes} bytes)", r.start),
             ));
         }
-        if r.minlen > self.g.main_blocks() * bs {
+        if r.minlen > self.disk.g.main_blocks() * bs {
             return Err(Error::errno(
                 libc::EINVAL,
                 format!("trim minimum length {} over the main area", r.minlen),
@@ -88,20 +88,20 @@ impl Engine {
         }
         let end = r.start.saturating_add(r.len).min(dev_bytes);
         // Whole blocks inside the range, then the part of the main area they cover.
-        let main_end = self.g.main_blkaddr + self.g.main_blocks();
-        let first = r.start.div_ceil(bs).max(self.g.main_blkaddr);
+        let main_end = self.disk.g.main_blkaddr + self.disk.g.main_blocks();
+        let first = r.start.div_ceil(bs).max(self.disk.g.main_blkaddr);
         let last = (end / bs).min(main_end);
         if first >= last {
             return Ok(0);
         }
-        let seg_of = |blk: u64| ((blk - self.g.main_blkaddr) / BLOCKS_PER_SEG as u64) as u32;
+        let seg_of = |blk: u64| ((blk - self.disk.g.main_blkaddr) / BLOCKS_PER_SEG as u64) as u32;
         let segs = seg_of(first)..seg_of(last - 1) + 1;
-        let keep = self.g.cleaning_reserve() as usize;
+        let keep = self.disk.g.cleaning_reserve() as usize;
         let mut trimmed = 0u64;
-        for run in self.table.free_runs(segs, keep) {
+        for run in self.disk.table.free_runs(segs, keep) {
             // The part of the run inside [first, last), in blocks.
-            let lo = self.g.seg_start(run.start).max(first);
-            let hi = (self.g.seg_start(run.end - 1) + BLOCKS_PER_SEG as u64).min(last);
+            let lo = self.disk.g.seg_start(run.start).max(first);
+            let hi = (self.disk.g.seg_start(run.end - 1) + BLOCKS_PER_SEG as u64).min(last);
             if (hi - lo) * bs < r.minlen.max(1) {
                 continue;
             }
@@ -110,9 +110,9 @@ impl Engine {
             while at < run.end {
                 let chunk = at..(at + DISCARD_PER_ROUND as u32).min(run.end);
                 at = chunk.end;
-                let taken = self.table.take_for_trim(chunk, keep);
+                let taken = self.disk.table.take_for_trim(chunk, keep);
                 let r = self.discard_taken(&taken, lo, hi);
-                self.table.return_trimmed(&taken);
+                self.disk.table.return_trimmed(&taken);
                 trimmed += r? * bs;
             }
         }
@@ -130,10 +130,10 @@ impl Engine {
             while j < taken.len() && taken[j] == taken[j - 1] + 1 {
                 j += 1;
             }
-            let a = self.g.seg_start(taken[i]).max(lo);
-            let b = (self.g.seg_start(taken[j - 1]) + BLOCKS_PER_SEG as u64).min(hi);
+            let a = self.disk.g.seg_start(taken[i]).max(lo);
+            let b = (self.disk.g.seg_start(taken[j - 1]) + BLOCKS_PER_SEG as u64).min(hi);
             if a < b {
-                self.dev.discard(a, b - a)?;
+                self.disk.dev.discard(a, b - a)?;
                 blocks += b - a;
             }
             i = j;

@@ -93,7 +93,7 @@ pub struct RoundPlan {
 impl Engine {
     /// Free segments below which background cleaning starts.
     pub(crate) fn gc_threshold(&self) -> u64 {
-        (self.g.main_segments as u64 / 8).max(self.g.cleaning_reserve() + 2)
+        (self.disk.g.main_segments as u64 / 8).max(self.disk.g.cleaning_reserve() + 2)
     }
 
     /// Free segments are so few that the background cleaner runs even under load: a busy
@@ -101,7 +101,8 @@ impl Engine {
     /// checkpoints (each may open a fresh segment in every log it writes) may have taken the
     /// reserve's segments the cleaner's own checkpoint needs.
     pub(crate) fn gc_urgent(&self) -> bool {
-        self.table.free_segments() < self.g.cleaning_reserve() + crate::format::layout::LOG_TYPES as u64
+        self.disk.table.free_segments()
+            < self.disk.g.cleaning_reserve() + crate::format::layout::LOG_TYPES as u64
     }
 
     /// Foreground cleaning: makes room for `want` more blocks if dirty segments hold enough
@@ -109,10 +110,10 @@ impl Engine {
     /// the free space). Call it outside the pass-through semaphore and the gate: it waits for a
     /// checkpoint.
     pub(crate) fn clean_foreground(&self, want: u64) -> Result<bool> {
-        let before = self.table.free_segments();
-        let round = self.gc.round.lock();
+        let before = self.disk.table.free_segments();
+        let round = self.ckpt.gc.round.lock();
         // Someone else cleaned while this caller waited: let it look again.
-        if self.table.free_segments() > before {
+        if self.disk.table.free_segments() > before {
             return Ok(true);
         }
         let plan = self.plan_round(VictimPolicy::Greedy, want + BLOCKS_PER_SEG as u64)?;
@@ -127,12 +128,12 @@ impl Engine {
     /// Background cleaning: one cost-benefit round and a checkpoint, if free segments are
     /// below the threshold. Returns what it planned (nothing when another round is running).
     pub(crate) fn clean_background(&self) -> Result<RoundPlan> {
-        if self.table.free_segments() >= self.gc_threshold() {
+        if self.disk.table.free_segments() >= self.gc_threshold() {
             return Ok(RoundPlan::default());
         }
-        let Some(_round) = self.gc.round.try_lock() else { return Ok(RoundPlan::default()) };
-        let want = (self.gc_threshold() - self.table.free_segments()) * BLOCKS_PER_SEG as u64;
-        let plan = self.plan_round(VictimPolicy::CostBenefit { now: self.elapsed_secs() }, want)?;
+        let Some(_round) = self.ckpt.gc.round.try_lock() else { return Ok(RoundPlan::default()) };
+        let want = (self.gc_threshold() - self.disk.table.free_segments()) * BLOCKS_PER_SEG as u64;
+        let plan = self.plan_round(VictimPolicy::CostBenefit { now: self.disk.elapsed_secs() }, want)?;
         if plan.victims > 0 {
             self.checkpoint(false)?;
         }
@@ -142,22 +143,22 @@ impl Engine {
     /// Cleans until no victim is left that gives back space (tests, `sync`-like callers).
     /// Returns the segments freed.
     pub fn clean_all(&self) -> Result<u64> {
-        let before = self.gc.segments_cleaned.load(Ordering::Relaxed);
+        let before = self.ckpt.gc.segments_cleaned.load(Ordering::Relaxed);
         // Blocks that dirty data overwrote die with a checkpoint: take it first, so that the
         // victims show all their invalid blocks.
-        if self.dirty_inodes.sum() > 0 {
+        if self.mem.dirty_inodes.sum() > 0 {
             self.checkpoint(false)?;
         }
         // Bounded: each round empties at least one victim or stops.
-        for _ in 0..self.g.main_segments {
-            let _round = self.gc.round.lock();
+        for _ in 0..self.disk.g.main_segments {
+            let _round = self.ckpt.gc.round.lock();
             let plan = self.plan_round(VictimPolicy::Greedy, u64::MAX / 2)?;
             if plan.victims == 0 {
                 break;
             }
             self.checkpoint(false)?;
         }
-        Ok(self.gc.segments_cleaned.load(Ordering::Relaxed) - before)
+        Ok(self.ckpt.gc.segments_cleaned.load(Ordering::Relaxed) - before)
     }
 
     /// Chooses victims worth at least `want` blocks of gain (or as many as fit) and records the
@@ -170,24 +171,24 @@ impl Engine {
         // moves are recorded in stay the ones the next checkpoint rewrites. (A checkpoint's
         // write phase holds `cp_serial`, not the gate; the gate keeps fsync and writeback,
         // which move blocks too, out.)
-        let _serial = self.cp_serial.lock();
-        let _gate = self.gate.read();
-        let _op = self.pass.shared();
+        let _serial = self.ckpt.cp_serial.lock();
+        let _gate = self.ckpt.gate.read();
+        let _op = self.mem.pass.shared();
         // Room for the moves: the checkpoint that performs them must find every segment it
         // opens among the free ones (the reserve included: this is what it is for). It writes
         // the moved data to its cold data log and, to its other logs, the nodes the moves dirty
         // and whatever else is dirty by then; counted in segments, with the room left in each
         // log's open segment (`LaneSet::checkpoint_segments`), so that a round can still run
         // when an ordinary checkpoint's fresh segments have taken free ones below the reserve.
-        let free = self.table.free_segments();
-        let committed = self.committed_blocks() + SLACK_BLOCKS;
+        let free = self.disk.table.free_segments();
+        let committed = self.mem.committed_blocks() + SLACK_BLOCKS;
         let fits = |data: u64, other: u64| {
-            self.lanes.checkpoint_segments(data, committed + other, crate::engine::JOURNAL_LOG) <= free
+            self.disk.lanes.checkpoint_segments(data, committed + other, crate::engine::JOURNAL_LOG) <= free
         };
         let (mut data, mut other) = (0u64, 0u64);
         let mut plan = RoundPlan::default();
         let mut cleaned_segs = Vec::new();
-        for v in self.table.victims(policy, MAX_VICTIMS, &[]) {
+        for v in self.disk.table.victims(policy, MAX_VICTIMS, &[]) {
             if plan.gain >= want {
                 break;
             }
@@ -207,30 +208,30 @@ impl Engine {
         }
         tracing::debug!("lanefs gc: {policy:?} round {plan:?}: {data} data and {other} other blocks to move, {free} free segments");
         if plan.victims > 0 {
-            self.gc.rounds.fetch_add(1, Ordering::Relaxed);
-            self.gc.blocks_planned.fetch_add(plan.blocks, Ordering::Relaxed);
-            self.gc.pending_victims.lock().extend(cleaned_segs);
-            self.gc.moves_data.fetch_add(data, Ordering::Relaxed);
-            self.gc.moves_other.fetch_add(other, Ordering::Relaxed);
+            self.ckpt.gc.rounds.fetch_add(1, Ordering::Relaxed);
+            self.ckpt.gc.blocks_planned.fetch_add(plan.blocks, Ordering::Relaxed);
+            self.ckpt.gc.pending_victims.lock().extend(cleaned_segs);
+            self.ckpt.gc.moves_data.fetch_add(data, Ordering::Relaxed);
+            self.ckpt.gc.moves_other.fetch_add(other, Ordering::Relaxed);
         }
         Ok(plan)
     }
 
     /// The summary of a segment, from memory if it was filled since the last checkpoint.
     fn summary_of(&self, segno: u32) -> Result<SegmentSummary> {
-        match self.lanes.summary_in_memory(segno) {
+        match self.disk.lanes.summary_in_memory(segno) {
             Some(s) => Ok(s),
-            None => crate::checkpoint::read_summary(&*self.dev, &self.g, segno),
+            None => crate::checkpoint::read_summary(&*self.disk.dev, &self.disk.g, segno),
         }
     }
 
     /// Records a move for every block of victim `v` that is still valid. Returns how many.
     fn plan_victim(&self, v: &Victim, summary: &SegmentSummary) -> Result<u64> {
-        let start = self.g.seg_start(v.segno);
+        let start = self.disk.g.seg_start(v.segno);
         let mut planned = 0u64;
         for &off in &v.valid {
             let addr = start + off as u64;
-            if !self.table.is_valid(addr) {
+            if !self.disk.table.is_valid(addr) {
                 continue;
             }
             let e = summary.entries[off as usize];
@@ -262,12 +263,12 @@ impl Engine {
             }
             // Otherwise the block is superseded: the inode's next checkpoint drops it.
         }
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(true)
     }
 
     fn plan_node_move(&self, nid: u32, node_ofs: u32, addr: u32) -> Result<bool> {
-        let e = self.nat.get(nid);
+        let e = self.disk.nat.get(nid);
         if e.is_free() || e.block_addr != addr {
             return Ok(false);
         }
@@ -283,7 +284,7 @@ impl Engine {
             }
         }
         // The inode node itself is rewritten whenever its inode is checkpointed.
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(true)
     }
 
@@ -299,30 +300,30 @@ impl Engine {
             disk.xattr.relocate.push((idx, addr));
         }
         m.meta.lock().xattrs.cp_dirty = true;
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(true)
     }
 
     /// The lane a checkpoint writes in: the one where the moves planned for it (and a slack's
     /// worth of dirty metadata) open the fewest fresh segments, as `plan_round` counted.
     pub(crate) fn checkpoint_lane(&self) -> u32 {
-        let data = self.gc.moves_data.load(Ordering::Relaxed);
-        let other = self.gc.moves_other.load(Ordering::Relaxed) + SLACK_BLOCKS;
-        self.lanes.checkpoint_lane(data, other)
+        let data = self.ckpt.gc.moves_data.load(Ordering::Relaxed);
+        let other = self.ckpt.gc.moves_other.load(Ordering::Relaxed) + SLACK_BLOCKS;
+        self.disk.lanes.checkpoint_lane(data, other)
     }
 
     /// After a checkpoint: counts the planned victims that it emptied.
     pub(crate) fn gc_checkpoint_done(&self) {
-        self.gc.moves_data.store(0, Ordering::Relaxed);
-        self.gc.moves_other.store(0, Ordering::Relaxed);
-        let mut pending = self.gc.pending_victims.lock();
+        self.ckpt.gc.moves_data.store(0, Ordering::Relaxed);
+        self.ckpt.gc.moves_other.store(0, Ordering::Relaxed);
+        let mut pending = self.ckpt.gc.pending_victims.lock();
         if pending.is_empty() {
             return;
         }
         // Victims a move missed (a concurrent change won) are picked again by a later round.
         for s in std::mem::take(&mut *pending) {
-            if self.table.valid_blocks(s) == 0 {
-                self.gc.segments_cleaned.fetch_add(1, Ordering::Relaxed);
+            if self.disk.table.valid_blocks(s) == 0 {
+                self.ckpt.gc.segments_cleaned.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -331,7 +332,7 @@ impl Engine {
     /// Failures are logged, not returned: discard is advice.
     pub(crate) fn discard_segments(&self, segs: &[u32]) {
         for &s in segs {
-            if let Err(e) = self.dev.discard(self.g.seg_start(s), BLOCKS_PER_SEG as u64) {
+            if let Err(e) = self.disk.dev.discard(self.disk.g.seg_start(s), BLOCKS_PER_SEG as u64) {
                 tracing::warn!("lanefs: discard of segment {s} failed: {e}");
                 return;
             }
@@ -402,7 +403,7 @@ mod tests {
 
         // A file over half the user space, then every other page of it overwritten: its first
         // segments are half invalid, and nothing is dirty.
-        let pages = e.g.user_blocks() as usize * 55 / 100;
+        let pages = e.disk.g.user_blocks() as usize * 55 / 100;
         let ino = fs.create(ROOT, b"a", 0o644, 0, 0).unwrap().ino;
         let small: Vec<u32> = (0..128)
             .map(|i| fs.create(ROOT, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino as u32)
@@ -423,26 +424,26 @@ mod tests {
         // goes to the warm node log, which every lane has full, and stays valid there), until
         // fewer segments are free than there are log types. The round lock keeps the
         // background cleaner out meanwhile.
-        let round = e.gc.round.lock();
+        let round = e.ckpt.gc.round.lock();
         let junk = |lane: u32| SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
         for &f in &small {
-            if e.table.free_segments() < LOG_TYPES as u64 {
+            if e.disk.table.free_segments() < LOG_TYPES as u64 {
                 break;
             }
-            for lane in 0..e.lanes.lane_count() {
-                let at = e.lanes.cursors()[lane as usize][LogType::WarmNode as usize].next_off as u32;
+            for lane in 0..e.disk.lanes.lane_count() {
+                let at = e.disk.lanes.cursors()[lane as usize][LogType::WarmNode as usize].next_off as u32;
                 for _ in at..BLOCKS_PER_SEG {
-                    e.lanes.reserve(lane, LogType::WarmNode, junk(lane), 1).unwrap();
+                    e.disk.lanes.reserve(lane, LogType::WarmNode, junk(lane), 1).unwrap();
                 }
             }
-            e.mark_dirty(&e.mnode(f).unwrap());
+            e.mem.mark_dirty(&e.mnode(f).unwrap());
             e.checkpoint(false).unwrap();
         }
         drop(round);
-        let free = e.table.free_segments();
+        let free = e.disk.table.free_segments();
         assert!(free < LOG_TYPES as u64 && free > 0, "{free} free segments");
-        assert_eq!(e.committed_blocks(), 0);
-        assert!(e.table.valid_count() < e.g.user_blocks() * 2 / 3, "most of the space is garbage");
+        assert_eq!(e.mem.committed_blocks(), 0);
+        assert!(e.disk.table.valid_count() < e.disk.g.user_blocks() * 2 / 3, "most of the space is garbage");
 
         // Overwrites (each needs a round when they reach the reserve) keep succeeding.
         for (k, p) in (1..pages).step_by(2).take(4 * BLOCKS_PER_SEG as usize).enumerate() {
@@ -453,7 +454,7 @@ mod tests {
                 fs.sync().unwrap();
             }
         }
-        assert!(e.gc.rounds.load(std::sync::atomic::Ordering::Relaxed) > 0, "the cleaner ran");
+        assert!(e.ckpt.gc.rounds.load(std::sync::atomic::Ordering::Relaxed) > 0, "the cleaner ran");
         drop(e);
         fs.unmount().unwrap();
 

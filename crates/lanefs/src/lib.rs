@@ -48,10 +48,13 @@
 //! - DISKFS: `seg` (segments and lanes of logs), `nat` (node id -> block), `node` (an inode's
 //!   node tree), `diskdir` (a directory's dentry blocks), `gc` (cleaning).
 //! - `journal`: the redo log between checkpoints, one chain per lane.
-//! - `flush`: fsync, writeback and taking checkpoints; `oplog`: per-core directory logs.
-//! - `mem`: MEMFS, where every read and change happens; with `perm`, `acl` and `generation`
-//!   for the rules it applies; `sync`: its primitives and the lock hierarchy.
-//! - `engine`: the state of a mounted file system, joining the layers.
+//! - `disk`: a mount's DISKFS state (`Disk`: device, NAT, segments, lanes, journal chains).
+//! - `flush`: fsync, writeback and taking checkpoints (the `Checkpointer`'s state in
+//!   `flush::checkpoint`); `oplog`: per-core directory logs.
+//! - `mem`: MEMFS (`Memfs`), where every read and change happens; with `perm`, `acl` and
+//!   `generation` for the rules it applies; `sync`: its primitives and the lock hierarchy.
+//! - `engine`: a mounted file system, the composition of the layers' parts (`Disk`, `Memfs`,
+//!   `Checkpointer`), and the operations that join them.
 //! - `fs`, `fsctl` and `fs_seek`: the library API. `mkfs`, `fsck`, `inspect`: the tools.
 //!
 //! The crash-consistency harness behind `lanefs crashtest` is a crate of its own,
@@ -67,6 +70,7 @@
 mod acl;
 mod checkpoint;
 pub mod device;
+mod disk;
 mod diskdir;
 mod engine;
 mod error;

@@ -25,7 +25,7 @@ impl Engine {
     #[inline]
     pub(crate) fn with_mnode<R>(&self, ino: u32, f: impl FnOnce(&MNode) -> R) -> Result<R> {
         let mut f = Some(f);
-        if let Some(r) = self.cells.with(ino as u64, |m| (f.take().expect("called once"))(m)) {
+        if let Some(r) = self.mem.cells.with(ino as u64, |m| (f.take().expect("called once"))(m)) {
             return Ok(r);
         }
         let m = self.mnode(ino)?;
@@ -34,19 +34,19 @@ impl Engine {
 
     /// The mnode of `ino`, loading it from disk on first use.
     pub(crate) fn mnode(&self, ino: u32) -> Result<Arc<MNode>> {
-        if let Some(m) = self.cells.get(ino as u64) {
+        if let Some(m) = self.mem.cells.get(ino as u64) {
             return Ok(m);
         }
         let m = self.load_mnode(ino)?;
-        Ok(self.cells.insert_if_absent(ino as u64, || m).0)
+        Ok(self.mem.cells.insert_if_absent(ino as u64, || m).0)
     }
 
     fn load_mnode(&self, ino: u32) -> Result<MNode> {
-        let e = self.nat.get(ino);
+        let e = self.disk.nat.get(ino);
         if e.is_free() || e.ino != ino {
             return Err(Error::errno(libc::ENOENT, format!("inode {ino}")));
         }
-        let (inode, map, tree) = crate::node::read_inode(&*self.dev, &self.g, &self.nat, ino)?;
+        let (inode, map, tree) = crate::node::read_inode(&*self.disk.dev, &self.disk.g, &self.disk.nat, ino)?;
         let (xattrs, xattr_disk) = self.read_xattrs(ino, inode.xattr_nid)?;
         let meta = Meta {
             mode: inode.mode,
@@ -59,7 +59,7 @@ impl Engine {
             xattrs: XattrState { set: Arc::new(xattrs), ..Default::default() },
             symlink: Vec::new(),
         };
-        let mut disk = DiskState::new(self.cache.clone());
+        let mut disk = DiskState::new(self.mem.cache.clone());
         disk.tree = Some(tree);
         disk.cur_map = CowMap::from(&map);
         disk.tree_map = map;
@@ -76,12 +76,12 @@ impl Engine {
         let mut dir_entries = Vec::new();
         if is_dir {
             let bufs = crate::checkpoint::read_blocks(
-                &*self.dev,
+                &*self.disk.dev,
                 &addrs.iter().map(|a| a.1 as u64).collect::<Vec<_>>(),
             )?;
             let mut blocks = Vec::with_capacity(addrs.len());
             for ((_, addr), b) in addrs.iter().zip(bufs.chunks(BLOCK_SIZE)) {
-                let db = DentryBlock::decode(b, ino, self.g.max_nid, Some(*addr as u64))?;
+                let db = DentryBlock::decode(b, ino, self.disk.g.max_nid, Some(*addr as u64))?;
                 dir_entries.extend(db.entries.iter().cloned());
                 blocks.push(db);
             }
@@ -97,7 +97,7 @@ impl Engine {
                 ));
             }
             let mut b = vec![0u8; BLOCK_SIZE];
-            self.dev.read_block(addrs[0].1 as u64, &mut b)?;
+            self.disk.dev.read_block(addrs[0].1 as u64, &mut b)?;
             meta.symlink = b[..len].to_vec();
             m_size = inode.size;
         } else {
@@ -109,7 +109,7 @@ impl Engine {
             ctime: inode.ctime,
             flags: inode.flags,
         };
-        let m = MNode::new(ino, meta, m_size, stamps, &self.cache);
+        let m = MNode::new(ino, meta, m_size, stamps, &self.mem.cache);
         {
             let mut d = m.disk.lock();
             *d = disk;
@@ -138,7 +138,7 @@ impl Engine {
         if xattr_nid == 0 {
             return Ok(Default::default());
         }
-        let e = self.nat.get(xattr_nid);
+        let e = self.disk.nat.get(xattr_nid);
         if e.is_free() || e.ino != ino {
             return Err(Error::corrupt(
                 crate::error::Structure::Nat,
@@ -148,8 +148,8 @@ impl Engine {
         }
         let at = Some(e.block_addr as u64);
         let mut b = vec![0u8; BLOCK_SIZE];
-        self.dev.read_block(e.block_addr as u64, &mut b)?;
-        let node = crate::format::Node::decode(&b, &self.g, at)?;
+        self.disk.dev.read_block(e.block_addr as u64, &mut b)?;
+        let node = crate::format::Node::decode(&b, &self.disk.g, at)?;
         let f = node.footer;
         if f.nid != xattr_nid || f.ino != ino || f.node_ofs != XATTR_NODE_OFS {
             return Err(Error::corrupt(
@@ -166,7 +166,7 @@ impl Engine {
             crate::format::NodeBody::Xattr(XattrNode::Inline(a)) => Ok((XattrSet::from_entries(a), disk)),
             crate::format::NodeBody::Xattr(XattrNode::Blocks { stream_len, stream_crc, addrs }) => {
                 let bufs = crate::checkpoint::read_blocks(
-                    &*self.dev,
+                    &*self.disk.dev,
                     &addrs.iter().map(|&a| a as u64).collect::<Vec<_>>(),
                 )?;
                 let mut payloads = Vec::with_capacity(addrs.len());

@@ -26,17 +26,11 @@ pub(crate) struct Claim<'a> {
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        self.engine.claimed.fetch_sub(self.blocks, Ordering::AcqRel);
+        self.engine.mem.claimed.fetch_sub(self.blocks, Ordering::AcqRel);
     }
 }
 
 impl Engine {
-    /// Blocks that can be allocated now without touching the cleaner's reserve. (Prefree
-    /// segments do not count: the checkpoint that frees them must fit without them.)
-    pub(crate) fn available_blocks(&self) -> u64 {
-        self.table.free_segments().saturating_sub(self.g.cleaning_reserve()) * 512
-    }
-
     /// Blocks users may still fill: the main area less the cleaner's reserve, one active
     /// segment per log of every lane (a log's open segment cannot be cleaned), the valid blocks,
     /// what the next checkpoint will need for what is dirty now, and the blocks promised to
@@ -58,23 +52,8 @@ impl Engine {
     /// moment after overwrites (their old blocks stay valid until the checkpoint) or a zero
     /// range over written blocks, or on an image whose reservations a bug overcounted.
     pub(crate) fn space_left(&self) -> i64 {
-        let used = self.table.valid_count() + self.committed_blocks() + self.promised_blocks();
-        self.g.user_blocks() as i64 - used as i64
-    }
-
-    /// Blocks the next checkpoint will need for what is dirty now: a block per dirty page,
-    /// (generously) two per dirty inode for its node and directory blocks, and the blocks of
-    /// the xattr sets that changed.
-    pub(crate) fn committed_blocks(&self) -> u64 {
-        let pages = self.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64;
-        let xattrs = self.xattr_owed.load(Ordering::Relaxed).max(0) as u64;
-        pages + xattrs + 2 * self.dirty_inodes.sum()
-    }
-
-    /// Blocks promised to preallocated, unwritten ranges, and claimed by fallocates that are
-    /// making their promises now.
-    pub(crate) fn promised_blocks(&self) -> u64 {
-        self.cache.reserved_blocks.load(Ordering::Acquire) + self.claimed.load(Ordering::Acquire)
+        let used = self.disk.table.valid_count() + self.mem.committed_blocks() + self.mem.promised_blocks();
+        self.disk.g.user_blocks() as i64 - used as i64
     }
 
     /// Admits an operation that will dirty up to `blocks` more blocks, each of them new space.
@@ -93,12 +72,14 @@ impl Engine {
         // Fast path: room for everything dirty and promised now plus a wide margin; a margin
         // of one open segment per log makes it imply the space left, too (free segments less
         // the reserve never exceed the user blocks that are not valid by more than those).
-        let margin = self.g.main_blocks() / 16 + self.g.open_blocks();
-        if self.available_blocks() > self.committed_blocks() + short + self.promised_blocks() + margin {
+        let margin = self.disk.g.main_blocks() / 16 + self.disk.g.open_blocks();
+        if self.disk.available_blocks()
+            > self.mem.committed_blocks() + short + self.mem.promised_blocks() + margin
+        {
             return Ok(());
         }
         let long = long().min(short) as i64;
-        let now_ok = || self.committed_blocks() + short < self.available_blocks();
+        let now_ok = || self.mem.committed_blocks() + short < self.disk.available_blocks();
         let fits = || now_ok() && self.space_left() >= long;
         // Bounded: each round waits for a checkpoint (which frees prefree segments) or cleans
         // (which makes segments prefree); it gives up when neither can make room.
@@ -110,7 +91,7 @@ impl Engine {
             }
             // A checkpoint first: it frees prefree segments, and the blocks that dirty pages
             // overwrite die with it, which cleaning can then give back.
-            if self.table.pending_segments() > 0 || self.dirty_inodes.sum() > 0 {
+            if self.disk.table.pending_segments() > 0 || self.mem.dirty_inodes.sum() > 0 {
                 self.wait_for_checkpoint()?;
                 if fits() {
                     return Ok(());
@@ -122,8 +103,8 @@ impl Engine {
             // No checkpoint is half written while this looks (its moved blocks are valid
             // before the blocks they replace die): its write phase holds `cp_serial`.
             let full = {
-                let _serial = self.cp_serial.lock();
-                self.space_left() < long && self.dirty_inodes.sum() == 0
+                let _serial = self.ckpt.cp_serial.lock();
+                self.space_left() < long && self.mem.dirty_inodes.sum() == 0
             };
             if full {
                 why = "the space left is short with nothing dirty";
@@ -133,7 +114,7 @@ impl Engine {
                 // Only the space left is short, and only a checkpoint can change that.
                 continue;
             }
-            let want = (self.committed_blocks() + short).saturating_sub(self.available_blocks());
+            let want = (self.mem.committed_blocks() + short).saturating_sub(self.disk.available_blocks());
             if !self.clean_foreground(want)? {
                 why = "cleaning found no room";
                 break;
@@ -148,12 +129,12 @@ impl Engine {
             format!(
                 "file system full ({why}): {short} blocks wanted, {long} new; {} valid, {} dirty, {} \
                  promised of {} user blocks, {} free segments, {} pending",
-                self.table.valid_count(),
-                self.committed_blocks(),
-                self.promised_blocks(),
-                self.g.user_blocks(),
-                self.table.free_segments(),
-                self.table.pending_segments(),
+                self.disk.table.valid_count(),
+                self.mem.committed_blocks(),
+                self.mem.promised_blocks(),
+                self.disk.g.user_blocks(),
+                self.disk.table.free_segments(),
+                self.disk.table.pending_segments(),
             ),
         ))
     }
@@ -164,7 +145,7 @@ impl Engine {
     /// ENOSPC, with nothing claimed, when they do not fit in the space left.
     pub(crate) fn claim(&self, blocks: u64, nodes: u64) -> Result<Claim<'_>> {
         let c = Claim { engine: self, blocks };
-        self.claimed.fetch_add(blocks, Ordering::AcqRel);
+        self.mem.claimed.fetch_add(blocks, Ordering::AcqRel);
         // Nothing more for good: the claim is in the space left already.
         self.admit_with(nodes, || 0)?;
         Ok(c)
@@ -173,16 +154,16 @@ impl Engine {
     /// Admits an operation that frees space (unlink, rmdir, rename over a file) but needs a few
     /// metadata blocks first: it may use the reserve, so a full file system can be emptied.
     pub(crate) fn admit_freeing(&self, blocks: u64) -> Result<()> {
-        let all = || self.table.free_segments() * 512;
-        if self.committed_blocks() + blocks < all() {
+        let all = || self.disk.table.free_segments() * 512;
+        if self.mem.committed_blocks() + blocks < all() {
             return Ok(());
         }
         self.wait_for_checkpoint()?;
-        if self.committed_blocks() + blocks < all() {
+        if self.mem.committed_blocks() + blocks < all() {
             return Ok(());
         }
-        let want = (self.committed_blocks() + blocks).saturating_sub(all());
-        if self.clean_foreground(want)? && self.committed_blocks() + blocks < all() {
+        let want = (self.mem.committed_blocks() + blocks).saturating_sub(all());
+        if self.clean_foreground(want)? && self.mem.committed_blocks() + blocks < all() {
             return Ok(());
         }
         Err(Error::errno(libc::ENOSPC, "file system full, even for metadata"))

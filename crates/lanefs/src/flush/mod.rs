@@ -33,7 +33,8 @@ mod nvm;
 pub mod writeback;
 
 use crate::device::WriteReq;
-use crate::engine::{Engine, WriteKind, JOURNAL_LOG};
+use crate::disk::WriteKind;
+use crate::engine::{Engine, JOURNAL_LOG};
 use crate::error::{Error, Result};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::journal::{Record, Transaction};
@@ -85,14 +86,14 @@ impl Engine {
         // for that one.
         loop {
             let captured = m.captured_by.load(Ordering::Acquire);
-            let fence = if fenced { self.cp.lock().fence } else { 0 };
+            let fence = if fenced { self.ckpt.cp.lock().fence } else { 0 };
             // Whether the checkpoint that captured m is done with it: durable, or (bridged)
             // installed.
             let done_with = |durable: u64| {
                 durable >= captured || bridges && m.installed_by.load(Ordering::Acquire) >= captured
             };
             {
-                let mut cp = self.cp.lock();
+                let mut cp = self.ckpt.cp.lock();
                 let mut waited = false;
                 // Bounded: m is installed at most once; each wait ends with a checkpoint's
                 // install batch, its offer or its commit.
@@ -104,19 +105,19 @@ impl Engine {
                         if let Some(claimed) = cp.installs.claim(m.ino, captured) {
                             drop(cp);
                             self.help_install(claimed)?;
-                            cp = self.cp.lock();
+                            cp = self.ckpt.cp.lock();
                             continue;
                         }
                     }
                     if !waited {
                         waited = true;
-                        self.io.cp_waits.add(1);
+                        self.disk.io.cp_waits.add(1);
                     }
-                    self.cp_done.wait(&mut cp);
+                    self.ckpt.cp_done.wait(&mut cp);
                 }
             }
-            let gate = self.gate.read();
-            let fence_now = if fenced { self.cp.lock().fence } else { 0 };
+            let gate = self.ckpt.gate.read();
+            let fence_now = if fenced { self.ckpt.cp.lock().fence } else { 0 };
             if m.captured_by.load(Ordering::Acquire) == captured && fence_now == fence {
                 return Ok(gate);
             }
@@ -149,7 +150,7 @@ impl Engine {
         if !datasync && m.atime_dirty.swap(false, Ordering::AcqRel) {
             m.attr_dirty.store(true, Ordering::Release);
             // Dirty too: a transaction that does not fit leaves it to the checkpoint.
-            self.mark_dirty(m);
+            self.mem.mark_dirty(m);
         }
         let mut start = m.pending_dirs();
         if m.is_dir() {
@@ -173,13 +174,13 @@ impl Engine {
     fn flush_txn(&self, m: &Arc<MNode>, start: &[u32]) -> Result<bool> {
         // First, and alone of its kind: every other lock below is taken after it.
         let _order = m.fsync_order.lock();
-        let (lane, _) = self.lane();
+        let (lane, _) = self.disk.lane();
         let dirs = self.dir_closure(start)?;
         let (dir_ops, ticket) = self.take_dir_ops(&dirs, m.ino)?;
         // Stamped after every record collected: replay applies the file's own records last.
         let stamp = self.clock.now();
         let pages = m.pages().map(|(p, _)| p.take_unsynced()).unwrap_or_default();
-        let inline = self.nvm_log.is_some()
+        let inline = self.disk.nvm_log.is_some()
             && !pages.is_empty()
             && pages.len() <= self.opts.nvm_inline_pages.unwrap_or(0);
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages, inline);
@@ -214,9 +215,9 @@ impl Engine {
             // One device flush shared with every concurrent fsync (group commit).
             Commit::FlushOwed if before_written => {
                 // Durable after the flush: what the lane's next transaction says it may skip.
-                let marks = &self.chain_marks[lane as usize];
+                let marks = &self.disk.chain_marks[lane as usize];
                 let upto = marks.written();
-                self.fsync_flush()?;
+                self.disk.fsync_flush()?;
                 marks.flushed(upto);
                 Ok(false)
             }
@@ -235,7 +236,7 @@ impl Engine {
     fn take_dir_ops(&self, dirs: &[Arc<MNode>], m_ino: u32) -> Result<(DirOps, TicketGuard)> {
         let mut locks = flush_locks(dirs);
         // Operations already stamped but still appending their records must land first.
-        self.inflight.wait_below(crate::oplog::Timestamp::now());
+        self.mem.inflight.wait_below(crate::oplog::Timestamp::now());
         let mut dir_ops = self.collect_dir_ops(dirs, m_ino)?;
         let (ticket, guard) = Ticket::issue();
         for last in locks.iter_mut() {
@@ -267,12 +268,6 @@ impl Engine {
         }
     }
 
-    /// The device flush of an fsync, shared with every concurrent one (group commit).
-    pub(crate) fn fsync_flush(&self) -> Result<()> {
-        self.io.fsync_flushes.add(1);
-        self.group.sync(&*self.dev)
-    }
-
     /// The directories an fsync starting at `start` must flush, in ascending inode order.
     fn dir_closure(&self, start: &[u32]) -> Result<Vec<Arc<MNode>>> {
         let mut seen = BTreeMap::new();
@@ -293,18 +288,18 @@ impl Engine {
             for op in dm.dir().expect("dir").log.unjournaled() {
                 for (ino, dir) in names(&op.record) {
                     queue.push(dir);
-                    if let Some(c) = self.cells.get(ino as u64) {
+                    if let Some(c) = self.mem.cells.get(ino as u64) {
                         queue.extend(c.pending_dirs());
                     }
                 }
                 if let Some(gone) = removes(&op.record) {
-                    if self.cells.get(gone as u64).is_some_and(|c| c.is_dir()) {
+                    if self.mem.cells.get(gone as u64).is_some_and(|c| c.is_dir()) {
                         // Its removal needs the removals of its entries.
                         queue.push(gone);
                     }
                 }
                 if let Record::Rename { ino, dst_dir, .. } = &op.record {
-                    if self.cells.get(*ino as u64).is_some_and(|c| c.is_dir()) {
+                    if self.mem.cells.get(*ino as u64).is_some_and(|c| c.is_dir()) {
                         // A directory moved under `dst_dir`: replayed without the moves that
                         // made `dst_dir`'s ancestors what they are now, it could land inside
                         // itself and cut a subtree off the root. Those moves come too.
@@ -324,7 +319,7 @@ impl Engine {
         let mut d = dir;
         // Bounded: a path is at most max_nid directories long (a loop in memory would be a bug
         // elsewhere; the bound keeps it from hanging fsync).
-        for _ in 0..self.g.max_nid {
+        for _ in 0..self.disk.g.max_nid {
             if d == 0 || d == crate::format::layout::ROOT_INO {
                 break;
             }
@@ -340,7 +335,7 @@ impl Engine {
         for (ino, dir) in names(r) {
             // No reference count taken: the checkpoint calls this for every record it
             // releases, and the count is a line the inode's other users write too.
-            self.cells.with(ino as u64, |c| c.note_pending(dir, n));
+            self.mem.cells.with(ino as u64, |c| c.note_pending(dir, n));
         }
     }
 
@@ -361,7 +356,7 @@ impl Engine {
         // reaches the journal (ScaleFS). Its operations are journaled as done all the same.
         // Not a create that a checkpoint in progress holds (stamped at or before its snapshot):
         // that checkpoint makes it durable, and the unlink must follow it.
-        let held_upto = self.cp.lock().snap_stamp;
+        let held_upto = self.ckpt.cp.lock().snap_stamp;
         let mut created: BTreeMap<u32, usize> = BTreeMap::new();
         let mut absorbed: BTreeSet<usize> = BTreeSet::new();
         for (i, op) in ops.iter().enumerate() {
@@ -371,7 +366,7 @@ impl Engine {
                 }
                 Record::Unlink { ino, .. } => {
                     if let Some(&ci) = created.get(ino) {
-                        let gone = match self.cells.get(*ino as u64) {
+                        let gone = match self.mem.cells.get(*ino as u64) {
                             Some(c) => c.meta.lock().nlink == 0 && c.open.load(Ordering::Acquire) == 0,
                             None => true,
                         };
@@ -417,8 +412,8 @@ impl Engine {
         pages: &[(u64, PageBuf)],
         inline: bool,
     ) -> Result<Commit> {
-        debug_assert!(!inline || self.nvm_log.is_some());
-        let mtime = self.elapsed_secs();
+        debug_assert!(!inline || self.disk.nvm_log.is_some());
+        let mtime = self.disk.elapsed_secs();
         let mut parts = self.place_pages(m, lane, pages, inline, mtime)?;
         parts.records = dir_ops.ops.iter().map(|o| o.record.clone()).collect();
         self.take_inode_records(m, stamp, pages, inline, &mut parts)?;
@@ -427,7 +422,7 @@ impl Engine {
             // Without a region, a flush still covers what an fsync this one depends on wrote
             // (it marked the records journaled; the caller waits for its ticket first); with
             // one, that fsync makes them durable before it resolves its ticket.
-            return Ok(if self.nvm_log.is_some() { Commit::Durable } else { Commit::FlushOwed });
+            return Ok(if self.disk.nvm_log.is_some() { Commit::Durable } else { Commit::FlushOwed });
         }
         let txn = Transaction::new(records);
         let r = self.commit_txn(lane, &txn, &writes, dir_ops, mtime);
@@ -455,6 +450,7 @@ impl Engine {
         for (idx, buf) in pages.iter().filter(|_| !inline) {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
             let addr = self
+                .disk
                 .lanes
                 .alloc_young(lane, crate::format::LogType::WarmData, owner, mtime)
                 .map_err(nospace)?;
@@ -492,17 +488,17 @@ impl Engine {
             // Truncated while in flight: neither mapped nor journaled.
             parts.map.remove(&idx);
             parts.writes.retain(|w| w.0 != addr as u64);
-            self.table.invalidate(addr as u64)?;
+            self.disk.table.invalidate(addr as u64)?;
         }
         // Blocks that left the mapping and are in no checkpoint: dead now. (Young, if a
         // checkpoint is being written: `enter_flush`.)
         for a in std::mem::take(&mut disk.garbage) {
-            self.table.invalidate(a as u64)?;
+            self.disk.table.invalidate(a as u64)?;
         }
         // A checkpoint in progress captured m and installed it (`enter_flush`): what it
         // took that no journal holds goes first, under its own stamp, for recovery from
         // the previous checkpoint should this one never land. Stale once it is durable.
-        let durable = self.cp.lock().durable;
+        let durable = self.ckpt.cp.lock().durable;
         if disk.bridge.as_ref().is_some_and(|b| b.seq <= durable) {
             disk.bridge = None;
         }
@@ -510,7 +506,7 @@ impl Engine {
             parts.records.extend(b.records(m.ino));
             b.journaled = true;
             parts.undo.bridge = Some(b.seq);
-            self.io.cp_bridges.add(1);
+            self.disk.io.cp_bridges.add(1);
         }
         let mut own_map = std::mem::take(&mut disk.unjournaled);
         parts.undo.unjournaled = own_map.clone();
@@ -563,7 +559,7 @@ impl Engine {
         // A region commit is durable at once: not before the transactions ours may depend
         // on (the ones that collected from our directories first) are. Not written: given
         // back, for the checkpoint the caller takes.
-        if self.nvm_log.is_some() && !dir_ops.before.iter().all(|t| t.wait()) {
+        if self.disk.nvm_log.is_some() && !dir_ops.before.iter().all(|t| t.wait()) {
             return Ok(Commit::Checkpoint);
         }
         match self.commit_to_region(lane, txn, writes)? {
@@ -571,14 +567,14 @@ impl Engine {
             RegionCommit::Full => return Ok(Commit::Checkpoint),
             RegionCommit::NoRegion => {}
         }
-        let mut chain = self.chains[lane as usize].lock();
+        let mut chain = self.disk.chains[lane as usize].lock();
         // A failed write must not leave a hole in the chain that hides later transactions:
         // on error the writer goes back to where it was (the next append overwrites).
         let before = chain.clone();
-        let durable = self.chain_marks[lane as usize].durable();
+        let durable = self.disk.chain_marks[lane as usize].durable();
         let blocks = match chain.append_flushed(txn, durable, || {
             let owner = SummaryEntry { kind: SummaryKind::Journal, nid: lane, ofs: 0 };
-            self.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32)
+            self.disk.lanes.reserve(lane, JOURNAL_LOG, owner, mtime).map(|a| a as u32)
         }) {
             Ok(b) => b,
             // The journal has no room left on the device: like a full region journal, the
@@ -589,16 +585,16 @@ impl Engine {
             }
             Err(e) => return Err(e),
         };
-        self.count_journal(blocks.len() as u64);
+        self.ckpt.requests.count_journal(blocks.len() as u64);
         // Within a lane, journal blocks complete in chain order: the chain lock is held
         // until the batch (data and journal blocks together) is written.
         let reqs: Vec<_> =
             page_reqs(writes).chain(blocks.iter().map(|(a, d)| WriteReq { addr: *a, data: d })).collect();
-        if let Err(e) = self.write_reqs(&reqs, WriteKind::Journal) {
+        if let Err(e) = self.disk.write_reqs(&reqs, WriteKind::Journal) {
             *chain = before;
             return Err(e);
         }
-        self.chain_marks[lane as usize].wrote(chain.position().1);
+        self.disk.chain_marks[lane as usize].wrote(chain.position().1);
         Ok(Commit::FlushOwed)
     }
 
@@ -629,27 +625,6 @@ impl Engine {
         if !undo.xattr_names.is_empty() {
             m.meta.lock().xattrs.unjournaled.append(&mut undo.xattr_names);
         }
-    }
-
-    /// Writes (address, bytes) pairs in bounded batches, counted as `kind`.
-    pub(crate) fn write_all(&self, writes: &[(u64, Vec<u8>)], kind: WriteKind) -> Result<()> {
-        let reqs: Vec<WriteReq> = writes.iter().map(|(a, d)| WriteReq { addr: *a, data: d }).collect();
-        self.write_reqs(&reqs, kind)
-    }
-
-    /// Writes `reqs` in bounded batches, counted as `kind`.
-    pub(crate) fn write_reqs(&self, reqs: &[WriteReq], kind: WriteKind) -> Result<()> {
-        for chunk in reqs.chunks(256) {
-            self.dev.write_batch(chunk)?;
-            self.io.count(kind, chunk.iter().map(|r| r.data.len() as u64).sum());
-        }
-        Ok(())
-    }
-
-    /// File-system age in seconds (segment mtimes for cleaning): the age the last checkpoint
-    /// recorded at mount plus the time mounted since.
-    pub(crate) fn elapsed_secs(&self) -> u64 {
-        self.age_at_mount + self.mounted_at.elapsed().as_secs()
     }
 }
 

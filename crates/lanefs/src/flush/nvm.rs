@@ -3,46 +3,13 @@
 //! and the lane journals fsync commits to instead of writing journal blocks. Without a region
 //! every hook is a no-op and both go to the device as before.
 
-use crate::engine::{Engine, WriteKind};
+use crate::disk::WriteKind;
+use crate::engine::Engine;
 use crate::error::Result;
-use crate::format::checkpoint::CP_FLAG_NVM_NAT;
-use crate::format::{Checkpoint, NatBlock};
 use crate::journal::Transaction;
 use crate::pmem::journal::Appended;
 
 impl Engine {
-    /// Before the pack of `cp` is written: with a region, the changed entries of the dirty NAT
-    /// blocks `nat` are logged and committed there, the pack is flagged, and no NAT block is
-    /// left for the device. Returns the NAT blocks the device must still get.
-    pub(crate) fn stage_nat(&self, cp: &mut Checkpoint, nat: Vec<NatBlock>) -> Result<Vec<NatBlock>> {
-        let Some(nvm) = &self.nvm else { return Ok(nat) };
-        nvm.stage(cp.version, &nat)?;
-        cp.flags |= CP_FLAG_NVM_NAT;
-        Ok(Vec::new())
-    }
-
-    /// After the pack of checkpoint `version` is durable: its logged entries go in place, and
-    /// the lane journals are emptied (every record in them is part of the checkpoint).
-    pub(crate) fn apply_nat(&self, version: u64) -> Result<()> {
-        match &self.nvm {
-            Some(nvm) => {
-                nvm.apply(version)?;
-                self.reset_nvm_journals(version)
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// Empties the region's lane journals under the checkpoint of `version`, the pack in force.
-    /// Callers: a checkpoint once its pack is durable (holding the gate, so no fsync appends),
-    /// and mount before any fsync can run.
-    pub(crate) fn reset_nvm_journals(&self, version: u64) -> Result<()> {
-        match (&self.nvm, &self.nvm_log) {
-            (Some(nvm), Some(log)) => log.reset(nvm.region(), version),
-            _ => Ok(()),
-        }
-    }
-
     /// fsync's commit with region journals: writes the transaction's data blocks `writes`,
     /// flushes the device when the transaction maps any written block (its own, or blocks
     /// writeback wrote without a flush), then appends `txn` to lane `lane`'s journal in the
@@ -61,29 +28,31 @@ impl Engine {
         txn: &Transaction,
         writes: &[(u64, crate::mem::pages::PageBuf)],
     ) -> Result<RegionCommit> {
-        let (Some(nvm), Some(log)) = (&self.nvm, &self.nvm_log) else { return Ok(RegionCommit::NoRegion) };
+        let (Some(nvm), Some(log)) = (&self.disk.nvm, &self.disk.nvm_log) else {
+            return Ok(RegionCommit::NoRegion);
+        };
         let bytes = txn.encode()?;
         if !log.has_room(lane, bytes.len()) {
             return Ok(RegionCommit::Full);
         }
         let reqs: Vec<_> = super::page_reqs(writes).collect();
-        self.write_reqs(&reqs, WriteKind::Journal)?;
+        self.disk.write_reqs(&reqs, WriteKind::Journal)?;
         if !txn.data_refs().is_empty() {
-            self.fsync_flush()?;
+            self.disk.fsync_flush()?;
         }
         match log.append(nvm.region(), lane, &bytes)? {
             Appended::Full => Ok(RegionCommit::Full),
             Appended::Committed { before, after } => {
-                self.io.nvm_journal.add((after - before) as u64);
+                self.disk.io.nvm_journal.add((after - before) as u64);
                 // The journal bound counts region bytes as blocks' worth; a checkpoint is also
                 // asked for once a lane's journal is half full.
                 let blocks = (after / crate::device::BLOCK_SIZE - before / crate::device::BLOCK_SIZE) as u64;
                 if blocks > 0 {
-                    self.count_journal(blocks);
+                    self.ckpt.requests.count_journal(blocks);
                 }
                 let half = log.layout().capacity() / 2;
                 if before < half && after >= half {
-                    self.kick_checkpoint();
+                    self.ckpt.requests.kick_checkpoint();
                 }
                 Ok(RegionCommit::Committed)
             }

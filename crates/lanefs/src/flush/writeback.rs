@@ -16,11 +16,11 @@ impl Engine {
     /// Called after a write, outside the pass-through semaphore.
     pub(crate) fn after_write(&self, m: &MNode) -> Result<()> {
         let limit = self.opts.cache_bytes;
-        let dirty = self.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64 * PAGE_SIZE as u64;
+        let dirty = self.mem.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64 * PAGE_SIZE as u64;
         if dirty > limit / 2 {
             self.writeback(m)?;
         }
-        let cached = self.cache.cached_pages.load(Ordering::Relaxed).max(0) as u64 * PAGE_SIZE as u64;
+        let cached = self.mem.cache.cached_pages.load(Ordering::Relaxed).max(0) as u64 * PAGE_SIZE as u64;
         if cached > limit {
             let want = ((cached - limit * 3 / 4) / PAGE_SIZE as u64) as usize;
             if let Some((pages, _)) = m.pages() {
@@ -47,13 +47,13 @@ impl Engine {
         if dirty.is_empty() {
             return Ok(());
         }
-        let (lane, _) = self.lane();
-        let mtime = self.elapsed_secs();
+        let (lane, _) = self.disk.lane();
+        let mtime = self.disk.elapsed_secs();
         let mut writes = Vec::with_capacity(dirty.len());
         let mut placed = Vec::with_capacity(dirty.len());
         for (idx, buf) in &dirty {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: m.ino, ofs: *idx as u32 };
-            match self.lanes.alloc_young(lane, crate::format::LogType::WarmData, owner, mtime) {
+            match self.disk.lanes.alloc_young(lane, crate::format::LogType::WarmData, owner, mtime) {
                 Ok(addr) => {
                     placed.push((*idx, addr as u32, crc32c::crc32c(&buf[..])));
                     writes.push(crate::device::WriteReq { addr, data: &buf[..] });
@@ -61,16 +61,16 @@ impl Engine {
                 Err(e) => {
                     pages.restore_dirty(&dirty);
                     for (_, a, _) in placed {
-                        self.table.invalidate(a as u64)?;
+                        self.disk.table.invalidate(a as u64)?;
                     }
                     return Err(e);
                 }
             }
         }
-        if let Err(e) = self.write_reqs(&writes, crate::engine::WriteKind::Writeback) {
+        if let Err(e) = self.disk.write_reqs(&writes, crate::disk::WriteKind::Writeback) {
             pages.restore_dirty(&dirty);
             for (_, a, _) in placed {
-                self.table.invalidate(a as u64)?;
+                self.disk.table.invalidate(a as u64)?;
             }
             return Err(e);
         }
@@ -81,11 +81,11 @@ impl Engine {
                 disk.unjournaled.insert(idx, (addr, crc));
             } else {
                 // Truncated while in flight: the block holds data no one may see.
-                self.table.invalidate(addr as u64)?;
+                self.disk.table.invalidate(addr as u64)?;
             }
         }
         for a in std::mem::take(&mut disk.garbage) {
-            self.table.invalidate(a as u64)?;
+            self.disk.table.invalidate(a as u64)?;
         }
         Ok(())
     }
@@ -97,7 +97,7 @@ impl Engine {
     /// Errors are left for the checkpoint, which writes whatever is still dirty itself.
     pub(crate) fn write_back_early(&self) {
         let mut inos: Vec<u32> = Vec::new();
-        for d in self.dirty.iter() {
+        for d in self.mem.dirty.iter() {
             inos.extend(d.lock().iter().copied());
         }
         inos.sort_unstable();
@@ -107,6 +107,7 @@ impl Engine {
             // those are passed over without taking a reference, which the checkpoint would
             // otherwise count up and down once per namespace operation.
             let Some(m) = self
+                .mem
                 .cells
                 .with(ino as u64, |m| {
                     let (pages, _) = m.pages()?;

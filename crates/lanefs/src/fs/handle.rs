@@ -2,7 +2,7 @@
 //! the open count released when it is dropped.
 //!
 //! Invariants: a handle holds one open count of its inode from `Fs::open_file` until it is
-//! dropped; every call but `size` fails with EIO after a shutdown (`Engine::check_live`).
+//! dropped; every call but `size` fails with EIO after a shutdown (`Disk::check_live`).
 
 use super::Ino;
 use crate::engine::Engine;
@@ -25,19 +25,19 @@ impl Handle {
 
     /// [`Fs::read_at`](crate::Fs::read_at) on this handle's inode.
     pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.read_mnode(&self.m, off, buf)
     }
 
     /// [`Fs::write_at`](crate::Fs::write_at) on this handle's inode.
     pub fn write_at(&self, off: u64, data: &[u8]) -> Result<usize> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.write_mnode(&self.m, off, data)
     }
 
     /// [`Fs::fsync`](crate::Fs::fsync) of this handle's inode.
     pub fn fsync(&self, datasync: bool) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.fsync_mnode(&self.m, datasync)
     }
 

@@ -104,7 +104,7 @@ impl Fs {
     /// The persistent-memory region holding the NAT (and the lane journals), when mounted with
     /// one (`FsOptions::nvm`).
     pub fn nvm(&self) -> Option<&crate::pmem::nat::NvmNat> {
-        self.engine.nvm.as_ref()
+        self.engine.disk.nvm.as_ref()
     }
 
     /// What stat reports of `m`. Reads the attributes' lock-free mirror (`MetaLock::stat`):
@@ -141,7 +141,7 @@ impl Fs {
 
     /// The entry `name` in directory `parent` (lookup(2)'s step of a path walk); ENOENT if none.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.lookup_with(ino32(parent)?, name, |m| self.attr(m))
     }
 
@@ -149,7 +149,7 @@ impl Fs {
     /// no name left (removed, even if still open). The caller compares [`Attr::generation`] with
     /// the handle's to tell a reused number from the inode the handle was made for.
     pub fn lookup_ino(&self, ino: Ino) -> Result<Attr> {
-        let _g = self.engine.pass.shared();
+        let _g = self.engine.mem.pass.shared();
         let a = self.engine.with_mnode(ino32(ino)?, |m| self.attr(m))?;
         if a.nlink == 0 {
             return Err(Error::errno(libc::ENOENT, format!("inode {ino} was removed")));
@@ -178,22 +178,22 @@ impl Fs {
     /// assert_eq!(fs.walk(ROOT, [&b"a"[..], b"b"]).unwrap().ino, b.ino);
     /// ```
     pub fn walk<'n>(&self, dir: Ino, names: impl IntoIterator<Item = &'n [u8]>) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let a = self.engine.walk_with(ino32(dir)?, names, |m| self.attr(m))?;
         Ok(a)
     }
 
     /// The mnode of `ino` (kept alive by the caller's reference however it is unlinked).
     fn mnode(&self, ino: Ino) -> Result<Arc<MNode>> {
-        self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        self.engine.disk.check_live()?;
+        let _g = self.engine.mem.pass.shared();
         self.engine.mnode(ino32(ino)?)
     }
 
     /// stat(2) of `ino`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        self.engine.disk.check_live()?;
+        let _g = self.engine.mem.pass.shared();
         self.engine.with_mnode(ino32(ino)?, |m| self.attr(m))
     }
 
@@ -210,7 +210,7 @@ impl Fs {
     }
 
     fn set_attr(&self, ino: Ino, a: &SetAttr, caller: Option<&dyn Caller>) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let m = self.engine.setattr(
             ino32(ino)?,
             a.mode,
@@ -229,7 +229,7 @@ impl Fs {
 
     /// The inode's flags, as `lsattr` shows them (FS_IOC_GETFLAGS).
     pub fn get_flags(&self, ino: Ino) -> Result<InodeFlags> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.get_flags(ino32(ino)?)
     }
 
@@ -252,7 +252,7 @@ impl Fs {
     /// assert_eq!(fs.unlink(ROOT, b"log").unwrap_err().to_errno(), libc::EPERM);
     /// ```
     pub fn set_flags(&self, ino: Ino, flags: InodeFlags, privileged: bool) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let m = self.engine.set_flags(ino32(ino)?, flags, privileged)?;
         self.sync_if(&m, InodeFlags::SYNC)?;
         Ok(self.attr(&m))
@@ -260,12 +260,12 @@ impl Fs {
 
     /// The access-time policy in force ([`FsOptions::atime`] at mount).
     pub fn atime_policy(&self) -> AtimePolicy {
-        self.engine.atime_policy()
+        self.engine.mem.atime_policy()
     }
 
     /// Changes the access-time policy (a remount with other atime options).
     pub fn set_atime_policy(&self, p: AtimePolicy) {
-        self.engine.set_atime_policy(p)
+        self.engine.mem.set_atime_policy(p)
     }
 
     /// Makes `m`'s last change durable if its flags ask for it (`SYNC`, or `DIRSYNC` of a
@@ -292,7 +292,7 @@ impl Fs {
         let which = InodeFlags(InodeFlags::DIRSYNC.bits() | InodeFlags::SYNC.bits());
         let ino = ino32(dir)?;
         let m = {
-            let _g = self.engine.pass.shared();
+            let _g = self.engine.mem.pass.shared();
             match self.engine.with_mnode(ino, |m| InodeFlags(m.iflags()).intersects(which)) {
                 Ok(false) => return Ok(()),
                 Ok(true) => self.engine.mnode(ino),
@@ -329,7 +329,7 @@ impl Fs {
     /// Creates a file, directory or special file as `new` says (a process's create, mkdir or
     /// mknod, with its umask).
     pub fn make(&self, parent: Ino, name: &[u8], new: &New) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let mode = if new.mode & S_IFMT == 0 { new.mode | 0o100000 } else { new.mode };
         if mode & S_IFMT == 0o120000 {
             return Err(Error::errno(libc::EINVAL, "use symlink"));
@@ -345,7 +345,7 @@ impl Fs {
 
     /// Creates symbolic link `name` in `parent` pointing to `target`, owned by `uid`:`gid`.
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let m = self.engine.create_node(
             ino32(parent)?,
             name,
@@ -357,8 +357,8 @@ impl Fs {
 
     /// The target of symlink `ino`; EINVAL for any other type.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        self.engine.disk.check_live()?;
+        let _g = self.engine.mem.pass.shared();
         let m = self.engine.mnode(ino32(ino)?)?;
         if m.file_type != 0o120000 {
             return Err(Error::errno(libc::EINVAL, "not a symlink"));
@@ -370,7 +370,7 @@ impl Fs {
 
     /// Gives inode `ino` the new name `newname` in `newparent` (link(2)); EPERM for a directory.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let m = self.engine.link(ino32(ino)?, ino32(newparent)?, newname)?;
         self.dirsync(newparent)?;
         Ok(self.attr(&m))
@@ -379,14 +379,14 @@ impl Fs {
     /// Removes the name `name` from `parent` (unlink(2)); the inode goes with its last name
     /// and last open reference.
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.unlink(ino32(parent)?, name)?;
         self.dirsync(parent)
     }
 
     /// Removes the empty directory `name` from `parent` (rmdir(2)); ENOTEMPTY otherwise.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.rmdir(ino32(parent)?, name)?;
         self.dirsync(parent)
     }
@@ -421,7 +421,7 @@ impl Fs {
         uid: u32,
         gid: u32,
     ) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.rename(ino32(parent)?, name, ino32(newparent)?, newname, flags.bits(), (uid, gid))?;
         self.dirsync(parent)?;
         if newparent != parent {
@@ -432,7 +432,7 @@ impl Fs {
 
     /// Opens an inode: keeps it alive after its last name is removed until [`Fs::release`].
     pub fn open_ino(&self, ino: Ino) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let m = self.engine.open_file(ino32(ino)?)?;
         Ok(self.attr(&m))
     }
@@ -441,7 +441,7 @@ impl Fs {
     /// `O_TRUNC`) would: EPERM for a write open of an immutable inode, and for one of an
     /// append-only inode without `O_APPEND` or with `O_TRUNC`. Else as [`Fs::open_ino`].
     pub fn open_with(&self, ino: Ino, flags: i32) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let m = self.engine.open_checked(ino32(ino)?, flags)?;
         Ok(self.attr(&m))
     }
@@ -456,21 +456,21 @@ impl Fs {
     /// (the way a FUSE file handle or an application holding a descriptor works). The inode
     /// stays alive until the handle is dropped, even if its last name is removed.
     pub fn open_file(&self, ino: Ino) -> Result<Handle> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let m = self.engine.open_file(ino32(ino)?)?;
         Ok(Handle { engine: self.engine.clone(), m })
     }
 
     /// Reads up to `buf.len()` bytes at `off`; returns how many (0 at or past the end).
     pub fn read_at(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.read_at(ino32(ino)?, off, buf)
     }
 
     /// Writes `data` at `off`, growing the file as needed; returns the bytes written. Durable
     /// after [`Fs::fsync`].
     pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.write_at(ino32(ino)?, off, data)
     }
 
@@ -503,7 +503,7 @@ impl Fs {
     /// Sets the size of regular file `ino` to `size`: drops what lies past it, or extends with
     /// a hole.
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.truncate(ino32(ino)?, size)
     }
 
@@ -512,7 +512,7 @@ impl Fs {
     /// size), or [`FallocMode::ZERO_RANGE`] (with or without keep size). Other modes are
     /// EOPNOTSUPP.
     pub fn fallocate(&self, ino: Ino, mode: FallocMode, off: u64, len: u64) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.fallocate(ino32(ino)?, mode.bits() as i32, off, len)
     }
 
@@ -570,8 +570,8 @@ impl Fs {
     /// assert_eq!(seen, 3, "each entry once, and the listing ends");
     /// ```
     pub fn listing(&self, ino: Ino) -> Result<Listing> {
-        self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        self.engine.disk.check_live()?;
+        let _g = self.engine.mem.pass.shared();
         let d = self.engine.dir_mnode(ino32(ino)?)?;
         Ok(Listing { ino, horizon: d.dir().expect("dir").map.horizon() })
     }
@@ -588,8 +588,8 @@ impl Fs {
         max: usize,
         horizon: Option<&crate::mem::dir::Horizon>,
     ) -> Result<Vec<DirEntry>> {
-        self.engine.check_live()?;
-        let _g = self.engine.pass.shared();
+        self.engine.disk.check_live()?;
+        let _g = self.engine.mem.pass.shared();
         let d = self.engine.dir_mnode(ino32(ino)?)?;
         // A listing is an access of the directory (unless `nodiratime`), as getdents is.
         self.engine.touch_atime(&d);
@@ -623,10 +623,10 @@ impl Fs {
     /// blocks does not fail with ENOSPC.
     pub fn statfs(&self) -> StatFs {
         let e = &self.engine;
-        let g = &e.g;
+        let g = &e.disk.g;
         let usable = g.user_blocks();
         let free_blocks = e.free_data_blocks().min(usable);
-        let used_nodes = self.engine.nat.valid_nodes();
+        let used_nodes = self.engine.disk.nat.valid_nodes();
         StatFs {
             bsize: 4096,
             blocks: usable,
@@ -640,7 +640,7 @@ impl Fs {
 
     /// The value of extended attribute `name`; ENODATA if the inode has none of that name.
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.getxattr(ino32(ino)?, name)
     }
 
@@ -648,7 +648,7 @@ impl Fs {
     /// An ACL (`system.posix_acl_access` or `_default`) must be valid; the access ACL then sets
     /// the mode's permission bits (see `src/acl.rs`).
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.setxattr(ino32(ino)?, name, value, flags.bits() as i32, &Privileged)
     }
 
@@ -662,25 +662,25 @@ impl Fs {
         flags: XattrFlags,
         caller: &dyn Caller,
     ) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.setxattr(ino32(ino)?, name, value, flags.bits() as i32, caller)
     }
 
     /// The names of the inode's extended attributes, in name order.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.listxattr(ino32(ino)?)
     }
 
     /// Removes extended attribute `name`; ENODATA if there is none.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.removexattr(ino32(ino)?, name)
     }
 
     /// fsync(2) (`datasync`: fdatasync) of a file or directory.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.fsync(ino32(ino)?, datasync)
     }
 
@@ -689,26 +689,26 @@ impl Fs {
         use std::sync::atomic::Ordering::Relaxed;
         let e = &self.engine;
         let (begun, durable) = {
-            let cp = e.cp.lock();
+            let cp = e.ckpt.cp.lock();
             (cp.started, cp.durable)
         };
         IoStats {
-            user_bytes: e.io.user.sum(),
-            journal_bytes: e.io.journal.sum(),
-            writeback_bytes: e.io.writeback.sum(),
-            checkpoint_bytes: e.io.checkpoint.sum(),
-            cleaning_bytes: e.io.cleaning.sum(),
-            nvm_journal_bytes: e.io.nvm_journal.sum(),
-            fsync_flushes: e.io.fsync_flushes.sum(),
-            cleaning_rounds: e.gc.rounds.load(Relaxed),
-            segments_cleaned: e.gc.segments_cleaned.load(Relaxed),
+            user_bytes: e.disk.io.user.sum(),
+            journal_bytes: e.disk.io.journal.sum(),
+            writeback_bytes: e.disk.io.writeback.sum(),
+            checkpoint_bytes: e.disk.io.checkpoint.sum(),
+            cleaning_bytes: e.disk.io.cleaning.sum(),
+            nvm_journal_bytes: e.disk.io.nvm_journal.sum(),
+            fsync_flushes: e.disk.io.fsync_flushes.sum(),
+            cleaning_rounds: e.ckpt.gc.rounds.load(Relaxed),
+            segments_cleaned: e.ckpt.gc.segments_cleaned.load(Relaxed),
             checkpoints_begun: begun,
             checkpoints_durable: durable,
-            cp_exclusive_us_max: e.cp_pauses.exclusive_max_us(),
-            cp_write_phase_us_max: e.cp_pauses.write_max_us(),
-            cp_waits: e.io.cp_waits.sum(),
-            cp_bridges: e.io.cp_bridges.sum(),
-            cp_helped: e.io.cp_helped.sum(),
+            cp_exclusive_us_max: e.ckpt.cp_pauses.exclusive_max_us(),
+            cp_write_phase_us_max: e.ckpt.cp_pauses.write_max_us(),
+            cp_waits: e.disk.io.cp_waits.sum(),
+            cp_bridges: e.disk.io.cp_bridges.sum(),
+            cp_helped: e.disk.io.cp_helped.sum(),
         }
     }
 
@@ -716,13 +716,13 @@ impl Fs {
     /// call (or mount), in µs; the next call starts afresh. A benchmark calls it before and
     /// after a run to get the run's own figure.
     pub fn take_cp_exclusive_peak_us(&self) -> u64 {
-        self.engine.cp_pauses.take_exclusive_peak()
+        self.engine.ckpt.cp_pauses.take_exclusive_peak()
     }
 
     /// What checkpoints' exclusive phases did since mount, item by item: dirty inodes they
     /// looked at one by one, and lists and shards they swapped out whole.
     pub fn cp_exclusive_work(&self) -> crate::flush::checkpoint::ExclusiveWork {
-        self.engine.cp_pauses.work()
+        self.engine.ckpt.cp_pauses.work()
     }
 
     /// The contention census (`sync::census`): per lock class, acquisitions that found the
@@ -736,7 +736,7 @@ impl Fs {
     /// Cleans every segment that has invalid blocks, now (the background cleaner does this
     /// gradually when space runs short). Returns the segments emptied.
     pub fn clean(&self) -> Result<u64> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         self.engine.check_writable()?;
         self.engine.clean_all()
     }
@@ -761,8 +761,8 @@ impl Fs {
 
     /// sync(2): everything becomes durable (a checkpoint), lazytime access times included.
     pub fn sync(&self) -> Result<()> {
-        self.engine.check_live()?;
-        self.engine.lazy_flush.store(true, Ordering::Release);
+        self.engine.disk.check_live()?;
+        self.engine.mem.lazy_flush.store(true, Ordering::Release);
         self.engine.checkpoint(false)
     }
 
@@ -807,19 +807,19 @@ impl Fs {
     /// assert!(fs.resolve("/lost").is_err());
     /// ```
     pub fn shutdown(&self) -> Result<()> {
-        if self.engine.halt.halt() {
+        if self.engine.disk.halt.halt() {
             tracing::warn!("lanefs: shut down: nothing more is written; the next mount recovers");
         }
         // The background thread and whoever waits for a checkpoint find the gate shut and stop.
-        self.engine.kick_checkpoint();
-        self.engine.cp_done.notify_all();
+        self.engine.ckpt.requests.kick_checkpoint();
+        self.engine.ckpt.cp_done.notify_all();
         debug_assert!(self.is_shut_down());
         Ok(())
     }
 
     /// Whether [`Fs::shutdown`] was called.
     pub fn is_shut_down(&self) -> bool {
-        self.engine.halt.is_halted()
+        self.engine.disk.halt.is_halted()
     }
 
     /// Stops the background thread and takes the final checkpoint (none after a shutdown).

@@ -16,7 +16,7 @@ impl Fs {
     /// that [`Fs::release`] gives back (the last one deletes it unless [`Fs::link`] named it).
     /// EINVAL for a type other than a regular file; ENOENT in a removed directory.
     pub fn tmpfile_open(&self, parent: Ino, new: &New) -> Result<Attr> {
-        self.engine.check_live()?;
+        self.engine.disk.check_live()?;
         let mode = if new.mode & crate::format::node::S_IFMT == 0 { new.mode | 0o100000 } else { new.mode };
         let m = self.engine.create_unnamed(
             ino32(parent)?,
@@ -29,7 +29,7 @@ impl Fs {
     pub fn tmpfile(&self, parent: Ino, new: &New) -> Result<(Attr, Handle)> {
         let a = self.tmpfile_open(parent, new)?;
         let m = {
-            let _g = self.engine.pass.shared();
+            let _g = self.engine.mem.pass.shared();
             self.engine.mnode(ino32(a.ino)?)
         };
         match m {

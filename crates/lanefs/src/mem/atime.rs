@@ -92,20 +92,10 @@ pub fn due(mode: AtimeMode, atime: i64, mtime: i64, ctime: i64, now: i64) -> boo
 }
 
 impl Engine {
-    /// The access-time policy in force.
-    pub fn atime_policy(&self) -> AtimePolicy {
-        AtimePolicy::decode(self.atime.load(Ordering::Relaxed))
-    }
-
-    /// Changes the policy (a remount).
-    pub fn set_atime_policy(&self, p: AtimePolicy) {
-        self.atime.store(p.encode(), Ordering::Relaxed);
-    }
-
     /// An access of `m` (a read or a listing): updates its atime if the policy says so. The
     /// caller holds the pass-through semaphore, so no checkpoint snapshot sees half of it.
     pub(crate) fn touch_atime(&self, m: &MNode) {
-        let p = self.atime_policy();
+        let p = self.mem.atime_policy();
         if p.mode == AtimeMode::Never || (!p.dirs && m.is_dir()) {
             return;
         }
@@ -118,13 +108,13 @@ impl Engine {
         if !due(p.mode, atime, mtime, ctime, now) {
             return;
         }
-        if self.opts.read_only || self.failed.load(Ordering::Relaxed) {
+        if self.opts.read_only || self.ckpt.failed.load(Ordering::Relaxed) {
             return;
         }
         m.atime.store(now, Ordering::Relaxed);
         let first = !m.atime_dirty.swap(true, Ordering::AcqRel);
         if !p.lazy {
-            self.mark_dirty(m);
+            self.mem.mark_dirty(m);
         } else if first {
             self.queue_lazy(m);
         }
@@ -135,26 +125,26 @@ impl Engine {
         if m.lazy_queued.swap(true, Ordering::AcqRel) {
             return;
         }
-        let since = self.elapsed_secs().max(1);
-        let _ = self.lazy_since.compare_exchange(0, since, Ordering::AcqRel, Ordering::Relaxed);
-        self.lazy.current().lock().push(m.ino);
+        let since = self.disk.elapsed_secs().max(1);
+        let _ = self.mem.lazy_since.compare_exchange(0, since, Ordering::AcqRel, Ordering::Relaxed);
+        self.mem.lazy.current().lock().push(m.ino);
     }
 
     /// For a checkpoint snapshot: the inodes whose lazy atimes it must write (all of them on
     /// `sync` and unmount, or once the oldest is [`LAZY_EXPIRY`] old), taken off the queue.
     pub(crate) fn take_lazy(&self, all: bool) -> Vec<u32> {
-        let since = self.lazy_since.load(Ordering::Acquire);
-        let expired = since != 0 && self.elapsed_secs().saturating_sub(since) >= LAZY_EXPIRY;
+        let since = self.mem.lazy_since.load(Ordering::Acquire);
+        let expired = since != 0 && self.disk.elapsed_secs().saturating_sub(since) >= LAZY_EXPIRY;
         if !(all || expired) || since == 0 {
             return Vec::new();
         }
-        self.lazy_since.store(0, Ordering::Release);
+        self.mem.lazy_since.store(0, Ordering::Release);
         let mut out = Vec::new();
-        for q in self.lazy.iter() {
+        for q in self.mem.lazy.iter() {
             out.append(&mut q.lock());
         }
         for &ino in &out {
-            if let Some(m) = self.cells.get(ino as u64) {
+            if let Some(m) = self.mem.cells.get(ino as u64) {
                 m.lazy_queued.store(false, Ordering::Release);
             }
         }

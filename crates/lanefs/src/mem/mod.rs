@@ -10,6 +10,7 @@
 //! - [`pages`]: file pages in per-file sparse, sharded maps with copy-on-write snapshots.
 //! - [`mnode`]: the in-memory inode; [`cowmap`]: its block mapping, copy-on-write in chunks.
 //! - [`reserve`]: preallocated, unwritten blocks and the space they hold.
+//! - `memfs`: [`Memfs`], the state all of it shares in a mount.
 //! - [`ops`]: the operations themselves.
 //! - [`perm`]: privileges a change drops, ACL inheritance and the mode kept in step with ACLs.
 //! - [`xattr`]: an inode's extended attributes.
@@ -20,6 +21,7 @@ pub mod cells;
 pub mod cowmap;
 pub mod dir;
 pub mod iflags;
+mod memfs;
 pub mod mnode;
 pub mod ops;
 pub mod page_lock;
@@ -30,3 +32,4 @@ pub mod reserve;
 pub mod xattr;
 
 pub use cells::Cells;
+pub(crate) use memfs::Memfs;

@@ -10,6 +10,7 @@
 
 use super::mnode::{MNode, Meta, S_IFDIR, S_IFLNK, S_IFREG};
 use super::xattr::XattrSet;
+use super::Memfs;
 use crate::acl::{self, Acl};
 use crate::engine::{now, Engine};
 use crate::error::{Error, Result};
@@ -37,7 +38,7 @@ fn fits(x: &Xattrs) -> Result<()> {
     Ok(())
 }
 
-impl Engine {
+impl Memfs {
     /// After a chmod: the access ACL's mirrored entries rewritten to the new mode. A stored
     /// value that does not decode (written before ACLs were checked) is left as it is.
     pub(crate) fn chmod_acl(&self, meta: &mut Meta) {
@@ -45,75 +46,6 @@ impl Engine {
         a.chmod(meta.mode);
         Arc::make_mut(&mut meta.xattrs.set).set(acl::ACCESS, a.encode());
         self.xattr_changed(&mut meta.xattrs, acl::ACCESS);
-    }
-
-    /// The mode and xattrs of a new inode created with `mode` (type and permission bits) in
-    /// directory `dir`, by a process whose umask is `umask`: masked by the directory's default
-    /// ACL if it has one (and then not by the umask), which a new directory also inherits.
-    pub(crate) fn inherit(&self, dir: &MNode, mode: u32, umask: u32) -> Result<(u32, Xattrs)> {
-        let masked = mode & !(umask & 0o777);
-        if mode & S_IFMT == S_IFLNK {
-            return Ok((mode, Vec::new()));
-        }
-        // No attribute at all, so no default ACL: answered without the directory's mutex, which
-        // every create in the directory would take (`MetaLock::has_xattrs`).
-        if !dir.meta.has_xattrs() {
-            return Ok((masked, Vec::new()));
-        }
-        let default = dir.meta.lock().xattrs.set.get(acl::DEFAULT).map(<[u8]>::to_vec);
-        let Some(bytes) = default else { return Ok((masked, Vec::new())) };
-        // A stored value that does not decode (from before ACLs were checked) counts as none.
-        let Ok(Some(default)) = Acl::decode(&bytes) else { return Ok((masked, Vec::new())) };
-        let mut access = default.clone();
-        let (mode, extended) = access.create_masq(mode);
-        let mut x = Vec::new();
-        if extended {
-            x.push((acl::ACCESS.to_vec(), access.encode()));
-        }
-        if mode & S_IFMT == S_IFDIR {
-            x.push((acl::DEFAULT.to_vec(), default.encode()));
-        }
-        fits(&x)?;
-        Ok((mode, x))
-    }
-
-    /// What `change` by `caller` takes from `m`; asks the caller with no lock held.
-    fn loss(&self, m: &MNode, change: Change, caller: &dyn Caller) -> Loss {
-        let (mode, gid, capability) = {
-            let meta = m.meta.lock();
-            (meta.mode, meta.gid, meta.xattrs.set.contains(perm::SECURITY_CAPABILITY))
-        };
-        let capability = capability && (change == Change::Owner || m.file_type == S_IFREG);
-        Loss { setid: perm::setid_to_drop(mode, gid, change, caller), capability }
-    }
-
-    /// Drops what `change` by `caller` takes from `m`: its set-ID bits and file capabilities
-    /// (see [`crate::perm`]). Called before the change is made.
-    pub fn drop_privs(&self, m: &MNode, change: Change, caller: &dyn Caller) -> Result<()> {
-        let loss = self.loss(m, change, caller);
-        if loss.setid == 0 && !loss.capability {
-            return Ok(());
-        }
-        self.check_writable()?;
-        let mode = {
-            let _g = self.pass.shared();
-            let mode = {
-                let mut meta = m.meta.lock();
-                meta.mode &= !loss.setid;
-                if loss.capability && Arc::make_mut(&mut meta.xattrs.set).remove(perm::SECURITY_CAPABILITY) {
-                    self.xattr_changed(&mut meta.xattrs, perm::SECURITY_CAPABILITY);
-                }
-                meta.mode
-            };
-            m.touch_ctime(now());
-            self.mark_dirty(m);
-            mode
-        };
-        // Told with nothing held: the adapter writes to the kernel.
-        if loss.setid != 0 {
-            caller.dropped(m.ino as u64, mode);
-        }
-        Ok(())
     }
 
     /// setxattr of an ACL: validated; an access ACL sets the mode's permission bits and is kept
@@ -176,6 +108,77 @@ impl Engine {
         self.mark_dirty(m);
         drop(g);
         if drop_sgid {
+            caller.dropped(m.ino as u64, mode);
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// The mode and xattrs of a new inode created with `mode` (type and permission bits) in
+    /// directory `dir`, by a process whose umask is `umask`: masked by the directory's default
+    /// ACL if it has one (and then not by the umask), which a new directory also inherits.
+    pub(crate) fn inherit(&self, dir: &MNode, mode: u32, umask: u32) -> Result<(u32, Xattrs)> {
+        let masked = mode & !(umask & 0o777);
+        if mode & S_IFMT == S_IFLNK {
+            return Ok((mode, Vec::new()));
+        }
+        // No attribute at all, so no default ACL: answered without the directory's mutex, which
+        // every create in the directory would take (`MetaLock::has_xattrs`).
+        if !dir.meta.has_xattrs() {
+            return Ok((masked, Vec::new()));
+        }
+        let default = dir.meta.lock().xattrs.set.get(acl::DEFAULT).map(<[u8]>::to_vec);
+        let Some(bytes) = default else { return Ok((masked, Vec::new())) };
+        // A stored value that does not decode (from before ACLs were checked) counts as none.
+        let Ok(Some(default)) = Acl::decode(&bytes) else { return Ok((masked, Vec::new())) };
+        let mut access = default.clone();
+        let (mode, extended) = access.create_masq(mode);
+        let mut x = Vec::new();
+        if extended {
+            x.push((acl::ACCESS.to_vec(), access.encode()));
+        }
+        if mode & S_IFMT == S_IFDIR {
+            x.push((acl::DEFAULT.to_vec(), default.encode()));
+        }
+        fits(&x)?;
+        Ok((mode, x))
+    }
+
+    /// What `change` by `caller` takes from `m`; asks the caller with no lock held.
+    fn loss(&self, m: &MNode, change: Change, caller: &dyn Caller) -> Loss {
+        let (mode, gid, capability) = {
+            let meta = m.meta.lock();
+            (meta.mode, meta.gid, meta.xattrs.set.contains(perm::SECURITY_CAPABILITY))
+        };
+        let capability = capability && (change == Change::Owner || m.file_type == S_IFREG);
+        Loss { setid: perm::setid_to_drop(mode, gid, change, caller), capability }
+    }
+
+    /// Drops what `change` by `caller` takes from `m`: its set-ID bits and file capabilities
+    /// (see [`crate::perm`]). Called before the change is made.
+    pub fn drop_privs(&self, m: &MNode, change: Change, caller: &dyn Caller) -> Result<()> {
+        let loss = self.loss(m, change, caller);
+        if loss.setid == 0 && !loss.capability {
+            return Ok(());
+        }
+        self.check_writable()?;
+        let mode = {
+            let _g = self.mem.pass.shared();
+            let mode = {
+                let mut meta = m.meta.lock();
+                meta.mode &= !loss.setid;
+                if loss.capability && Arc::make_mut(&mut meta.xattrs.set).remove(perm::SECURITY_CAPABILITY) {
+                    self.mem.xattr_changed(&mut meta.xattrs, perm::SECURITY_CAPABILITY);
+                }
+                meta.mode
+            };
+            m.touch_ctime(now());
+            self.mem.mark_dirty(m);
+            mode
+        };
+        // Told with nothing held: the adapter writes to the kernel.
+        if loss.setid != 0 {
             caller.dropped(m.ino as u64, mode);
         }
         Ok(())

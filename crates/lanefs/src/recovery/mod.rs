@@ -34,13 +34,16 @@ use walk::{check_region_txns, newer_data_refs, walk_lanes, Journals};
 
 use crate::checkpoint::{read_checkpoint, read_superblock, CheckpointRead};
 use crate::device::{BlockDevice, Halt, HaltDevice, BLOCK_SIZE};
-use crate::engine::{CpState, Engine, FsOptions, GroupCommit, StampClock};
+use crate::disk::{Disk, GroupCommit};
+use crate::engine::{Engine, FsOptions, StampClock};
 use crate::error::{Error, Result};
+use crate::flush::checkpoint::{Checkpointer, CpRequests, CpState};
 use crate::format::checkpoint::CP_FLAG_NVM_NAT;
 use crate::format::layout::Geometry;
 use crate::journal::ChainWriter;
 use crate::mem::pages::CacheStats;
 use crate::mem::Cells;
+use crate::mem::Memfs;
 use crate::nat::NatTable;
 use crate::oplog::InFlight;
 use crate::pmem::journal::NvmJournal;
@@ -198,63 +201,73 @@ fn new_engine(
     });
     let opts = FsOptions { nvm_inline_pages: Some(inline), ..opts };
     Engine {
-        dev: p.dev,
-        halt: p.halt,
-        g: p.g,
-        nat: p.nat,
-        nvm: p.nvm,
-        nvm_log: p.nvm_log,
-        table: p.table,
-        lanes: p.lanes,
-        cells: Cells::new(),
-        pass: PassSem::new(),
-        inflight: InFlight::new(),
-        gate: RwLock::new(Rank::Gate, ()),
-        cp_serial: Mutex::new(Rank::CpSerial, ()),
-        chains: p.chains,
-        chain_marks: p.chain_marks,
-        group: GroupCommit::default(),
-        dirty: PerCpu::new(|_| Mutex::new(Rank::DirtySet, Default::default())),
-        dead: PerCpu::new(|_| Mutex::new(Rank::DeadList, Vec::new())),
-        atime: std::sync::atomic::AtomicU8::new(opts.atime.encode()),
-        lazy: PerCpu::new(|_| Mutex::new(Rank::LazyAtime, Vec::new())),
-        lazy_since: std::sync::atomic::AtomicU64::new(0),
-        lazy_flush: AtomicBool::new(false),
-        orphans: Mutex::new(Rank::Orphans, Default::default()),
-        clock: StampClock::new(clock_floor),
-        cp: Mutex::new(
-            Rank::CpState,
-            CpState {
-                cp,
-                pack,
-                started: 0,
-                durable: 0,
-                settled: 0,
-                fence: 0,
-                snap_stamp: 0,
-                installs: Default::default(),
+        disk: Disk {
+            dev: p.dev,
+            halt: p.halt,
+            g: p.g,
+            nat: p.nat,
+            nvm: p.nvm,
+            nvm_log: p.nvm_log,
+            table: p.table,
+            lanes: p.lanes,
+            chains: p.chains,
+            chain_marks: p.chain_marks,
+            group: GroupCommit::default(),
+            io: Default::default(),
+            age_at_mount: age,
+            mounted_at: std::time::Instant::now(),
+        },
+        mem: Memfs {
+            cells: Cells::new(),
+            pass: PassSem::new(),
+            inflight: InFlight::new(),
+            rename_lock: Mutex::new(Rank::Rename, ()),
+            cache: Arc::new(CacheStats { reserved_blocks: reserved.into(), ..Default::default() }),
+            dirty: PerCpu::new(|_| Mutex::new(Rank::DirtySet, Default::default())),
+            dead: PerCpu::new(|_| Mutex::new(Rank::DeadList, Vec::new())),
+            atime: std::sync::atomic::AtomicU8::new(opts.atime.encode()),
+            lazy: PerCpu::new(|_| Mutex::new(Rank::LazyAtime, Vec::new())),
+            lazy_since: std::sync::atomic::AtomicU64::new(0),
+            lazy_flush: AtomicBool::new(false),
+            orphans: Mutex::new(Rank::Orphans, Default::default()),
+            generations: crate::generation::Generations::new(generation_floor),
+            xattr_owed: Default::default(),
+            dirty_inodes: PerCpuCounter::new(),
+            claimed: Default::default(),
+        },
+        ckpt: Checkpointer {
+            gate: RwLock::new(Rank::Gate, ()),
+            cp_serial: Mutex::new(Rank::CpSerial, ()),
+            cp: Mutex::new(
+                Rank::CpState,
+                CpState {
+                    cp,
+                    pack,
+                    started: 0,
+                    durable: 0,
+                    settled: 0,
+                    fence: 0,
+                    snap_stamp: 0,
+                    installs: Default::default(),
+                },
+            ),
+            cp_done: Condvar::new(),
+            requests: CpRequests {
+                journal_blocks: PerCpuCounter::new(),
+                logged_ops: PerCpuCounter::new(),
+                deleted_inodes: PerCpuCounter::new(),
+                kick: (Mutex::new(Rank::CpKick, false), Condvar::new()),
+                logged_ops_limit: opts.logged_ops_limit,
+                journal_blocks_limit: opts.journal_blocks_limit,
             },
-        ),
-        cp_done: Condvar::new(),
-        cache: Arc::new(CacheStats { reserved_blocks: reserved.into(), ..Default::default() }),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(Rank::Failure, String::new()),
+            stop: AtomicBool::new(false),
+            gc: Default::default(),
+            cp_pauses: Default::default(),
+        },
+        clock: StampClock::new(clock_floor),
         opts,
-        rename_lock: Mutex::new(Rank::Rename, ()),
-        generations: crate::generation::Generations::new(generation_floor),
-        journal_blocks: PerCpuCounter::new(),
-        logged_ops: PerCpuCounter::new(),
-        deleted_inodes: PerCpuCounter::new(),
-        dirty_inodes: PerCpuCounter::new(),
-        xattr_owed: Default::default(),
-        failed: AtomicBool::new(false),
-        failure: Mutex::new(Rank::Failure, String::new()),
-        cp_kick: (Mutex::new(Rank::CpKick, false), Condvar::new()),
-        stop: AtomicBool::new(false),
-        io: Default::default(),
-        age_at_mount: age,
-        mounted_at: std::time::Instant::now(),
-        gc: Default::default(),
-        claimed: Default::default(),
-        cp_pauses: Default::default(),
     }
 }
 
@@ -267,8 +280,8 @@ fn finish(engine: &Engine, checkpoint: bool) -> Result<()> {
         engine.checkpoint(false)?;
     } else {
         // Whatever the lane journals hold belongs to no live checkpoint (or is empty).
-        let version = engine.cp.lock().cp.version;
-        engine.reset_nvm_journals(version)?;
+        let version = engine.ckpt.cp.lock().cp.version;
+        engine.disk.reset_nvm_journals(version)?;
     }
     Ok(())
 }

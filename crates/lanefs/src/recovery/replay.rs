@@ -30,7 +30,7 @@ pub(super) fn mark_orphans(engine: &Engine, orphans: Vec<u32>) -> usize {
     for o in orphans {
         if let Ok(m) = engine.mnode(o) {
             if m.meta.lock().nlink == 0 {
-                engine.mark_dirty(&m);
+                engine.mem.mark_dirty(&m);
                 removed += 1;
             }
         }
@@ -78,7 +78,7 @@ impl Engine {
     /// create names an inode the checkpoint has: a created inode's number was free in it.
     fn replay_adopt(&self, d: &MNode, name: &[u8], ino: u32, attr: &InodeAttr) -> bool {
         let dm = d.dir().expect("dir");
-        if dm.map.lookup(name).is_some() || !self.cp.lock().cp.orphans.contains(&ino) {
+        if dm.map.lookup(name).is_some() || !self.ckpt.cp.lock().cp.orphans.contains(&ino) {
             return false;
         }
         let Ok(m) = self.mnode(ino) else { return false };
@@ -94,7 +94,7 @@ impl Engine {
         }
         m.parent.store(d.ino, Ordering::Relaxed);
         let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         true
     }
 
@@ -104,7 +104,7 @@ impl Engine {
         if d.dir().expect("dir").map.insert(name, ino, file_type).is_ok() {
             m.add_nlink(1);
             self.replayed(&d, r);
-            self.mark_dirty(&m);
+            self.mem.mark_dirty(&m);
         }
     }
 
@@ -147,7 +147,7 @@ impl Engine {
                     dd.add_nlink(-1);
                     sd.add_nlink(1);
                 }
-                self.mark_dirty(&other);
+                self.mem.mark_dirty(&other);
             }
         } else {
             if let Some(de) = de {
@@ -171,7 +171,7 @@ impl Engine {
         if src_dir != dst_dir {
             self.replayed(&dd, r);
         }
-        self.mark_dirty(&src);
+        self.mem.mark_dirty(&src);
     }
 
     /// A setattr: the attributes as the fsync saw them (the file type bits stay; a directory's
@@ -194,7 +194,7 @@ impl Engine {
         }
         m.mtime.store(ts_to_ns(attr.mtime), Ordering::Relaxed);
         m.ctime.store(ts_to_ns(attr.ctime), Ordering::Relaxed);
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// A map: blocks `first..` of `ino` now at `entries`' addresses (0 a hole, `NEW_ADDR`
@@ -220,15 +220,15 @@ impl Engine {
                 }
                 // The chain walk and the region's reader checked every address against the
                 // geometry (`Transaction::validate_geometry`) before it got here.
-                debug_assert!(self.g.in_main(addr as u64), "map of {ino} to block {addr}");
+                debug_assert!(self.disk.g.in_main(addr as u64), "map of {ino} to block {addr}");
                 // Installed: live from now on (its segment was kept out of the free map).
-                self.table.claim_valid(addr as u64, 0)?;
+                self.disk.table.claim_valid(addr as u64, 0)?;
                 disk.remap(idx, addr);
             }
         }
         m.note_reserved(&disk);
         drop(disk);
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(())
     }
 
@@ -243,7 +243,7 @@ impl Engine {
         if let Some((p, _)) = m.pages() {
             p.truncate(from_block);
         }
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// A whole xattr set (the record older images wrote): replaces the inode's set.
@@ -254,10 +254,10 @@ impl Engine {
         let old: Vec<Vec<u8>> = x.set.names().map(<[u8]>::to_vec).collect();
         x.set = Arc::new(XattrSet::from_entries(attrs.to_vec()));
         for n in old.iter().chain(attrs.iter().map(|(n, _)| n)) {
-            self.xattr_changed(x, n);
+            self.mem.xattr_changed(x, n);
         }
         drop(meta);
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// One xattr set to `value`, or removed (`None`).
@@ -277,9 +277,9 @@ impl Engine {
                 Arc::make_mut(&mut x.set).remove(name);
             }
         }
-        self.xattr_changed(x, name);
+        self.mem.xattr_changed(x, name);
         drop(meta);
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// A page logged inline: a dirty page, which the checkpoint that ends recovery writes to
@@ -290,7 +290,7 @@ impl Engine {
         m.disk.lock().draw(idx);
         let whole = p.write(idx, 0, &data[..], None);
         debug_assert!(whole, "a logged page is a whole page");
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
     }
 
     /// A new inode `ino` named `name` in directory `d` (a create, or a rename's whiteout), with
@@ -298,10 +298,10 @@ impl Engine {
     /// inode exists already (the record was superseded).
     fn replay_new_inode(&self, d: &MNode, name: &[u8], ino: u32, attr: &InodeAttr, symlink: &[u8]) -> bool {
         let dm = d.dir().expect("dir");
-        if dm.map.lookup(name).is_some() || self.cells.get(ino as u64).is_some() {
+        if dm.map.lookup(name).is_some() || self.mem.cells.get(ino as u64).is_some() {
             return false;
         }
-        if self.nat.reserve(ino).is_err() {
+        if self.disk.nat.reserve(ino).is_err() {
             return false;
         }
         let is_dir = attr.mode & crate::format::node::S_IFMT == S_IFDIR;
@@ -322,15 +322,15 @@ impl Engine {
             ctime: attr.ctime,
             flags: attr.flags,
         };
-        let m = MNode::new(ino, meta, attr.size, stamps, &self.cache);
+        let m = MNode::new(ino, meta, attr.size, stamps, &self.mem.cache);
         m.parent.store(d.ino, Ordering::Relaxed);
         if is_dir {
             m.disk.lock().dentries = Some(Default::default());
             d.add_nlink(1);
         }
-        let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
+        let (m, _) = self.mem.cells.insert_if_absent(ino as u64, || m);
         let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         true
     }
 
@@ -348,7 +348,7 @@ impl Engine {
         if was_dir {
             d.add_nlink(-1);
         }
-        self.mark_dirty(m);
+        self.mem.mark_dirty(m);
     }
 
     /// Logs a replayed operation in `d` (journaled already) so the checkpoint rewrites its names.
@@ -356,6 +356,6 @@ impl Engine {
         let op = LoggedOp::new(r.clone());
         op.journaled.store(true, Ordering::Relaxed);
         d.dir().expect("dir").log.push(op);
-        self.mark_dirty(d);
+        self.mem.mark_dirty(d);
     }
 }

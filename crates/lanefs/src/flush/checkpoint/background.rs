@@ -1,5 +1,5 @@
 //! The background checkpoint and cleaning thread of a writable mount: it checkpoints on a timer
-//! and whenever asked (`Engine::kick_checkpoint`: a bound passed, a writer short of space), and
+//! and whenever asked (`CpRequests::kick_checkpoint`: a bound passed, a writer short of space), and
 //! cleans while free segments are short and the file system is quiet, or whatever the load
 //! once they near the cleaning reserve. It lives with the checkpointer it drives, as F2FS keeps
 //! `gc_thread_func` in gc.c; `Fs` only starts and stops it (`Background`).
@@ -49,7 +49,7 @@ impl Background {
                     // Writers waiting for a checkpoint would wait for ever: stop the file
                     // system instead (every later change fails with EIO, as after a failed
                     // checkpoint), and let `stop` report the panic.
-                    e.stop_with_failure(format!(
+                    e.ckpt.stop_with_failure(format!(
                         "the background checkpoint thread panicked: {}",
                         panic_text(&*p)
                     ));
@@ -66,10 +66,10 @@ impl Background {
         {
             // Under the lock the thread checks before it waits, so the wake-up cannot fall
             // between its check and its wait.
-            let (m, cv) = &self.engine.cp_kick;
+            let (m, cv) = &self.engine.ckpt.requests.kick;
             let mut kicked = m.lock();
             *kicked = true;
-            self.engine.stop.store(true, Ordering::Release);
+            self.engine.ckpt.stop.store(true, Ordering::Release);
             cv.notify_all();
         }
         match self.thread.join() {
@@ -95,27 +95,30 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 /// load once they near the cleaning reserve.
 fn background_checkpoints(e: Arc<Engine>, interval: Option<Duration>) {
     let mut last_cp = Instant::now();
-    let mut last_user = e.io.user.sum();
+    let mut last_user = e.disk.io.user.sum();
     loop {
-        let gc_wanted = e.table.free_segments() < e.gc_threshold();
+        let gc_wanted = e.disk.table.free_segments() < e.gc_threshold();
         let until_cp = interval.map(|d| d.saturating_sub(last_cp.elapsed()));
         // Free space changes without a kick (a sync from another thread, deletes): look again
         // at least every GC_IDLE_LOOK.
         let tick = if gc_wanted { GC_TICK } else { GC_IDLE_LOOK };
         let wait = until_cp.map_or(tick, |d| d.min(tick));
         let kicked = {
-            let (m, cv) = &e.cp_kick;
+            let (m, cv) = &e.ckpt.requests.kick;
             let mut kicked = m.lock();
-            if !*kicked && !e.stop.load(Ordering::Acquire) {
+            if !*kicked && !e.ckpt.stop.load(Ordering::Acquire) {
                 cv.wait_for(&mut kicked, wait);
             }
             std::mem::take(&mut *kicked)
         };
-        if e.stop.load(Ordering::Acquire) || e.failed.load(Ordering::Acquire) || e.halt.is_halted() {
+        if e.ckpt.stop.load(Ordering::Acquire)
+            || e.ckpt.failed.load(Ordering::Acquire)
+            || e.disk.halt.is_halted()
+        {
             return;
         }
         let due = kicked || interval.is_some_and(|d| last_cp.elapsed() >= d);
-        let user = e.io.user.sum();
+        let user = e.disk.io.user.sum();
         let quiet = user.wrapping_sub(last_user) < QUIET_BYTES_PER_TICK;
         last_user = user;
         let r = if due {
@@ -134,7 +137,7 @@ fn background_checkpoints(e: Arc<Engine>, interval: Option<Duration>) {
             Ok(())
         };
         if let Err(err) = r {
-            if e.failed.load(Ordering::Acquire) {
+            if e.ckpt.failed.load(Ordering::Acquire) {
                 // Logged where the file system was stopped.
                 return;
             }

@@ -12,7 +12,8 @@
 
 use super::installs::{Claimed, INSTALL_BATCH_BLOCKS};
 use super::snapshot::InodeSnap;
-use crate::engine::{Engine, WriteKind};
+use crate::disk::WriteKind;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::node::{Inode, NodeBody, NodeFooter, BODY_LEN, INODE_ADDRS, INODE_NIDS, NEW_ADDR};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
@@ -51,7 +52,7 @@ impl Engine {
     ) -> Result<()> {
         // Bounded: each pass claims at least one inode or finds none left.
         loop {
-            let mut batch = self.cp.lock().installs.claim_batch(INSTALL_BATCH_BLOCKS);
+            let mut batch = self.ckpt.cp.lock().installs.claim_batch(INSTALL_BATCH_BLOCKS);
             if batch.is_empty() {
                 return Ok(());
             }
@@ -63,31 +64,20 @@ impl Engine {
                 self.settle_inode(s);
                 plans.push(self.prepare_data(w, s, &mut data, &mut moves)?);
             }
-            self.write_all(&data, WriteKind::Checkpoint)?;
-            self.write_all(&moves, WriteKind::Cleaning)?;
+            self.disk.write_all(&data, WriteKind::Checkpoint)?;
+            self.disk.write_all(&moves, WriteKind::Cleaning)?;
             drop((data, moves));
             for (mut s, plan) in batch.into_iter().zip(plans) {
                 self.install_inode(w, &mut s, plan, writes, bridge)?;
             }
             // fsyncs of these inodes wait for nothing more of this checkpoint
             // (`Engine::enter_flush`). Under the lock they wait with, so none misses it.
-            drop(self.cp.lock());
-            self.cp_done.notify_all();
+            drop(self.ckpt.cp.lock());
+            self.ckpt.cp_done.notify_all();
             if writes.len() >= 1024 {
-                self.write_all(writes, WriteKind::Checkpoint)?;
+                self.disk.write_all(writes, WriteKind::Checkpoint)?;
                 writes.clear();
             }
-        }
-    }
-
-    /// Waits until no fsync or writeback is still installing an inode for the checkpoint in
-    /// progress (their node blocks must be written, and their NAT entries set, before the
-    /// checkpoint takes the NAT and the SIT).
-    pub(super) fn wait_for_helpers(&self) {
-        let mut cp = self.cp.lock();
-        // Bounded: each helper finishes its one inode and counts itself out.
-        while cp.installs.helping > 0 {
-            self.cp_done.wait(&mut cp);
         }
     }
 
@@ -99,25 +89,25 @@ impl Engine {
     /// checkpoint waits for it before it takes the NAT and the SIT (`wait_for_helpers`).
     pub(crate) fn help_install(&self, claimed: Claimed) -> Result<()> {
         let Claimed(mut s, args) = claimed;
-        self.io.cp_helped.add(1);
+        self.disk.io.cp_helped.add(1);
         let w = self.node_writer(&args);
         self.settle_inode(&mut s);
         let r = (|| {
             let (mut data, mut moves, mut writes) = (Vec::new(), Vec::new(), Vec::new());
             let plan = self.prepare_data(&w, &s, &mut data, &mut moves)?;
-            self.write_all(&data, WriteKind::Checkpoint)?;
-            self.write_all(&moves, WriteKind::Cleaning)?;
+            self.disk.write_all(&data, WriteKind::Checkpoint)?;
+            self.disk.write_all(&moves, WriteKind::Cleaning)?;
             self.install_inode(&w, &mut s, plan, &mut writes, args.bridge)?;
-            self.write_all(&writes, WriteKind::Checkpoint)
+            self.disk.write_all(&writes, WriteKind::Checkpoint)
         })();
-        let mut cp = self.cp.lock();
+        let mut cp = self.ckpt.cp.lock();
         debug_assert!(cp.installs.helping > 0);
         cp.installs.helping -= 1;
         if let Err(e) = &r {
             cp.installs.failed.get_or_insert_with(|| e.to_string());
         }
         drop(cp);
-        self.cp_done.notify_all();
+        self.ckpt.cp_done.notify_all();
         r
     }
 
@@ -152,7 +142,7 @@ impl Engine {
         let ino = m.ino;
         let alloc = |idx: u64, log: LogType| -> Result<u32> {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 };
-            Ok(self.lanes.alloc(w.lane, log, owner, w.mtime)? as u32)
+            Ok(self.disk.lanes.alloc(w.lane, log, owner, w.mtime)? as u32)
         };
         let data_log = if m.is_dir() { LogType::HotData } else { LogType::WarmData };
         let mut plan = DataPlan::default();
@@ -170,7 +160,7 @@ impl Engine {
         }
         if !s.relocate.is_empty() {
             let addrs: Vec<u64> = s.relocate.iter().map(|&(_, a)| a as u64).collect();
-            let bytes = crate::checkpoint::read_blocks(&*self.dev, &addrs)?;
+            let bytes = crate::checkpoint::read_blocks(&*self.disk.dev, &addrs)?;
             // Moved data goes to the cold log: it outlived at least one segment.
             let log = if m.is_dir() { LogType::HotData } else { LogType::ColdData };
             for (&(idx, old), b) in s.relocate.iter().zip(bytes.chunks(crate::device::BLOCK_SIZE)) {
@@ -290,7 +280,7 @@ impl Engine {
         let ino = s.m.ino;
         let put = |idx: u64, bytes: Vec<u8>, writes: &mut Vec<(u64, Vec<u8>)>| -> Result<u32> {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 };
-            let addr = self.lanes.alloc(w.lane, LogType::HotData, owner, w.mtime)?;
+            let addr = self.disk.lanes.alloc(w.lane, LogType::HotData, owner, w.mtime)?;
             writes.push((addr, bytes));
             Ok(addr as u32)
         };
@@ -349,7 +339,7 @@ impl Engine {
                 if let Some(old) = old {
                     // Journal-only blocks superseded here die now; tree blocks below.
                     if disk.tree_map.get(&idx) != Some(&old) && old != NEW_ADDR {
-                        self.table.invalidate(old as u64)?;
+                        self.disk.table.invalidate(old as u64)?;
                     }
                 }
             } else {
@@ -372,14 +362,14 @@ impl Engine {
     ) -> Result<()> {
         for (idx, old, a) in moved {
             if tree_map.get(&idx) != Some(&old) || disk.cur_map.get(&idx) != Some(&old) {
-                self.table.invalidate(a as u64)?;
+                self.disk.table.invalidate(a as u64)?;
                 continue;
             }
             tree_map.insert(idx, a);
             disk.cur_map.insert(idx, a);
             // A block only the journal knew dies now; a tree block below, with the old tree.
             if disk.tree_map.get(&idx) != Some(&old) {
-                self.table.invalidate(old as u64)?;
+                self.disk.table.invalidate(old as u64)?;
             }
         }
         Ok(())
@@ -397,7 +387,7 @@ impl Engine {
             let in_tree: std::collections::HashSet<u32> = tree_map.values().copied().collect();
             for a in garbage {
                 if !in_tree.contains(&a) {
-                    self.table.invalidate(a as u64)?;
+                    self.disk.table.invalidate(a as u64)?;
                 }
             }
         }
@@ -405,7 +395,7 @@ impl Engine {
         let old_tree_map = std::mem::replace(&mut disk.tree_map, tree_map.clone());
         for (idx, a) in old_tree_map {
             if tree_map.get(&idx) != Some(&a) && a != NEW_ADDR {
-                self.table.invalidate(a as u64)?;
+                self.disk.table.invalidate(a as u64)?;
             }
         }
         Ok(())
@@ -458,7 +448,7 @@ impl Engine {
     /// not made by O_TMPFILE (`MNode::unnamed_birth`).
     pub(crate) fn bridges(&self, m: &MNode) -> bool {
         m.file_type == crate::mem::mnode::S_IFREG
-            && self.nvm_log.is_none()
+            && self.disk.nvm_log.is_none()
             && !m.unnamed_birth.load(std::sync::atomic::Ordering::Acquire)
     }
 
@@ -504,7 +494,7 @@ impl Engine {
                     _ => {
                         let owner = SummaryEntry { kind: SummaryKind::Xattr, nid: ino, ofs: i as u32 };
                         // Cold data: out of the node logs, where the journal chains live.
-                        let a = self.lanes.alloc(w.lane, LogType::ColdData, owner, w.mtime)?;
+                        let a = self.disk.lanes.alloc(w.lane, LogType::ColdData, owner, w.mtime)?;
                         writes.push((a, xattr::encode_block(ino, i as u32, chunk)));
                         blocks.push(a as u32);
                     }
@@ -525,9 +515,9 @@ impl Engine {
         if set.is_empty() {
             return Ok(inode);
         }
-        let nid = self.nat.alloc_nid(w.cpu)?;
+        let nid = self.disk.nat.alloc_nid(w.cpu)?;
         let owner = SummaryEntry { kind: SummaryKind::Node, nid, ofs: XATTR_NODE_OFS };
-        let addr = self.lanes.alloc(w.lane, LogType::ColdNode, owner, w.mtime)?;
+        let addr = self.disk.lanes.alloc(w.lane, LogType::ColdNode, owner, w.mtime)?;
         let node = crate::format::Node {
             footer: NodeFooter {
                 nid,
@@ -540,7 +530,7 @@ impl Engine {
             body: NodeBody::Xattr(body),
         };
         writes.push((addr, node.encode()?));
-        self.nat.set(nid, crate::format::NatEntry { block_addr: addr as u32, ino });
+        self.disk.nat.set(nid, crate::format::NatEntry { block_addr: addr as u32, ino });
         disk.xattr = XattrDisk { nid, blocks, stream, relocate: Vec::new() };
         inode.xattr_nid = nid;
         Ok(inode)
@@ -550,15 +540,15 @@ impl Engine {
     /// `keep` (which the set's new node lists again).
     fn retire_xattrs(&self, x: XattrDisk, keep: &std::collections::HashSet<u32>) -> Result<()> {
         if x.nid != 0 {
-            let e = self.nat.get(x.nid);
+            let e = self.disk.nat.get(x.nid);
             if !e.is_free() {
-                self.table.invalidate(e.block_addr as u64)?;
+                self.disk.table.invalidate(e.block_addr as u64)?;
             }
-            self.nat.set(x.nid, crate::format::NatEntry::default());
-            self.nat.free_nid(x.nid)?;
+            self.disk.nat.set(x.nid, crate::format::NatEntry::default());
+            self.disk.nat.free_nid(x.nid)?;
         }
         for a in x.blocks.into_iter().filter(|a| !keep.contains(a)) {
-            self.table.invalidate(a as u64)?;
+            self.disk.table.invalidate(a as u64)?;
         }
         Ok(())
     }
@@ -572,16 +562,16 @@ impl Engine {
         // `iter`, not `&cur_map`: the latter boxes its iterator, one allocation per dead inode.
         for (&idx, &a) in cur_map.iter() {
             if tree_map.get(&idx) != Some(&a) && a != NEW_ADDR {
-                self.table.invalidate(a as u64)?;
+                self.disk.table.invalidate(a as u64)?;
             }
         }
         for (_, a) in tree_map {
             if a != NEW_ADDR {
-                self.table.invalidate(a as u64)?;
+                self.disk.table.invalidate(a as u64)?;
             }
         }
         for a in std::mem::take(&mut disk.garbage) {
-            self.table.invalidate(a as u64)?;
+            self.disk.table.invalidate(a as u64)?;
         }
         match disk.tree.take() {
             Some(tree) => {
@@ -589,7 +579,7 @@ impl Engine {
                 crate::node::drop_inode(w, &tree)?;
             }
             // Never checkpointed: only its reserved id to give back.
-            None => self.nat.free_nid(m.ino)?,
+            None => self.disk.nat.free_nid(m.ino)?,
         }
         // Its cached pages go with the mnode, dropped after the gate is released.
         Ok(())

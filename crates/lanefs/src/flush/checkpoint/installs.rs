@@ -5,14 +5,14 @@
 //! helper is installing); each offered inode is claimed at most once, by the writer
 //! (`claim_batch`) or a helper (`claim`), so it is installed exactly once; a helper counts
 //! itself in `helping` until its install is done (`Engine::help_install`), and the checkpoint
-//! takes the NAT and the SIT only once none is left (`Engine::wait_for_helpers`).
+//! takes the NAT and the SIT only once none is left (`Checkpointer::wait_for_helpers`).
 
 use super::snapshot::InodeSnap;
 use crate::mem::mnode::MNode;
 
 /// Data blocks the checkpoint's writer claims at a time (`Installs::claim_batch`): what an
 /// fsync of a file in the claimed batch may still wait for, so smaller than one device write
-/// (`Engine::write_reqs`, 256 blocks); varmail's fsyncs waited on whole 256-block batches.
+/// (`Disk::write_reqs`, 256 blocks); varmail's fsyncs waited on whole 256-block batches.
 pub(super) const INSTALL_BATCH_BLOCKS: usize = 32;
 
 /// A captured inode an fsync or writeback claimed from [`Installs`], to install it.

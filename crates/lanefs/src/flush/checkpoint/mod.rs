@@ -8,7 +8,7 @@
 //!    whole, and snapshot each live dirty inode — attributes, dirty pages (shared,
 //!    copy-on-write), current mapping (shared, `mem::cowmap`), and for a directory its logs
 //!    (set aside whole, still offered to fsyncs: `DirLog::hold_all`) and touched-name sets
-//!    (swapped out whole, `mem::dir`). Dead inodes are not visited (`Engine::bury`). No I/O
+//!    (swapped out whole, `mem::dir`). Dead inodes are not visited (`Memfs::bury`). No I/O
 //!    happens here, and no work per dead inode, directory record or touched name; namespace
 //!    and data operations resume right after. What the phase did is counted
 //!    (`ExclusiveWork`). Then the gate is released: fsync and writeback run beside the rest.
@@ -43,20 +43,24 @@
 //! Where each step lives: this file takes a checkpoint (steps 1 and 4, and step 3's commit);
 //! `snapshot.rs` is the exclusive phase (step 2); `installs.rs` the install queue and
 //! `install.rs` the installs themselves (step 3); `pauses.rs` what the phases cost the
-//! foreground; `background.rs` the thread that takes checkpoints on a timer and cleans.
+//! foreground; `background.rs` the thread that takes checkpoints on a timer and cleans;
+//! `state.rs` the checkpointer's state ([`Checkpointer`]) and the requests for one.
 
 mod background;
 mod install;
 mod installs;
 mod pauses;
 mod snapshot;
+mod state;
 
 pub(crate) use background::Background;
 pub(crate) use installs::Installs;
 pub use pauses::{CpPauses, ExclusiveWork};
+pub(crate) use state::{Checkpointer, CpRequests, CpState};
 
 use crate::checkpoint::{commit, CommitSet};
-use crate::engine::{Engine, WriteKind};
+use crate::disk::WriteKind;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{LaneCheckpoint, CP_FLAG_CLEAN};
 use crate::mem::mnode::MNode;
@@ -72,29 +76,29 @@ impl Engine {
         if self.opts.read_only {
             return Ok(());
         }
-        let _one = self.cp_serial.lock();
+        let _one = self.ckpt.cp_serial.lock();
         self.check_writable()?;
         self.write_back_early();
         let gate_asked = std::time::Instant::now();
-        let gate = self.gate.write();
+        let gate = self.ckpt.gate.write();
         let mut snap = {
             let asked = std::time::Instant::now();
-            let exclusive = self.pass.exclusive();
+            let exclusive = self.mem.pass.exclusive();
             let snap = self.snapshot(&gate, &exclusive, clean);
             drop(exclusive);
-            self.cp_pauses.exclusive(asked.elapsed());
+            self.ckpt.cp_pauses.exclusive(asked.elapsed());
             snap
         };
         // Offered before the gate opens: an fsync or writeback of a captured file that finds
         // it unclaimed installs it itself instead of waiting (`Engine::help_install`).
         let args = self.writer_args(&snap);
         let inodes = std::mem::take(&mut snap.inodes);
-        self.cp.lock().installs.offer(snap.seq, args, inodes, |m| self.bridges(m));
+        self.ckpt.cp.lock().installs.offer(snap.seq, args, inodes, |m| self.bridges(m));
         // fsync and writeback go on beside the write phase: they touch no inode the snapshot
         // captured (`Engine::enter_flush`), their blocks are young (out of this checkpoint's
         // SIT) and the segments they write to outlive it (`SegmentTable::open_epoch`).
         drop(gate);
-        self.cp_pauses.write_phase(gate_asked.elapsed());
+        self.ckpt.cp_pauses.write_phase(gate_asked.elapsed());
         self.settle_snapshot(&mut snap);
         let seq = snap.seq;
         let held = std::mem::take(&mut snap.held_dirs);
@@ -102,7 +106,7 @@ impl Engine {
         let deleted = match r {
             Ok(deleted) => deleted,
             Err(e) => {
-                self.stop_with_failure(e.to_string());
+                self.ckpt.stop_with_failure(e.to_string());
                 return Err(e);
             }
         };
@@ -113,30 +117,30 @@ impl Engine {
         // Segments emptied before the SIT was taken are free now. Discarding (a hole punched
         // in an image file, TRIM on a device) can take milliseconds: it runs after the gate
         // and the waiting fsyncs are let go.
-        self.table.checkpoint_done(|segs| self.discard_segments(segs));
-        self.cp.lock().settled = seq;
-        self.cp_done.notify_all();
+        self.disk.table.checkpoint_done(|segs| self.discard_segments(segs));
+        self.ckpt.cp.lock().settled = seq;
+        self.ckpt.cp_done.notify_all();
         Ok(())
     }
 
     /// How this checkpoint writes nodes and data (its lane, CPU slot, version and segment
     /// time) and the bridge it leaves: the same for its writer and its helpers.
     fn writer_args(&self, snap: &Snapshot) -> WriterArgs {
-        let (_, cpu) = self.lane();
+        let (_, cpu) = self.disk.lane();
         WriterArgs {
             lane: self.checkpoint_lane(),
             cpu,
-            cp_ver: self.cp.lock().cp.version + 1,
-            mtime: self.elapsed_secs(),
+            cp_ver: self.ckpt.cp.lock().cp.version + 1,
+            mtime: self.disk.elapsed_secs(),
             bridge: (snap.seq, snap.full_stamp),
         }
     }
 
     fn node_writer(&self, a: &WriterArgs) -> NodeWriter<'_> {
         NodeWriter {
-            g: &self.g,
-            nat: &self.nat,
-            lanes: &self.lanes,
+            g: &self.disk.g,
+            nat: &self.disk.nat,
+            lanes: &self.disk.lanes,
             lane: a.lane,
             cpu: a.cpu,
             cp_ver: a.cp_ver,
@@ -171,10 +175,10 @@ impl Engine {
         let installed = self.install_offered(&w, args.bridge, &mut writes);
         // Whatever happened, nothing stays offered, and no helper is still writing for this
         // checkpoint when it commits (or gives up).
-        self.cp.lock().installs.close();
-        self.wait_for_helpers();
+        self.ckpt.cp.lock().installs.close();
+        self.ckpt.wait_for_helpers();
         installed?;
-        if let Some(why) = self.cp.lock().installs.failed.take() {
+        if let Some(why) = self.ckpt.cp.lock().installs.failed.take() {
             return Err(Error::errno(
                 libc::EIO,
                 format!("an install an fsync did for the checkpoint: {why}"),
@@ -185,39 +189,39 @@ impl Engine {
             // Out of the cache before its id can be reused (`nat.checkpoint_done` below): a
             // create given the id must not find this mnode there. Nothing can reach it any
             // more: no name, not open.
-            self.cells.remove_if_same(m.ino as u64, m);
+            self.mem.cells.remove_if_same(m.ino as u64, m);
         }
-        self.write_all(&writes, WriteKind::Checkpoint)?;
+        self.disk.write_all(&writes, WriteKind::Checkpoint)?;
         drop(writes);
 
-        let nat = self.nat.take_dirty_blocks();
-        let taken = self.table.take_checkpoint_sit();
+        let nat = self.disk.nat.take_dirty_blocks();
+        let taken = self.disk.table.take_checkpoint_sit();
         let sit: Vec<_> = taken.blocks.into_iter().map(|(_, b)| b).collect();
         // The cursors with the summaries of the segments they name, then the segments closed
         // until now: one an fsync closed meanwhile is written whole (its closed summary), not
         // as the open one read a moment before.
-        let (cursors, active) = self.lanes.active_cursors_and_summaries();
-        let mut summaries = self.lanes.take_closed_summaries();
+        let (cursors, active) = self.disk.lanes.active_cursors_and_summaries();
+        let mut summaries = self.disk.lanes.take_closed_summaries();
         let closed: std::collections::HashSet<u32> = summaries.iter().map(|s| s.segno).collect();
         summaries.extend(active.into_iter().filter(|s| !closed.contains(&s.segno)));
         // NAT, SIT, summaries and the pack (whose size depends on lanes and orphans; one block
         // is close enough for the counters).
         let meta_blocks = (nat.len() + sit.len() + summaries.len() * 2 + 1) as u64;
-        self.io.count(WriteKind::Checkpoint, meta_blocks * crate::device::BLOCK_SIZE as u64);
-        let cps = self.cp.lock();
+        self.disk.io.count(WriteKind::Checkpoint, meta_blocks * crate::device::BLOCK_SIZE as u64);
+        let cps = self.ckpt.cp.lock();
         let mut cp = cps.cp.clone();
         cp.version = cp_ver;
         cp.flags = if clean { CP_FLAG_CLEAN } else { 0 };
         cp.stamp = snap.stamp;
         cp.reserved_blocks = snap.reserved;
         cp.valid_blocks = taken.valid;
-        cp.valid_nodes = self.nat.valid_nodes();
-        cp.valid_inodes = self.nat.valid_inodes();
-        cp.next_nid = self.nat.next_nid_hint();
+        cp.valid_nodes = self.disk.nat.valid_nodes();
+        cp.valid_inodes = self.disk.nat.valid_inodes();
+        cp.next_nid = self.disk.nat.next_nid_hint();
         // Read after the snapshot: above the generation of every inode it holds.
-        cp.next_generation = self.generations.persist_value();
+        cp.next_generation = self.mem.generations.persist_value();
         cp.elapsed_secs = mtime;
-        let [user, cleaning, other] = self.io.take_unsaved();
+        let [user, cleaning, other] = self.disk.io.take_unsaved();
         cp.user_bytes_written = cp.user_bytes_written.saturating_add(user);
         cp.gc_bytes_written = cp.gc_bytes_written.saturating_add(cleaning);
         cp.cp_bytes_written = cp.cp_bytes_written.saturating_add(other);
@@ -229,17 +233,18 @@ impl Engine {
         cp.orphans = snap.orphans.clone();
         let pack = cps.pack;
         drop(cps);
-        let nat = self.stage_nat(&mut cp, nat)?;
-        let written = commit(&*self.dev, &self.g, &mut cp, pack, &CommitSet { nat, sit, summaries })?;
-        self.apply_nat(cp.version)?;
-        self.nat.checkpoint_done();
+        let nat = self.disk.stage_nat(&mut cp, nat)?;
+        let written =
+            commit(&*self.disk.dev, &self.disk.g, &mut cp, pack, &CommitSet { nat, sit, summaries })?;
+        self.disk.apply_nat(cp.version)?;
+        self.disk.nat.checkpoint_done();
         self.gc_checkpoint_done();
-        let mut cps = self.cp.lock();
+        let mut cps = self.ckpt.cp.lock();
         cps.cp = cp;
         cps.pack = written;
         cps.durable = snap.seq;
         drop(cps);
-        self.cp_done.notify_all();
+        self.ckpt.cp_done.notify_all();
         Ok(snap.deleted)
     }
 }

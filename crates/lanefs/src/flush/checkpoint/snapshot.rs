@@ -62,7 +62,7 @@ pub(super) struct Snapshot {
     /// Inodes dead at the snapshot, which this checkpoint drops (`settle_snapshot` fills it
     /// from the two below).
     pub(super) deleted: Vec<Arc<MNode>>,
-    /// The per-CPU dead lists, swapped out whole (`Engine::bury`).
+    /// The per-CPU dead lists, swapped out whole (`Memfs::bury`).
     pub(super) dead: Vec<Vec<u32>>,
     /// Dirty inodes the phase found dead that no one buried.
     pub(super) found_dead: Vec<Arc<MNode>>,
@@ -94,7 +94,7 @@ impl Engine {
     /// The exclusive phase (every operation drained): what the checkpoint must take at this
     /// instant, and nothing it can take after. Lists, logs and touched-name sets are swapped
     /// out whole; each live dirty inode is captured (its mapping shared, not copied); dead
-    /// inodes are not visited at all (`Engine::bury` took them out of the dirty set). The work
+    /// inodes are not visited at all (`Memfs::bury` took them out of the dirty set). The work
     /// done per item is counted in `cp_pauses` (`ExclusiveWork`).
     ///
     /// The guards are the proof of the phase: the gate held exclusively (no fsync or
@@ -114,7 +114,7 @@ impl Engine {
         let (inos, dead) = self.swap_dirty_sets(clean, &mut work);
         let captured = self.capture_all(inos, seq, &mut work);
         let tail = self.close_snapshot(seq);
-        self.cp_pauses.record_work(work);
+        self.ckpt.cp_pauses.record_work(work);
         debug_assert!(
             captured.inodes.windows(2).all(|p| p[0].m.ino < p[1].m.ino),
             "captured in inode order, once each"
@@ -139,34 +139,34 @@ impl Engine {
     /// epoch (blocks taken from here on belong to the next checkpoint).
     fn open_snapshot(&self) -> (u64, crate::journal::Stamp) {
         let seq = {
-            let mut cp = self.cp.lock();
+            let mut cp = self.ckpt.cp.lock();
             cp.started += 1;
             cp.started
         };
         let full_stamp = self.clock.now();
         let stamp = full_stamp.ticks;
         // From here on, blocks taken belong to the next epoch (`SegmentTable::open_epoch`).
-        self.table.open_epoch(seq);
-        self.cp.lock().snap_stamp = stamp;
+        self.disk.table.open_epoch(seq);
+        self.ckpt.cp.lock().snap_stamp = stamp;
         (seq, full_stamp)
     }
 
     /// The dirty sets and dead lists, swapped out whole; returns the dirty inodes (with the
     /// lazy access times due), sorted and once each, and the dead lists.
     fn swap_dirty_sets(&self, clean: bool, work: &mut ExclusiveWork) -> (Vec<u32>, Vec<Vec<u32>>) {
-        let mut sets = Vec::with_capacity(self.dirty.len());
-        for d in self.dirty.iter() {
+        let mut sets = Vec::with_capacity(self.mem.dirty.len());
+        for d in self.mem.dirty.iter() {
             sets.push(std::mem::take(&mut *d.lock()));
             work.swaps += 1;
         }
-        let mut dead = Vec::with_capacity(self.dead.len());
-        for d in self.dead.iter() {
+        let mut dead = Vec::with_capacity(self.mem.dead.len());
+        for d in self.mem.dead.iter() {
             dead.push(std::mem::take(&mut *d.lock()));
             work.swaps += 1;
         }
         let mut inos: Vec<u32> = sets.iter().flatten().copied().collect();
         // Lazy access times go out on unmount, `sync`, or once they are old (`mem::atime`).
-        let all_lazy = clean || self.lazy_flush.swap(false, Ordering::AcqRel);
+        let all_lazy = clean || self.mem.lazy_flush.swap(false, Ordering::AcqRel);
         inos.extend(self.take_lazy(all_lazy));
         inos.sort_unstable();
         inos.dedup();
@@ -183,7 +183,7 @@ impl Engine {
         };
         for ino in inos {
             work.inodes += 1;
-            let Some(m) = self.cells.get(ino as u64) else { continue };
+            let Some(m) = self.mem.cells.get(ino as u64) else { continue };
             if m.dead.load(Ordering::Acquire) {
                 // Buried before this phase (a lazy atime, or dirtied again while dead): on a
                 // dead list taken above.
@@ -216,7 +216,7 @@ impl Engine {
             }
             // Whatever is pending is this checkpoint's now: the xattrs it writes (their
             // blocks no longer owed) and those an fsync would journal.
-            self.xattr_settled(&mut meta.xattrs);
+            self.mem.xattr_settled(&mut meta.xattrs);
             let xattr_names = std::mem::take(&mut meta.xattrs.unjournaled);
             let xattrs_changed = std::mem::take(&mut meta.xattrs.cp_dirty);
             // Cheap: the xattr set is shared, not copied.
@@ -282,21 +282,21 @@ impl Engine {
     /// The phase's last step: the orphan list, the reserved count, the lanes' journal heads
     /// (moved where they must be), the fence, and the counters that start again.
     fn close_snapshot(&self, seq: u64) -> SnapshotTail {
-        let orphans = self.orphans.lock().iter().copied().collect();
-        let reserved = self.cache.reserved_blocks.load(Ordering::Acquire);
+        let orphans = self.mem.orphans.lock().iter().copied().collect();
+        let reserved = self.mem.cache.reserved_blocks.load(Ordering::Acquire);
         let moved = self.reanchor_journal_heads();
-        let heads = self.chains.iter().map(|c| c.lock().pos()).collect();
+        let heads = self.disk.chains.iter().map(|c| c.lock().pos()).collect();
         // fsyncs wait for this checkpoint, whatever they flush, when a lane's chain left its
         // head behind (a transaction after the new head is out of reach from the last
         // checkpoint's, which recovery reads if this one never lands), or with region journals
-        // (emptied once the pack is durable: `Engine::apply_nat`).
-        if moved || self.nvm_log.is_some() {
-            self.cp.lock().fence = seq;
+        // (emptied once the pack is durable: `Disk::apply_nat`).
+        if moved || self.disk.nvm_log.is_some() {
+            self.ckpt.cp.lock().fence = seq;
         }
-        self.journal_blocks.take();
-        self.logged_ops.take();
-        self.deleted_inodes.take();
-        self.dirty_inodes.take();
+        self.ckpt.requests.journal_blocks.take();
+        self.ckpt.requests.logged_ops.take();
+        self.ckpt.requests.deleted_inodes.take();
+        self.mem.dirty_inodes.take();
         SnapshotTail { orphans, heads, reserved }
     }
 
@@ -309,8 +309,10 @@ impl Engine {
     /// - Each captured inode's cleaner moves are checked against its snapshot, and its touched
     ///   names sorted.
     pub(super) fn settle_snapshot(&self, snap: &mut Snapshot) {
-        let buried =
-            std::mem::take(&mut snap.dead).into_iter().flatten().filter_map(|ino| self.cells.get(ino as u64));
+        let buried = std::mem::take(&mut snap.dead)
+            .into_iter()
+            .flatten()
+            .filter_map(|ino| self.mem.cells.get(ino as u64));
         let mut deleted: Vec<Arc<MNode>> = buried.chain(std::mem::take(&mut snap.found_dead)).collect();
         deleted.sort_unstable_by_key(|m| m.ino);
         for m in &deleted {
@@ -318,7 +320,7 @@ impl Engine {
             {
                 let mut meta = m.meta.lock();
                 debug_assert!(meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0, "inode {} dead", m.ino);
-                self.xattr_settled(&mut meta.xattrs);
+                self.mem.xattr_settled(&mut meta.xattrs);
                 meta.xattrs.unjournaled.clear();
             }
             m.attr_dirty.store(false, Ordering::Release);
@@ -341,21 +343,21 @@ impl Engine {
     /// checkpoint, before it takes the SIT, moves such a head into the log's current segment
     /// (active segments are never freed), and records that position as the lane's head.
     fn reanchor_journal_heads(&self) -> bool {
-        let cursors = self.lanes.cursors();
-        let mtime = self.elapsed_secs();
+        let cursors = self.disk.lanes.cursors();
+        let mtime = self.disk.elapsed_secs();
         let mut moved = false;
-        for (l, chain) in self.chains.iter().enumerate() {
+        for (l, chain) in self.disk.chains.iter().enumerate() {
             let mut chain = chain.lock();
             let (addr, _) = chain.position();
             // Recovery from this checkpoint starts reading there: the head's segment must
             // outlive it (`SegmentTable::touch`).
-            self.table.touch(addr as u64);
+            self.disk.table.touch(addr as u64);
             let active = cursors[l][JOURNAL_LOG as usize].segno;
-            if self.g.seg_of(addr as u64).map(|(s, _)| s) == Some(active) {
+            if self.disk.g.seg_of(addr as u64).map(|(s, _)| s) == Some(active) {
                 continue;
             }
             let owner = SummaryEntry { kind: SummaryKind::Journal, nid: l as u32, ofs: 0 };
-            match self.lanes.reserve(l as u32, JOURNAL_LOG, owner, mtime) {
+            match self.disk.lanes.reserve(l as u32, JOURNAL_LOG, owner, mtime) {
                 Ok(head) => {
                     chain.restart_at(head as u32);
                     moved = true;

@@ -96,7 +96,7 @@ pub struct MNode {
     /// In the dirty set (changed since the last checkpoint snapshot).
     pub in_dirty_set: AtomicBool,
     /// The per-CPU dirty set it joined last, plus one (0: never). While `in_dirty_set` holds,
-    /// it is in that set (`Engine::bury` takes it out).
+    /// it is in that set (`Memfs::bury` takes it out).
     pub dirty_pos: AtomicU64,
     /// It died: no name and not open, which it stays. It is on a dead list (`Engine::dead`),
     /// or the snapshot that found it so took it as deleted; either way exactly once.

@@ -22,7 +22,7 @@ impl Engine {
     ) -> Result<Arc<MNode>> {
         self.check_writable()?;
         let m = {
-            let _g = self.pass.shared();
+            let _g = self.mem.pass.shared();
             self.mnode(ino)?
         };
         // ext4 (notify_change): an immutable inode takes no change, an append-only one only
@@ -47,7 +47,7 @@ impl Engine {
         }
         // Declared before the semaphore's guard, so dropped after it.
         let mut _dropped = Truncated::default();
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         if let Some(s) = size {
             _dropped = self.truncate_locked(&m, s)?;
         }
@@ -58,7 +58,7 @@ impl Engine {
             let mut meta = m.meta.lock();
             if let Some(md) = mode {
                 meta.mode = (meta.mode & S_IFMT) | (md & 0o7777);
-                self.chmod_acl(&mut meta);
+                self.mem.chmod_acl(&mut meta);
             }
             if let Some(u) = uid {
                 meta.uid = u;
@@ -71,12 +71,12 @@ impl Engine {
             m.mtime.store(ts_to_ns(t), Ordering::Relaxed);
         }
         m.touch_ctime(ctime.unwrap_or_else(now));
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(m)
     }
 
     pub fn getxattr(&self, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
         // The set is shared, not copied: the value is copied without the lock.
         let set = m.meta.lock().xattrs.set.clone();
@@ -87,7 +87,7 @@ impl Engine {
 
     /// The names of an inode's xattrs, in byte order.
     pub fn listxattr(&self, ino: u32) -> Result<Vec<Vec<u8>>> {
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
         let set = m.meta.lock().xattrs.set.clone();
         Ok(set.names().map(<[u8]>::to_vec).collect())
@@ -117,7 +117,7 @@ impl Engine {
         }
         // Room for what the next checkpoint writes: the set's blocks (all of them, if it is
         // not already owed) with the new value, and the nodes.
-        let owed_now = self.cells.get(ino as u64).map_or(0, |m| {
+        let owed_now = self.mem.cells.get(ino as u64).map_or(0, |m| {
             let meta = m.meta.lock();
             if meta.xattrs.cp_dirty {
                 0
@@ -128,14 +128,14 @@ impl Engine {
         self.admit(2 + owed_now + blocks_for(stream_entry_len(name.len(), value.len())) as u64)?;
         if name == crate::acl::ACCESS || name == crate::acl::DEFAULT {
             let m = {
-                let _g = self.pass.shared();
+                let _g = self.mem.pass.shared();
                 self.mnode(ino)?
             };
             // An ACL is an attribute change like any other (t_immutable's add_acl).
             refuse(m.iflags(), InodeFlags::PRIVILEGED, "set an ACL")?;
-            return self.set_acl(&m, name, value, caller);
+            return self.mem.set_acl(&m, name, value, caller);
         }
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
         refuse(m.iflags(), InodeFlags::PRIVILEGED, "setxattr")?;
         let mut meta = m.meta.lock();
@@ -150,16 +150,16 @@ impl Engine {
         }
         // Copies the set only if a checkpoint is writing it now.
         Arc::make_mut(&mut x.set).set(name, value.to_vec());
-        self.xattr_changed(x, name);
+        self.mem.xattr_changed(x, name);
         drop(meta);
         m.touch_ctime(now());
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(())
     }
 
     pub fn removexattr(&self, ino: u32, name: &[u8]) -> Result<()> {
         self.check_writable()?;
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
         refuse(m.iflags(), InodeFlags::PRIVILEGED, "removexattr")?;
         let mut meta = m.meta.lock();
@@ -172,28 +172,11 @@ impl Engine {
             return Err(Error::errno(libc::ENODATA, String::from_utf8_lossy(name)));
         }
         Arc::make_mut(&mut x.set).remove(name);
-        self.xattr_changed(x, name);
+        self.mem.xattr_changed(x, name);
         drop(meta);
         m.touch_ctime(now());
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(())
-    }
-
-    /// Notes (under the inode's meta lock) that xattr `name` changed: the next fsync journals
-    /// it, the next checkpoint writes the set, and the blocks that takes are owed until then.
-    pub(crate) fn xattr_changed(&self, x: &mut XattrState, name: &[u8]) {
-        x.unjournaled.insert(name.to_vec());
-        x.cp_dirty = true;
-        // An upper bound: a small set goes inline in its node, and a checkpoint rewrites only
-        // the blocks that changed.
-        let need = blocks_for(x.set.stream_len()) as u64;
-        self.xattr_owed.fetch_add(need as i64 - x.owed as i64, Ordering::Relaxed);
-        x.owed = need;
-    }
-
-    /// The blocks owed for `x` are no longer (a checkpoint took the set, or the inode is gone).
-    pub(crate) fn xattr_settled(&self, x: &mut XattrState) {
-        self.xattr_owed.fetch_sub(std::mem::take(&mut x.owed) as i64, Ordering::Relaxed);
     }
 
     /// Number of allocated 4 KiB blocks of a file (for st_blocks).

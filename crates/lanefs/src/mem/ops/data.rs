@@ -4,7 +4,7 @@ use super::*;
 
 impl Engine {
     pub fn open_file(&self, ino: u32) -> Result<Arc<MNode>> {
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
         m.open.fetch_add(1, Ordering::AcqRel);
         Ok(m)
@@ -15,7 +15,7 @@ impl Engine {
     /// without O_APPEND or with O_TRUNC (ext4's `may_open`); else as [`Engine::open_file`].
     pub fn open_checked(&self, ino: u32, flags: i32) -> Result<Arc<MNode>> {
         let m = {
-            let _g = self.pass.shared();
+            let _g = self.mem.pass.shared();
             self.mnode(ino)?
         };
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
@@ -31,7 +31,7 @@ impl Engine {
 
     /// The inode's flags (FS_IOC_GETFLAGS).
     pub fn get_flags(&self, ino: u32) -> Result<InodeFlags> {
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         Ok(InodeFlags(self.mnode(ino)?.iflags()))
     }
 
@@ -46,7 +46,7 @@ impl Engine {
                 format!("inode flags {:#x} not supported", flags.bits() & !InodeFlags::SUPPORTED.bits()),
             ));
         }
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
         let new = flags.for_type(m.file_type);
         // Every write, truncate and fallocate checks the flags under the range lock: with all of
@@ -59,12 +59,12 @@ impl Engine {
             m.flags.store(new.bits(), Ordering::Release);
         }
         m.touch_ctime(now());
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(m)
     }
 
     pub fn release(&self, ino: u32) -> Result<()> {
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
         let prev = m.open.fetch_sub(1, Ordering::AcqRel);
         if prev == 0 {
@@ -72,9 +72,9 @@ impl Engine {
             return Err(Error::errno(libc::EBADF, "release without open"));
         }
         if prev == 1 && m.meta.lock().nlink == 0 {
-            self.orphans.lock().remove(&m.ino);
-            self.mark_dirty(&m);
-            self.bury(&m);
+            self.mem.orphans.lock().remove(&m.ino);
+            self.mem.mark_dirty(&m);
+            self.mem.bury(&m);
         }
         Ok(())
     }
@@ -82,7 +82,7 @@ impl Engine {
     /// Reads up to `buf.len()` bytes at `off`; returns how many (0 at or past the end).
     pub fn read_at(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize> {
         let m = {
-            let _g = self.pass.shared();
+            let _g = self.mem.pass.shared();
             self.mnode(ino)?
         };
         self.read_mnode(&m, off, buf)
@@ -91,7 +91,7 @@ impl Engine {
     /// Reads from an mnode the caller holds (an open handle: no inode-table lookup). A read
     /// of at least one byte asked for is an access (`mem::atime`), also at the end of the file.
     pub fn read_mnode(&self, m: &MNode, off: u64, buf: &mut [u8]) -> Result<usize> {
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let n = self.read_range(m, off, buf)?;
         if !buf.is_empty() {
             self.touch_atime(m);
@@ -148,17 +148,17 @@ impl Engine {
             }
             let addrs: Vec<u64> = missing.iter().map(|x| x.1 as u64).collect();
             if attempt == 3 {
-                fetched = crate::checkpoint::read_blocks(&*self.dev, &addrs)?;
+                fetched = crate::checkpoint::read_blocks(&*self.disk.dev, &addrs)?;
                 break;
             }
             let gen = disk.map_gen;
             drop(disk);
-            fetched = crate::checkpoint::read_blocks(&*self.dev, &addrs)?;
+            fetched = crate::checkpoint::read_blocks(&*self.disk.dev, &addrs)?;
             if missing.is_empty() || m.disk.lock().map_gen == gen {
                 break;
             }
         }
-        let keep = (self.cache.cached_pages.load(Ordering::Relaxed).max(0) as u64) * (PAGE_SIZE as u64)
+        let keep = (self.mem.cache.cached_pages.load(Ordering::Relaxed).max(0) as u64) * (PAGE_SIZE as u64)
             < self.opts.cache_bytes;
         for (k, (idx, _)) in missing.iter().enumerate() {
             let data: [u8; PAGE_SIZE] = fetched[k * PAGE_SIZE..(k + 1) * PAGE_SIZE].try_into().expect("page");
@@ -172,7 +172,7 @@ impl Engine {
     /// Writes `data` at `off`; returns the bytes written.
     pub fn write_at(&self, ino: u32, off: u64, data: &[u8]) -> Result<usize> {
         let m = {
-            let _g = self.pass.shared();
+            let _g = self.mem.pass.shared();
             self.mnode(ino)?
         };
         self.write_mnode(&m, off, data)
@@ -199,7 +199,7 @@ impl Engine {
         let short = data.len().div_ceil(PAGE_SIZE) as u64 + 1;
         self.admit_with(short, || self.new_blocks(m, off, data.len() as u64))?;
         {
-            let _g = self.pass.shared();
+            let _g = self.mem.pass.shared();
             self.write_locked(m, off, data, times)?;
         }
         // Outside the semaphore: writeback takes the gate, which a checkpoint holding the gate
@@ -224,7 +224,7 @@ impl Engine {
         let n = data.len().min(usize::try_from(size - off).unwrap_or(usize::MAX));
         let mut held = vec![0u8; n];
         let got = {
-            let _g = self.pass.shared();
+            let _g = self.mem.pass.shared();
             self.read_range(m, off, &mut held)?
         };
         if got != n || held[..] != data[..n] {
@@ -265,8 +265,8 @@ impl Engine {
         if times == WriteTimes::Now {
             m.touch(now());
         }
-        self.io.user.add(data.len() as u64);
-        self.mark_dirty(m);
+        self.disk.io.user.add(data.len() as u64);
+        self.mem.mark_dirty(m);
         Ok(())
     }
 
@@ -396,7 +396,7 @@ impl Engine {
     fn read_mapped(&self, addr: Option<u32>) -> Result<[u8; PAGE_SIZE]> {
         let mut b = [0u8; PAGE_SIZE];
         if let Some(a) = addr.filter(|&a| a != NEW_ADDR) {
-            self.dev.read_block(a as u64, &mut b)?;
+            self.disk.dev.read_block(a as u64, &mut b)?;
         }
         Ok(b)
     }
@@ -405,7 +405,7 @@ impl Engine {
     pub fn truncate(&self, ino: u32, size: u64) -> Result<()> {
         self.check_writable()?;
         self.admit_freeing(1)?;
-        let g = self.pass.shared();
+        let g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
         let dropped = self.truncate_locked(&m, size)?;
         drop(g);
@@ -452,7 +452,7 @@ impl Engine {
         }
         m.size.store(size, Ordering::Release);
         m.touch(now());
-        self.mark_dirty(m);
+        self.mem.mark_dirty(m);
         Ok(dropped)
     }
 
@@ -485,7 +485,7 @@ impl Engine {
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::errno(libc::EFBIG, "fallocate past the largest file"))?;
         let m = {
-            let _g = self.pass.shared();
+            let _g = self.mem.pass.shared();
             self.mnode(ino)?
         };
         if m.pages().is_none() {
@@ -499,7 +499,7 @@ impl Engine {
         // new size with the old mtime (a state the file never had), or count the new
         // reservations of an inode not yet in the dirty set, whose tree it then leaves out.
         let _g = if punch {
-            let g = self.pass.shared();
+            let g = self.mem.pass.shared();
             self.punch_locked(&m, off, end)?;
             g
         } else {
@@ -514,7 +514,7 @@ impl Engine {
             };
             let nodes = if want == 0 { 0 } else { want.div_ceil(ADDRS_PER_NODE as u64) + 1 };
             let _claim = if want > 0 { Some(self.claim(want + nodes, nodes)?) } else { None };
-            let g = self.pass.shared();
+            let g = self.mem.pass.shared();
             if zero {
                 self.zero_range_locked(&m, off, end)?;
             } else {
@@ -526,7 +526,7 @@ impl Engine {
             g
         };
         m.touch(now());
-        self.mark_dirty(&m);
+        self.mem.mark_dirty(&m);
         Ok(())
     }
 

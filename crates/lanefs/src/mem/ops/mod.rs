@@ -10,7 +10,6 @@ use super::iflags::{refuse, InodeFlags};
 use super::mnode::{ts_to_ns, Content, DiskState, MNode, Meta, Stamps, S_IFDIR, S_IFLNK, S_IFREG};
 use super::pages::{PageMap, PAGE_SIZE};
 use super::range_lock::LockMode;
-use super::xattr::XattrState;
 use crate::device::BLOCK_SIZE;
 use crate::engine::{now, Engine};
 use crate::error::{Error, Result};

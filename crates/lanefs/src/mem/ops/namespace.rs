@@ -40,7 +40,7 @@ impl Engine {
         names: impl IntoIterator<Item = &'n [u8]>,
         f: impl FnOnce(&MNode) -> R,
     ) -> Result<R> {
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let mut names = names.into_iter();
         let mut f = Some(f);
         // The fast walk: one pin of the directory maps for every directory on the way, each
@@ -139,7 +139,7 @@ impl Engine {
         {
             return Err(Error::errno(libc::ENAMETOOLONG, "symlink target"));
         }
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         self.with_dir(parent, |d| self.create_in(d, name, &new))
     }
 
@@ -154,8 +154,9 @@ impl Engine {
         refuse(d.iflags(), InodeFlags::IMMUTABLE, "create")?;
         // Its ACLs go in with it, before its name is visible.
         let (mode, xattrs) = self.inherit(d, new.mode, new.umask)?;
-        let (_, cpu) = self.lane();
-        let ino = self.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
+        let (_, cpu) = self.disk.lane();
+        let ino =
+            self.disk.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
         let t = now();
         let inherited = !xattrs.is_empty();
         let logged_xattrs = xattrs.clone();
@@ -166,30 +167,30 @@ impl Engine {
             nlink: if ftype == S_IFDIR { 2 } else { 1 },
             crtime: t,
             rdev: new.rdev,
-            generation: self.generations.take(),
+            generation: self.mem.generations.take(),
             xattrs: Default::default(),
             symlink: new.symlink.to_vec(),
         };
         let mut meta = meta;
         for (n, v) in xattrs {
             Arc::make_mut(&mut meta.xattrs.set).set(&n, v);
-            self.xattr_changed(&mut meta.xattrs, &n);
+            self.mem.xattr_changed(&mut meta.xattrs, &n);
         }
         let size = if ftype == S_IFLNK { new.symlink.len() as u64 } else { 0 };
         let flags = InodeFlags(d.iflags()).inherited_by(new.mode).bits();
-        let m = MNode::new(ino, meta, size, Stamps { flags, ..Stamps::at(t) }, &self.cache);
+        let m = MNode::new(ino, meta, size, Stamps { flags, ..Stamps::at(t) }, &self.mem.cache);
         m.parent.store(parent, Ordering::Relaxed);
         if ftype == S_IFDIR {
             m.disk.lock().dentries = Some(Default::default());
         }
         let attr = m.attr_record(&m.meta.lock());
-        let (m, _) = self.cells.insert_if_absent(ino as u64, || m);
+        let (m, _) = self.mem.cells.insert_if_absent(ino as u64, || m);
         let dtype = dtype_of(mode);
         let r = dir.map.update(name, |old| {
             if let Some(refused) = refuse_new_name(dir, name, old) {
                 return refused;
             }
-            let op = self.inflight.begin();
+            let op = self.mem.inflight.begin();
             let stamp = self.clock.stamp_of(op.timestamp());
             let rec = Record::Create {
                 stamp,
@@ -214,17 +215,17 @@ impl Engine {
             (Some((ino, dtype)), Ok(()))
         });
         if let Err(e) = r {
-            self.cells.remove(ino as u64);
-            let _ = self.nat.free_nid(ino);
+            self.mem.cells.remove(ino as u64);
+            let _ = self.disk.nat.free_nid(ino);
             return Err(e);
         }
         if ftype == S_IFDIR {
             d.add_nlink(1);
         }
         d.touch(t);
-        self.count_op();
-        self.mark_dirty(d);
-        self.mark_dirty(&m);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(d);
+        self.mem.mark_dirty(&m);
         Ok(m)
     }
 
@@ -232,7 +233,7 @@ impl Engine {
         self.check_writable()?;
         self.admit(2)?;
         check_name(name)?;
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;
         if m.is_dir() {
             return Err(Error::errno(libc::EPERM, "hard link to a directory"));
@@ -268,7 +269,7 @@ impl Engine {
             if let Some(refused) = refuse_new_name(dir, name, old) {
                 return refused;
             }
-            let op = self.inflight.begin();
+            let op = self.mem.inflight.begin();
             let stamp = self.clock.stamp_of(op.timestamp());
             m.note_pending(parent, 1);
             match &first {
@@ -276,7 +277,7 @@ impl Engine {
                     dir.log.push_all(Self::tmpfile_link_records(stamp, parent, name, ino, *attr, acls));
                     // Named now, so no orphan; under the shard lock, before an unlink of the
                     // new name could put it back on the list.
-                    self.orphans.lock().remove(&ino);
+                    self.mem.orphans.lock().remove(&ino);
                 }
                 None => dir.log.push(LoggedOp::new(Record::Link {
                     stamp,
@@ -298,9 +299,9 @@ impl Engine {
         m.touch_ctime(t);
         d.touch(t);
         self.note_name_dir(m, parent);
-        self.count_op();
-        self.mark_dirty(d);
-        self.mark_dirty(m);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(d);
+        self.mem.mark_dirty(m);
         Ok(())
     }
 
@@ -329,7 +330,7 @@ impl Engine {
             return Err(Error::errno(libc::ENOTEMPTY, "rmdir of .."));
         }
         check_name(name)?;
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         self.with_dir(parent, |d| self.remove_in(d, name, want_dir))
     }
 
@@ -354,7 +355,7 @@ impl Engine {
         let ino = e.ino;
         let r = dir.map.update(name, |cur| match cur {
             Some(c) if c.ino == ino => {
-                let op = self.inflight.begin();
+                let op = self.mem.inflight.begin();
                 let stamp = self.clock.stamp_of(op.timestamp());
                 child.note_pending(parent, 1);
                 dir.log.push(LoggedOp::new(Record::Unlink { stamp, dir: parent, name: name.to_vec(), ino }));
@@ -378,8 +379,8 @@ impl Engine {
             d.add_nlink(-1);
         }
         d.touch(t);
-        self.count_op();
-        self.mark_dirty(d);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(d);
         Ok(())
     }
 
@@ -393,14 +394,14 @@ impl Engine {
         child.touch_ctime(t);
         let open = nlink == 0 && child.open.load(Ordering::Acquire) > 0;
         if nlink == 0 {
-            self.count_deleted();
+            self.ckpt.requests.count_deleted();
             if open {
-                self.orphans.lock().insert(child.ino);
+                self.mem.orphans.lock().insert(child.ino);
             }
         }
-        self.mark_dirty(child);
+        self.mem.mark_dirty(child);
         if nlink == 0 && !open {
-            self.bury(child);
+            self.mem.bury(child);
         }
     }
 
@@ -436,7 +437,7 @@ impl Engine {
         {
             return Err(Error::errno(libc::EINVAL, "rename flags"));
         }
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         self.with_dir(sp, |sd| {
             self.with_dir(dp, |dd| self.rename_pinned(&RenameArgs { sd, sname, dd, dname, flags, owner }))
         })
@@ -462,7 +463,8 @@ impl Engine {
         refuse(a.dd.iflags(), InodeFlags::IMMUTABLE, "rename into a directory")?;
         // Moving a directory to another directory can create a loop: one at a time, globally
         // (the only global lock ScaleFS and Max allow on this path).
-        let _rl = (src.is_dir() && sp != dp || flags & RENAME_EXCHANGE != 0).then(|| self.rename_lock.lock());
+        let _rl =
+            (src.is_dir() && sp != dp || flags & RENAME_EXCHANGE != 0).then(|| self.mem.rename_lock.lock());
         let de = a.dd.dir().expect("dir").map.lookup(a.dname);
         if flags & RENAME_NOREPLACE != 0 && de.is_some() {
             return Err(Error::errno(libc::EEXIST, String::from_utf8_lossy(a.dname)));
@@ -539,7 +541,7 @@ impl Engine {
                 if ddir.dead.load(Ordering::Acquire) && replaced == 0 {
                     return Err(enoent("directory was removed"));
                 }
-                let op = self.inflight.begin();
+                let op = self.mem.inflight.begin();
                 let stamp = self.clock.stamp_of(op.timestamp());
                 let rec = Record::Rename {
                     stamp,
@@ -578,8 +580,8 @@ impl Engine {
         );
         if let Err(e) = result {
             if let Some(w) = &wh {
-                self.cells.remove(w.ino as u64);
-                let _ = self.nat.free_nid(w.ino);
+                self.mem.cells.remove(w.ino as u64);
+                let _ = self.disk.nat.free_nid(w.ino);
             }
             return Err(e);
         }
@@ -610,7 +612,7 @@ impl Engine {
             }
             dst.touch_ctime(t);
             self.note_name_dir(dst, sp);
-            self.mark_dirty(dst);
+            self.mem.mark_dirty(dst);
         } else if let Some(dst) = dst {
             if dst.is_dir() {
                 dd.add_nlink(-1);
@@ -621,20 +623,21 @@ impl Engine {
         self.note_name_dir(src, dp);
         sd.touch(t);
         dd.touch(t);
-        self.count_op();
-        self.mark_dirty(src);
-        self.mark_dirty(sd);
-        self.mark_dirty(dd);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(src);
+        self.mem.mark_dirty(sd);
+        self.mem.mark_dirty(dd);
         if let Some(w) = wh {
-            self.mark_dirty(w);
+            self.mem.mark_dirty(w);
         }
     }
 
     /// A whiteout inode for a rename out of directory `dir`, in the inode table but not yet
     /// named: a character device 0:0 with no permission bits (as ext4 makes one).
     fn new_whiteout(&self, dir: u32, (uid, gid): (u32, u32)) -> Result<Arc<MNode>> {
-        let (_, cpu) = self.lane();
-        let ino = self.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
+        let (_, cpu) = self.disk.lane();
+        let ino =
+            self.disk.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
         let t = now();
         let meta = Meta {
             mode: crate::journal::WHITEOUT_TYPE,
@@ -643,13 +646,13 @@ impl Engine {
             nlink: 1,
             crtime: t,
             rdev: 0,
-            generation: self.generations.take(),
+            generation: self.mem.generations.take(),
             xattrs: Default::default(),
             symlink: Vec::new(),
         };
-        let m = MNode::new(ino, meta, 0, Stamps::at(t), &self.cache);
+        let m = MNode::new(ino, meta, 0, Stamps::at(t), &self.mem.cache);
         m.parent.store(dir, Ordering::Relaxed);
-        let (m, fresh) = self.cells.insert_if_absent(ino as u64, || m);
+        let (m, fresh) = self.mem.cells.insert_if_absent(ino as u64, || m);
         debug_assert!(fresh, "a newly allocated inode number has no mnode");
         Ok(m)
     }
@@ -657,7 +660,7 @@ impl Engine {
     /// Whether directory `anc` is `dir` or one of its ancestors.
     fn is_ancestor(&self, anc: u32, mut dir: u32) -> Result<bool> {
         // Bounded by the number of directories: a walk longer than that is a loop (corruption).
-        for _ in 0..=self.g.max_nid {
+        for _ in 0..=self.disk.g.max_nid {
             if dir == anc {
                 return Ok(true);
             }

@@ -25,7 +25,7 @@ impl Engine {
                 format!("O_TMPFILE of mode {:o}: regular files only", new.mode),
             ));
         }
-        let _g = self.pass.shared();
+        let _g = self.mem.pass.shared();
         self.with_dir(parent, |d| self.create_unnamed_in(d, &new))
     }
 
@@ -37,8 +37,9 @@ impl Engine {
         }
         refuse(d.iflags(), InodeFlags::IMMUTABLE, "create")?;
         let (mode, xattrs) = self.inherit(d, new.mode, new.umask)?;
-        let (_, cpu) = self.lane();
-        let ino = self.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
+        let (_, cpu) = self.disk.lane();
+        let ino =
+            self.disk.nat.alloc_nid(cpu).map_err(|_| Error::errno(libc::ENOSPC, "no free inode numbers"))?;
         let t = now();
         let mut meta = Meta {
             mode,
@@ -47,28 +48,28 @@ impl Engine {
             nlink: 0,
             crtime: t,
             rdev: 0,
-            generation: self.generations.take(),
+            generation: self.mem.generations.take(),
             xattrs: Default::default(),
             symlink: Vec::new(),
         };
         for (n, v) in xattrs {
             Arc::make_mut(&mut meta.xattrs.set).set(&n, v);
-            self.xattr_changed(&mut meta.xattrs, &n);
+            self.mem.xattr_changed(&mut meta.xattrs, &n);
         }
         let flags = InodeFlags(d.iflags()).inherited_by(mode).bits();
-        let m = MNode::new(ino, meta, 0, Stamps { flags, ..Stamps::at(t) }, &self.cache);
+        let m = MNode::new(ino, meta, 0, Stamps { flags, ..Stamps::at(t) }, &self.mem.cache);
         m.parent.store(d.ino, Ordering::Relaxed);
         m.linkable.store(true, Ordering::Relaxed);
         m.unnamed_birth.store(true, Ordering::Relaxed);
         // Open before anyone can see it: an inode with no link and no open count is dead.
         m.open.store(1, Ordering::Relaxed);
-        let (m, fresh) = self.cells.insert_if_absent(ino as u64, || m);
+        let (m, fresh) = self.mem.cells.insert_if_absent(ino as u64, || m);
         debug_assert!(fresh, "a newly allocated inode number has no mnode");
         // Within the pass-through semaphore, so a checkpoint's snapshot sees it dirty and on
         // the orphan list together, or neither.
-        self.orphans.lock().insert(ino);
-        self.count_op();
-        self.mark_dirty(&m);
+        self.mem.orphans.lock().insert(ino);
+        self.ckpt.requests.count_op();
+        self.mem.mark_dirty(&m);
         Ok(m)
     }
 
