@@ -51,11 +51,21 @@ impl Engine {
         writes: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<()> {
         // Bounded: each pass claims at least one inode or finds none left.
+        let mut passes = 0usize;
         loop {
             let mut batch = self.ckpt.cp.lock().installs.claim_batch(INSTALL_BATCH_BLOCKS);
             if batch.is_empty() {
                 return Ok(());
             }
+            passes += 1;
+            debug_assert!(
+                passes <= self.ckpt.cp.lock().installs.offered(),
+                "a pass claims an inode at least"
+            );
+            debug_assert!(
+                batch.iter().all(|s| s.m.captured_by.load(Ordering::Acquire) == bridge.0),
+                "claimed inodes are this checkpoint's"
+            );
             // Data first: a block enters a file's mapping (where a reader that misses the page
             // cache would look for it) only after it is written.
             let (mut data, mut moves) = (Vec::new(), Vec::new());
@@ -89,6 +99,20 @@ impl Engine {
     /// checkpoint waits for it before it takes the NAT and the SIT (`wait_for_helpers`).
     pub(crate) fn help_install(&self, claimed: Claimed) -> Result<()> {
         let Claimed(mut s, args) = claimed;
+        debug_assert_eq!(
+            s.m.captured_by.load(Ordering::Acquire),
+            args.bridge.0,
+            "a helper installs this checkpoint's inode"
+        );
+        // It installs for the checkpoint in its write phase, which waits for it before it
+        // commits (`wait_for_helpers`): no later one can have started.
+        debug_assert!(
+            {
+                let cp = self.ckpt.cp.lock();
+                cp.started == args.bridge.0 && cp.durable < args.bridge.0
+            },
+            "a helper installs during its checkpoint's write phase"
+        );
         self.disk.io.cp_helped.add(1);
         let w = self.node_writer(&args);
         self.settle_inode(&mut s);
@@ -116,12 +140,18 @@ impl Engine {
     /// saw them and not rewritten by it; the bridge's parts dropped where no fsync journals a
     /// bridge.
     fn settle_inode(&self, s: &mut InodeSnap) {
+        // The page search below needs the snapshot's pages in index order (`take_dirty`).
+        debug_assert!(s.pages.windows(2).all(|p| p[0].0 < p[1].0), "inode {}: pages in order", s.m.ino);
         s.relocate.sort_unstable();
         s.relocate.dedup();
         let (map, pages) = (&s.map, &s.pages);
         s.relocate.retain(|(idx, a)| {
             map.get(idx) == Some(a) && pages.binary_search_by_key(idx, |(i, _)| *i).is_err()
         });
+        debug_assert!(
+            s.relocate.iter().all(|(_, a)| *a != NEW_ADDR),
+            "the cleaner moves written blocks only"
+        );
         if !self.bridges(&s.m) {
             s.unjournaled = Default::default();
             s.xattr_names = Default::default();
@@ -158,6 +188,7 @@ impl Engine {
             data.push((a as u64, b));
             plan.symlink = Some(a);
         }
+        debug_assert_eq!(plan.fresh.len(), s.pages.len(), "inode {ino}: a block per dirty page");
         if !s.relocate.is_empty() {
             let addrs: Vec<u64> = s.relocate.iter().map(|&(_, a)| a as u64).collect();
             let bytes = crate::checkpoint::read_blocks(&*self.disk.dev, &addrs)?;
@@ -169,6 +200,7 @@ impl Engine {
                 plan.moved.push((idx, old, a));
             }
         }
+        debug_assert_eq!(plan.moved.len(), s.relocate.len(), "inode {ino}: a copy per block moved");
         Ok(plan)
     }
 
@@ -278,6 +310,8 @@ impl Engine {
         writes: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<()> {
         let ino = s.m.ino;
+        debug_assert!(s.m.is_dir(), "inode {ino}: dentries of a directory only");
+        debug_assert!(s.pages.is_empty(), "directory {ino}: no data pages, only dentry blocks");
         let put = |idx: u64, bytes: Vec<u8>, writes: &mut Vec<(u64, Vec<u8>)>| -> Result<u32> {
             let owner = SummaryEntry { kind: SummaryKind::Data, nid: ino, ofs: idx as u32 };
             let addr = self.disk.lanes.alloc(w.lane, LogType::HotData, owner, w.mtime)?;
@@ -315,8 +349,10 @@ impl Engine {
         fresh: &[(u64, u32)],
     ) -> Result<()> {
         let ino = s.m.ino;
+        debug_assert_eq!(fresh.len(), s.pages.len(), "inode {ino}: a fresh block per snapshot page");
         let pages = s.m.pages().map(|(p, _)| p);
         for &(idx, a) in fresh {
+            debug_assert!(a != NEW_ADDR && a != 0, "inode {ino}: page {idx} has a real block");
             tree_map.insert(idx, a);
             let still = pages.is_some_and(|p| p.settle(idx));
             // A reserved block is not unchanged even if it maps as the snapshot saw it
@@ -361,6 +397,7 @@ impl Engine {
         moved: Vec<(u64, u32, u32)>,
     ) -> Result<()> {
         for (idx, old, a) in moved {
+            debug_assert!(old != a && a != NEW_ADDR, "a move goes to a new, real block");
             if tree_map.get(&idx) != Some(&old) || disk.cur_map.get(&idx) != Some(&old) {
                 self.disk.table.invalidate(a as u64)?;
                 continue;
@@ -391,6 +428,7 @@ impl Engine {
                 }
             }
         }
+        debug_assert!(disk.garbage.is_empty(), "garbage is retired once");
         // Blocks of the previous tree that this tree no longer holds.
         let old_tree_map = std::mem::replace(&mut disk.tree_map, tree_map.clone());
         for (idx, a) in old_tree_map {
@@ -413,6 +451,12 @@ impl Engine {
         writes: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<()> {
         let m = &s.m;
+        debug_assert_eq!(
+            s.meta.mode & crate::format::node::S_IFMT,
+            m.file_type,
+            "inode {}: the type its mode says",
+            m.ino
+        );
         let old_tree = disk.tree.take().unwrap_or_else(|| InodeTree::empty(m.ino));
         let inode = Inode {
             mode: s.meta.mode,
@@ -437,6 +481,7 @@ impl Engine {
         let inode = self.write_xattrs(w, m.ino, inode, disk, s, writes)?;
         let log = if m.is_dir() { LogType::HotNode } else { LogType::WarmNode };
         let (tree, blocks) = crate::node::write_inode(w, &inode, tree_map, &old_tree, log)?;
+        debug_assert!(!blocks.is_empty(), "inode {}: its inode node is written", m.ino);
         writes.extend(blocks);
         disk.tree = Some(tree);
         Ok(())

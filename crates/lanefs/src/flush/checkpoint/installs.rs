@@ -58,14 +58,23 @@ impl Installs {
         helpable: impl Fn(&MNode) -> bool,
     ) {
         assert!(self.slots.is_empty() && self.helping == 0, "one checkpoint at a time");
+        debug_assert!(seq > 0 && self.seq == 0, "offered once, by a checkpoint");
         self.by_ino =
             inodes.iter().enumerate().filter(|(_, s)| helpable(&s.m)).map(|(i, s)| (s.m.ino, i)).collect();
         self.slots = inodes.into_iter().map(Some).collect();
         (self.seq, self.args, self.next, self.failed) = (seq, Some(args), 0, None);
+        // Helpers find an inode by number: each number names one slot.
+        debug_assert!(self.by_ino.len() <= self.slots.len(), "an inode offered once");
+    }
+
+    /// How many inodes this checkpoint offered (claimed or not): a bound on its claims.
+    pub(super) fn offered(&self) -> usize {
+        self.slots.len()
     }
 
     /// The next slots in order, skipping claimed ones, until their data reaches `blocks`.
     pub(super) fn claim_batch(&mut self, blocks: usize) -> Vec<InodeSnap> {
+        debug_assert!(self.seq != 0 || self.slots.is_empty(), "claims only while offered");
         let mut out = Vec::new();
         let mut n = 0;
         while self.next < self.slots.len() && (out.is_empty() || n < blocks) {
@@ -87,7 +96,9 @@ impl Installs {
         }
         let i = *self.by_ino.get(&ino)?;
         let s = self.slots[i].take()?;
+        debug_assert_eq!(s.m.ino, ino, "the slot holds the inode asked for");
         self.helping += 1;
+        debug_assert!(self.helping <= self.slots.len(), "a helper per claimed slot at most");
         Some(Claimed(s, self.args.expect("offered with its writer")))
     }
 

@@ -65,6 +65,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::{LaneCheckpoint, CP_FLAG_CLEAN};
 use crate::mem::mnode::MNode;
 use crate::node::NodeWriter;
+use crate::sync::Rank;
 use installs::WriterArgs;
 use snapshot::Snapshot;
 use std::sync::atomic::Ordering;
@@ -76,6 +77,12 @@ impl Engine {
         if self.opts.read_only {
             return Ok(());
         }
+        // The gate and the semaphore are taken below; a thread holding either would wait for
+        // itself (an operation or an fsync must ask for a checkpoint, not take one).
+        debug_assert!(
+            ![Rank::Gate, Rank::PassSem].iter().any(|r| crate::sync::rank::held().contains(r)),
+            "a checkpoint is taken holding no gate and no operation"
+        );
         let _one = self.ckpt.cp_serial.lock();
         self.check_writable()?;
         self.write_back_early();
@@ -89,6 +96,14 @@ impl Engine {
             self.ckpt.cp_pauses.exclusive(asked.elapsed());
             snap
         };
+        {
+            // One checkpoint at a time (`cp_serial`): this one is the last started, and every
+            // earlier one is durable and settled.
+            let cp = self.ckpt.cp.lock();
+            debug_assert_eq!(snap.seq, cp.started, "the snapshot is the checkpoint just started");
+            debug_assert_eq!(cp.durable + 1, snap.seq, "the one before is durable");
+            debug_assert!(cp.settled <= cp.durable, "settled only once durable");
+        }
         // Offered before the gate opens: an fsync or writeback of a captured file that finds
         // it unclaimed installs it itself instead of waiting (`Engine::help_install`).
         let args = self.writer_args(&snap);
@@ -118,7 +133,12 @@ impl Engine {
         // in an image file, TRIM on a device) can take milliseconds: it runs after the gate
         // and the waiting fsyncs are let go.
         self.disk.table.checkpoint_done(|segs| self.discard_segments(segs));
-        self.ckpt.cp.lock().settled = seq;
+        {
+            let mut cp = self.ckpt.cp.lock();
+            debug_assert_eq!(cp.durable, seq, "settled once durable, and no later one started meanwhile");
+            debug_assert!(cp.settled < seq, "settled moves forward");
+            cp.settled = seq;
+        }
         self.ckpt.cp_done.notify_all();
         Ok(())
     }
@@ -127,13 +147,16 @@ impl Engine {
     /// time) and the bridge it leaves: the same for its writer and its helpers.
     fn writer_args(&self, snap: &Snapshot) -> WriterArgs {
         let (_, cpu) = self.disk.lane();
-        WriterArgs {
+        let args = WriterArgs {
             lane: self.checkpoint_lane(),
             cpu,
             cp_ver: self.ckpt.cp.lock().cp.version + 1,
             mtime: self.disk.elapsed_secs(),
             bridge: (snap.seq, snap.full_stamp),
-        }
+        };
+        debug_assert!(args.lane < self.disk.lanes.lane_count(), "lane {} exists", args.lane);
+        debug_assert_eq!(args.bridge.1.ticks, snap.stamp, "bridges carry the checkpoint's stamp");
+        args
     }
 
     fn node_writer(&self, a: &WriterArgs) -> NodeWriter<'_> {
@@ -154,9 +177,15 @@ impl Engine {
     /// log: its count stays up, and later fsyncs of that inode only look at one directory more
     /// than they need; the record itself is durable in the checkpoint.)
     fn release_held(&self, dirs: &[Arc<MNode>]) {
+        let snap_stamp = self.ckpt.cp.lock().snap_stamp;
         for d in dirs {
-            let Some(dir) = d.dir() else { continue };
+            // The snapshot holds the logs of directories only (`Engine::capture`).
+            let Some(dir) = d.dir() else {
+                debug_assert!(false, "inode {} held as a directory is not one", d.ino);
+                continue;
+            };
             for op in dir.log.release_held().iter().flatten() {
+                debug_assert!(op.record.stamp().ticks <= snap_stamp, "held records are the snapshot's");
                 if !op.journaled.swap(true, Ordering::AcqRel) {
                     self.count_pending(&op.record, -1);
                 }
@@ -168,6 +197,12 @@ impl Engine {
     /// drop once the gate is released.
     fn write_snapshot(&self, snap: Snapshot, args: WriterArgs, clean: bool) -> Result<Vec<Arc<MNode>>> {
         let (cp_ver, mtime) = (args.cp_ver, args.mtime);
+        debug_assert!(snap.inodes.is_empty(), "the captured inodes went to the install queue");
+        debug_assert!(
+            snap.deleted.windows(2).all(|p| p[0].ino < p[1].ino),
+            "deleted inodes in inode order, once each (`settle_snapshot`)"
+        );
+        debug_assert_eq!(snap.heads.len(), self.disk.chains.len(), "a journal head per lane");
         let w = self.node_writer(&args);
         // Node and dentry blocks: no reader looks for them by a file's mapping, so they are
         // written in large batches after the data they name.
@@ -185,6 +220,7 @@ impl Engine {
             ));
         }
         for m in &snap.deleted {
+            debug_assert!(m.dead.load(Ordering::Acquire), "inode {} is deleted only dead", m.ino);
             self.drop_deleted(&w, m)?;
             // Out of the cache before its id can be reused (`nat.checkpoint_done` below): a
             // create given the id must not find this mnode there. Nothing can reach it any
@@ -209,6 +245,8 @@ impl Engine {
         let meta_blocks = (nat.len() + sit.len() + summaries.len() * 2 + 1) as u64;
         self.disk.io.count(WriteKind::Checkpoint, meta_blocks * crate::device::BLOCK_SIZE as u64);
         let cps = self.ckpt.cp.lock();
+        debug_assert_eq!(cps.cp.version + 1, cp_ver, "checkpoints commit one at a time, in order");
+        debug_assert!(snap.stamp >= cps.cp.stamp, "checkpoint stamps never go back");
         let mut cp = cps.cp.clone();
         cp.version = cp_ver;
         cp.flags = if clean { CP_FLAG_CLEAN } else { 0 };
@@ -240,6 +278,8 @@ impl Engine {
         self.disk.nat.checkpoint_done();
         self.gc_checkpoint_done();
         let mut cps = self.ckpt.cp.lock();
+        debug_assert_ne!(written, pack, "a commit writes the pack not in use");
+        debug_assert_eq!(cps.durable + 1, snap.seq, "durable moves one checkpoint at a time");
         cps.cp = cp;
         cps.pack = written;
         cps.durable = snap.seq;

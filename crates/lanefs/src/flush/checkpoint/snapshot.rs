@@ -138,13 +138,16 @@ impl Engine {
     /// The phase's first step: the checkpoint's number and stamp, and the segment table's new
     /// epoch (blocks taken from here on belong to the next checkpoint).
     fn open_snapshot(&self) -> (u64, crate::journal::Stamp) {
-        let seq = {
+        let (seq, previous_stamp) = {
             let mut cp = self.ckpt.cp.lock();
+            debug_assert_eq!(cp.started, cp.durable, "the checkpoint before this one is durable");
             cp.started += 1;
-            cp.started
+            (cp.started, cp.snap_stamp)
         };
         let full_stamp = self.clock.now();
         let stamp = full_stamp.ticks;
+        // Records stamped up to a snapshot belong to it: a later snapshot must stamp later.
+        debug_assert!(stamp > previous_stamp, "snapshot stamps move forward: {previous_stamp} -> {stamp}");
         // From here on, blocks taken belong to the next epoch (`SegmentTable::open_epoch`).
         self.disk.table.open_epoch(seq);
         self.ckpt.cp.lock().snap_stamp = stamp;
@@ -165,6 +168,15 @@ impl Engine {
             work.swaps += 1;
         }
         let mut inos: Vec<u32> = sets.iter().flatten().copied().collect();
+        // Every inode joined a set once since the last snapshot (`Memfs::mark_dirty` counts
+        // it); some left for a dead list since. Nothing runs beside the phase, so the sum is
+        // exact.
+        debug_assert!(
+            inos.len() as u64 <= self.mem.dirty_inodes.sum(),
+            "{} dirty inodes, {} joined",
+            inos.len(),
+            self.mem.dirty_inodes.sum()
+        );
         // Lazy access times go out on unmount, `sync`, or once they are old (`mem::atime`).
         let all_lazy = clean || self.mem.lazy_flush.swap(false, Ordering::AcqRel);
         inos.extend(self.take_lazy(all_lazy));
@@ -190,9 +202,12 @@ impl Engine {
                 continue;
             }
             if let Some(s) = self.capture(m, seq, work, &mut out) {
+                debug_assert_eq!(s.m.captured_by.load(Ordering::Acquire), seq, "marked as this checkpoint's");
                 out.inodes.push(s);
             }
         }
+        debug_assert!(out.inodes.len() + out.found_dead.len() <= work.inodes as usize);
+        debug_assert!(out.held_dirs.len() <= out.inodes.len(), "held directories are captured ones");
         out
     }
 
@@ -206,6 +221,9 @@ impl Engine {
         work: &mut ExclusiveWork,
         out: &mut Captured,
     ) -> Option<InodeSnap> {
+        // Once per checkpoint: the list it came from holds each inode once.
+        debug_assert!(m.captured_by.load(Ordering::Acquire) < seq, "inode {} captured twice", m.ino);
+        debug_assert!(!m.dead.load(Ordering::Acquire), "dead inodes are not captured");
         let (meta, xattrs_changed, xattr_names) = {
             let mut meta = m.meta.lock();
             if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
@@ -285,7 +303,8 @@ impl Engine {
         let orphans = self.mem.orphans.lock().iter().copied().collect();
         let reserved = self.mem.cache.reserved_blocks.load(Ordering::Acquire);
         let moved = self.reanchor_journal_heads();
-        let heads = self.disk.chains.iter().map(|c| c.lock().pos()).collect();
+        let heads: Vec<ChainPos> = self.disk.chains.iter().map(|c| c.lock().pos()).collect();
+        debug_assert_eq!(heads.len(), self.disk.lanes.lane_count() as usize, "a journal head per lane");
         // fsyncs wait for this checkpoint, whatever they flush, when a lane's chain left its
         // head behind (a transaction after the new head is out of reach from the last
         // checkpoint's, which recovery reads if this one never lands), or with region journals
@@ -343,7 +362,13 @@ impl Engine {
     /// checkpoint, before it takes the SIT, moves such a head into the log's current segment
     /// (active segments are never freed), and records that position as the lane's head.
     fn reanchor_journal_heads(&self) -> bool {
+        // Only while nothing writes a journal: no fsync (the gate) and no operation.
+        debug_assert!(
+            [Rank::Gate, Rank::PassSem].iter().all(|r| crate::sync::rank::held().contains(r)),
+            "journal heads move only in the exclusive phase"
+        );
         let cursors = self.disk.lanes.cursors();
+        debug_assert_eq!(cursors.len(), self.disk.chains.len(), "cursors and chains, one per lane");
         let mtime = self.disk.elapsed_secs();
         let mut moved = false;
         for (l, chain) in self.disk.chains.iter().enumerate() {
