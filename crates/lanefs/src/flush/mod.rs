@@ -43,6 +43,7 @@ use crate::mem::pages::PageBuf;
 use crate::oplog::dirlog::{names, removes, LoggedOp};
 use crate::sync::rank::MutexGuard;
 use crate::sync::ticket::{Ticket, TicketGuard};
+use crate::sync::Rank;
 use nvm::RegionCommit;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering;
@@ -80,6 +81,12 @@ impl Engine {
         m: &MNode,
         fenced: bool,
     ) -> Result<crate::sync::rank::RwLockReadGuard<'_, ()>> {
+        // It takes the gate, and may wait for a whole checkpoint: the caller holds neither the
+        // gate nor an operation (the checkpoint's exclusive phase waits for both).
+        debug_assert!(
+            ![Rank::Gate, Rank::PassSem].iter().any(|r| crate::sync::rank::held().contains(r)),
+            "enter_flush holding the gate or an operation"
+        );
         let bridges = self.bridges(m);
         // Bounded: each round waits for a checkpoint to install m or finish; a new one
         // captures m (or fences) only if it started meanwhile, and then the next round waits
@@ -119,6 +126,12 @@ impl Engine {
             let gate = self.ckpt.gate.read();
             let fence_now = if fenced { self.ckpt.cp.lock().fence } else { 0 };
             if m.captured_by.load(Ordering::Acquire) == captured && fence_now == fence {
+                // What the caller may now touch: m, no longer used by the checkpoint that
+                // captured it (durable, or installed and bridged).
+                debug_assert!({
+                    let durable = self.ckpt.cp.lock().durable;
+                    durable >= captured || bridges && m.installed_by.load(Ordering::Acquire) >= captured
+                });
                 return Ok(gate);
             }
         }
@@ -179,7 +192,17 @@ impl Engine {
         let (dir_ops, ticket) = self.take_dir_ops(&dirs, m.ino)?;
         // Stamped after every record collected: replay applies the file's own records last.
         let stamp = self.clock.now();
+        debug_assert!(
+            dir_ops.ops.iter().all(|o| o.stamp().ticks <= stamp.ticks),
+            "the inode's records come after its directories'"
+        );
+        debug_assert!(dir_ops.ops.len() <= dir_ops.taken.len(), "what is written was taken");
         let pages = m.pages().map(|(p, _)| p.take_unsynced()).unwrap_or_default();
+        debug_assert!(
+            pages.windows(2).all(|p| p[0].0 < p[1].0),
+            "inode {}: unsynced pages in order, once each",
+            m.ino
+        );
         let inline = self.disk.nvm_log.is_some()
             && !pages.is_empty()
             && pages.len() <= self.opts.nvm_inline_pages.unwrap_or(0);
@@ -309,6 +332,9 @@ impl Engine {
             }
             seen.insert(d, dm);
         }
+        // Each directory expanded once: the map's order is the flush-lock order
+        // (`flush_locks`), ascending inode numbers.
+        debug_assert!(seen.values().all(|d| d.is_dir()), "the closure holds directories only");
         Ok(seen.into_values().collect())
     }
 
@@ -380,6 +406,8 @@ impl Engine {
                 _ => {}
             }
         }
+        // Absorbed in pairs: a create with the unlink that undoes it.
+        debug_assert!(absorbed.len().is_multiple_of(2), "absorbed in create/unlink pairs");
         let mut out = DirOps { taken: Vec::new(), ops: Vec::new(), creates_m: false, before: Vec::new() };
         for (i, op) in ops.into_iter().enumerate() {
             // Journaled now so no other flush writes it too; still counted as pending until it
@@ -457,6 +485,12 @@ impl Engine {
             map.insert(*idx, (addr as u32, crc32c::crc32c(&buf[..])));
             writes.push((addr, buf.clone()));
         }
+        debug_assert_eq!(
+            writes.len(),
+            if inline { 0 } else { pages.len() },
+            "a block per page unless inline"
+        );
+        debug_assert_eq!(map.len(), writes.len(), "each placed page mapped once");
         Ok(TxnParts { writes, map, records: Vec::new(), undo: Undo::default() })
     }
 
