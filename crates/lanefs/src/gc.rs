@@ -120,6 +120,8 @@ impl Engine {
         if plan.victims == 0 {
             return Ok(false);
         }
+        // The round lock is still held: the checkpoint waited for performs this round's moves.
+        debug_assert!(plan.victims <= MAX_VICTIMS && plan.gain > 0, "foreground round {plan:?}");
         self.wait_for_checkpoint()?;
         drop(round);
         Ok(true)
@@ -134,6 +136,7 @@ impl Engine {
         let Some(_round) = self.ckpt.gc.round.try_lock() else { return Ok(RoundPlan::default()) };
         let want = (self.gc_threshold() - self.disk.table.free_segments()) * BLOCKS_PER_SEG as u64;
         let plan = self.plan_round(VictimPolicy::CostBenefit { now: self.disk.elapsed_secs() }, want)?;
+        debug_assert!(plan.victims <= MAX_VICTIMS, "background round {plan:?}");
         if plan.victims > 0 {
             self.checkpoint(false)?;
         }
@@ -156,9 +159,13 @@ impl Engine {
             if plan.victims == 0 {
                 break;
             }
+            debug_assert!(plan.victims <= MAX_VICTIMS && plan.gain > 0, "round {plan:?}");
             self.checkpoint(false)?;
         }
-        Ok(self.ckpt.gc.segments_cleaned.load(Ordering::Relaxed) - before)
+        let cleaned = self.ckpt.gc.segments_cleaned.load(Ordering::Relaxed);
+        // The counter only grows (`gc_checkpoint_done`).
+        debug_assert!(cleaned >= before, "segments cleaned went back from {before} to {cleaned}");
+        Ok(cleaned - before)
     }
 
     /// Chooses victims worth at least `want` blocks of gain (or as many as fit) and records the
@@ -188,10 +195,19 @@ impl Engine {
         let (mut data, mut other) = (0u64, 0u64);
         let mut plan = RoundPlan::default();
         let mut cleaned_segs = Vec::new();
-        for v in self.disk.table.victims(policy, MAX_VICTIMS, &[]) {
+        let victims = self.disk.table.victims(policy, MAX_VICTIMS, &[]);
+        debug_assert!(victims.len() <= MAX_VICTIMS, "{} victims", victims.len());
+        for v in victims {
             if plan.gain >= want {
                 break;
             }
+            // A victim is a full segment with at least one invalid block: it gives some back.
+            debug_assert!(
+                v.segno < self.disk.g.main_segments && (v.valid_blocks as u32) < BLOCKS_PER_SEG,
+                "victim {} with {} valid blocks",
+                v.segno,
+                v.valid_blocks
+            );
             let summary = self.summary_of(v.segno)?;
             let cost = move_cost(&v, &summary);
             if !fits(data + cost.data, other + cost.other) {
@@ -206,6 +222,10 @@ impl Engine {
             plan.gain += BLOCKS_PER_SEG as u64 - v.valid_blocks as u64;
             cleaned_segs.push(v.segno);
         }
+        // What the round asks the checkpoint to move is what it counted room for: every block
+        // planned is one of the valid ones `move_cost` charged, each victim once.
+        debug_assert!(plan.blocks <= data + other, "{plan:?} moves more than the {data} + {other} counted");
+        debug_assert_eq!(cleaned_segs.len(), plan.victims);
         tracing::debug!("lanefs gc: {policy:?} round {plan:?}: {data} data and {other} other blocks to move, {free} free segments");
         if plan.victims > 0 {
             self.ckpt.gc.rounds.fetch_add(1, Ordering::Relaxed);
@@ -219,14 +239,21 @@ impl Engine {
 
     /// The summary of a segment, from memory if it was filled since the last checkpoint.
     fn summary_of(&self, segno: u32) -> Result<SegmentSummary> {
-        match self.disk.lanes.summary_in_memory(segno) {
-            Some(s) => Ok(s),
-            None => crate::checkpoint::read_summary(&*self.disk.dev, &self.disk.g, segno),
-        }
+        debug_assert!(segno < self.disk.g.main_segments, "summary of segment {segno}");
+        let s = match self.disk.lanes.summary_in_memory(segno) {
+            Some(s) => s,
+            None => crate::checkpoint::read_summary(&*self.disk.dev, &self.disk.g, segno)?,
+        };
+        // `plan_victim` and `move_cost` index it by block offset.
+        debug_assert_eq!(s.entries.len(), BLOCKS_PER_SEG as usize, "summary of segment {segno}");
+        Ok(s)
     }
 
     /// Records a move for every block of victim `v` that is still valid. Returns how many.
     fn plan_victim(&self, v: &Victim, summary: &SegmentSummary) -> Result<u64> {
+        // The offsets listed are the valid bits of the SIT entry whose count came with them.
+        debug_assert_eq!(v.valid.len(), v.valid_blocks as usize, "victim {} valid offsets", v.segno);
+        debug_assert_eq!(summary.entries.len(), BLOCKS_PER_SEG as usize);
         let start = self.disk.g.seg_start(v.segno);
         let mut planned = 0u64;
         for &off in &v.valid {
@@ -249,11 +276,18 @@ impl Engine {
                 tracing::debug!("lanefs gc: block {addr} ({e:?}) has no owner to move it");
             }
         }
+        // At most one move per valid block of the victim.
+        debug_assert!(planned <= v.valid.len() as u64, "victim {}: {planned} moves", v.segno);
         Ok(planned)
     }
 
     fn plan_data_move(&self, ino: u32, idx: u64, addr: u32) -> Result<bool> {
+        // A victim's block (`plan_victim`): a relocation of anything else would install a move
+        // from a block no segment accounts for.
+        debug_assert!(self.disk.g.in_main(addr as u64), "data move from block {addr}");
         let Ok(m) = self.mnode(ino) else { return Ok(false) };
+        // The relocation goes to the inode the summary names, nobody else's.
+        debug_assert_eq!(m.ino, ino, "data move of {ino}: the cell of another inode");
         {
             let mut disk = m.disk.lock();
             if disk.cur_map.get(&idx) == Some(&addr) {
@@ -268,11 +302,14 @@ impl Engine {
     }
 
     fn plan_node_move(&self, nid: u32, node_ofs: u32, addr: u32) -> Result<bool> {
+        debug_assert!(self.disk.g.in_main(addr as u64), "node move from block {addr}");
         let e = self.disk.nat.get(nid);
         if e.is_free() || e.block_addr != addr {
             return Ok(false);
         }
         let Ok(m) = self.mnode(e.ino) else { return Ok(false) };
+        // The move is recorded in the tree of the inode the NAT names, nobody else's.
+        debug_assert_eq!(m.ino, e.ino, "node {nid}: the cell of another inode");
         if node_ofs == XATTR_NODE_OFS {
             // Rewritten with the set; its blocks stay where they are.
             m.meta.lock().xattrs.cp_dirty = true;
@@ -291,7 +328,9 @@ impl Engine {
     /// Xattr block `idx` of inode `ino`, at `addr`: the next checkpoint writes the set and
     /// copies this block (and rewrites the node that lists it).
     fn plan_xattr_move(&self, ino: u32, idx: u32, addr: u32) -> Result<bool> {
+        debug_assert!(self.disk.g.in_main(addr as u64), "xattr move from block {addr}");
         let Ok(m) = self.mnode(ino) else { return Ok(false) };
+        debug_assert_eq!(m.ino, ino, "xattr move of {ino}: the cell of another inode");
         {
             let mut disk = m.disk.lock();
             if disk.xattr.blocks.get(idx as usize) != Some(&addr) {
@@ -309,11 +348,19 @@ impl Engine {
     pub(crate) fn checkpoint_lane(&self) -> u32 {
         let data = self.ckpt.gc.moves_data.load(Ordering::Relaxed);
         let other = self.ckpt.gc.moves_other.load(Ordering::Relaxed) + SLACK_BLOCKS;
-        self.disk.lanes.checkpoint_lane(data, other)
+        let lane = self.disk.lanes.checkpoint_lane(data, other);
+        debug_assert!(lane < self.disk.lanes.lane_count(), "checkpoint lane {lane}");
+        lane
     }
 
     /// After a checkpoint: counts the planned victims that it emptied.
     pub(crate) fn gc_checkpoint_done(&self) {
+        let rounds = self.ckpt.gc.rounds.load(Ordering::Relaxed);
+        // Each round adds at most MAX_VICTIMS victims, and only one that planned any.
+        debug_assert!(
+            self.ckpt.gc.pending_victims.lock().len() as u64 <= rounds.saturating_mul(MAX_VICTIMS as u64),
+            "more pending victims than {rounds} rounds planned"
+        );
         self.ckpt.gc.moves_data.store(0, Ordering::Relaxed);
         self.ckpt.gc.moves_other.store(0, Ordering::Relaxed);
         let mut pending = self.ckpt.gc.pending_victims.lock();
@@ -322,6 +369,7 @@ impl Engine {
         }
         // Victims a move missed (a concurrent change won) are picked again by a later round.
         for s in std::mem::take(&mut *pending) {
+            debug_assert!(s < self.disk.g.main_segments, "pending victim {s}");
             if self.disk.table.valid_blocks(s) == 0 {
                 self.ckpt.gc.segments_cleaned.fetch_add(1, Ordering::Relaxed);
             }
@@ -332,6 +380,8 @@ impl Engine {
     /// Failures are logged, not returned: discard is advice.
     pub(crate) fn discard_segments(&self, segs: &[u32]) {
         for &s in segs {
+            // A discard past the main area would drop the metadata areas' or beyond the device.
+            debug_assert!(s < self.disk.g.main_segments, "discard of segment {s}");
             if let Err(e) = self.disk.dev.discard(self.disk.g.seg_start(s), BLOCKS_PER_SEG as u64) {
                 tracing::warn!("lanefs: discard of segment {s} failed: {e}");
                 return;
@@ -351,9 +401,11 @@ struct MoveCost {
 }
 
 fn move_cost(v: &Victim, summary: &SegmentSummary) -> MoveCost {
+    debug_assert_eq!(summary.entries.len(), BLOCKS_PER_SEG as usize);
     let mut inodes = BTreeSet::new();
     let mut cost = MoveCost { data: 0, other: 0 };
     for &off in &v.valid {
+        debug_assert!(off < BLOCKS_PER_SEG, "victim {} offset {off}", v.segno);
         let e = summary.entries[off as usize];
         inodes.insert(e.nid);
         if e.kind == SummaryKind::Data {
@@ -362,7 +414,10 @@ fn move_cost(v: &Victim, summary: &SegmentSummary) -> MoveCost {
             cost.other += 1;
         }
     }
+    debug_assert!(inodes.len() <= v.valid.len());
     cost.other += 2 * inodes.len() as u64;
+    // One block per valid block, plus an inode node and a direct node per owner.
+    debug_assert_eq!(cost.data + cost.other, (v.valid.len() + 2 * inodes.len()) as u64);
     cost
 }
 

@@ -50,6 +50,8 @@ pub const FRAGMENT_CAPACITY: usize = JOURNAL_PAYLOAD - LINK_LEN;
 /// The link value a block's successor records: the block's stored crc32c, with 0 (reserved for
 /// "unknown") moved to 1.
 fn link_of(encoded: &[u8]) -> u32 {
+    // Only whole encoded journal blocks have a stored crc at `CRC_OFFSET`.
+    debug_assert_eq!(encoded.len(), BLOCK_SIZE, "a link is taken of a whole journal block");
     let mut crc = [0u8; 4];
     crc.copy_from_slice(&encoded[CRC_OFFSET..CRC_OFFSET + 4]);
     match u32::from_le_bytes(crc) {
@@ -85,11 +87,17 @@ impl ChainWriter {
     /// records them. Its first block carries link 0 (not checked); to continue a chain found
     /// by recovery prefer [`ChainWriter::resume`], which keeps stale blocks out.
     pub fn new(lane: u16, nonce: u64, head_addr: u32, head_seq: u64) -> ChainWriter {
+        // Address 0 is never a main-area block: a head there would write over the superblock.
+        debug_assert_ne!(head_addr, 0, "lane {lane}: a chain head is a reserved block");
         ChainWriter { lane, nonce, next_addr: head_addr, seq: head_seq, link: 0 }
     }
 
     /// A writer continuing at `at`, normally [`ChainRead::end`] of the chain recovery read.
     pub fn resume(lane: u16, nonce: u64, at: ChainPos) -> ChainWriter {
+        debug_assert_ne!(at.addr, 0, "lane {lane}: resumed at block 0");
+        // A seq of 0 is never the end of a chain that held a transaction, and a known link
+        // follows a block the walk accepted.
+        debug_assert!(at.link == 0 || at.seq > 0, "lane {lane}: link {} before seq 0", at.link);
         ChainWriter { lane, nonce, next_addr: at.addr, seq: at.seq, link: at.link }
     }
 
@@ -98,6 +106,7 @@ impl ChainWriter {
     /// freed and reused once the checkpoint is durable. Like [`ChainWriter::new`], the first
     /// block there carries link 0.
     pub fn restart_at(&mut self, head: u32) {
+        debug_assert_ne!(head, 0, "lane {}: restarted at block 0", self.lane);
         self.next_addr = head;
         self.link = 0;
     }
@@ -136,8 +145,12 @@ impl ChainWriter {
         through: u64,
         mut reserve: impl FnMut() -> Result<u32>,
     ) -> Result<Vec<(u64, Vec<u8>)>> {
+        // Only a writer placed at a reserved block appends (`new`, `resume`, `restart_at`).
+        debug_assert_ne!(self.next_addr, 0, "lane {}: append at block 0", self.lane);
         let through = through.min(self.seq);
         let bytes = txn.encode()?;
+        // The fragment count below, and the caller's reservation, are sized by `encoded_len`.
+        debug_assert_eq!(bytes.len(), txn.encoded_len(), "encode and encoded_len disagree");
         // An encoded transaction is never empty (16-byte header), so there is at least one.
         let n = bytes.len().div_ceil(FRAGMENT_CAPACITY);
         if self.seq.checked_add(n as u64).is_none() {
@@ -179,6 +192,8 @@ impl ChainWriter {
                 payload,
             }
             .encode();
+            // The reader takes a block at `addr` only if its payload ends inside the block.
+            debug_assert_eq!(block.len(), BLOCK_SIZE, "journal block {seq} of lane {}", self.lane);
             link = link_of(&block);
             out.push((addr as u64, block));
             addr = next;
@@ -187,6 +202,8 @@ impl ChainWriter {
         // One block per fragment, each with the next seq: the chain the reader expects.
         debug_assert_eq!(out.len(), n);
         debug_assert_eq!(seq, self.seq + n as u64);
+        // The first block goes where the checkpoint (or the previous append) said it would.
+        debug_assert_eq!(out.first().map(|b| b.0), Some(self.next_addr as u64));
         self.next_addr = addr;
         self.seq = seq;
         self.link = link;
@@ -235,7 +252,10 @@ impl ChainMarks {
 
     /// The chain is durable below this seq: the mark for the next transaction.
     pub fn durable(&self) -> u64 {
-        self.durable.load(Ordering::Acquire)
+        let durable = self.durable.load(Ordering::Acquire);
+        // `written` only grows and `flushed` never passes it; read after, it is not behind.
+        debug_assert!(durable <= self.written(), "durable {durable} past what was written");
+        durable
     }
 }
 
@@ -272,12 +292,17 @@ impl ChainRead {
 
     /// Seq just past transaction `k` (its last block's seq + 1).
     pub fn end_of(&self, k: usize) -> u64 {
-        self.starts.get(k + 1).map_or(self.end_seq, |p| p.seq)
+        debug_assert!(k < self.transactions.len(), "end of transaction {k} of {}", self.transactions.len());
+        let end = self.starts.get(k + 1).map_or(self.end_seq, |p| p.seq);
+        // A transaction takes at least one block.
+        debug_assert!(end > self.starts[k].seq, "transaction {k} ends at {end}, before it starts");
+        end
     }
 
     /// How many leading transactions the flushed-through mark proves durable: their data needs
     /// no reading back.
     pub fn proven(&self) -> usize {
+        debug_assert_eq!(self.transactions.len(), self.starts.len(), "one start per transaction");
         (0..self.transactions.len()).take_while(|&k| self.end_of(k) <= self.flushed).count()
     }
 
@@ -285,6 +310,7 @@ impl ChainRead {
     /// one dropped. `blocks` is left whole (the dropped blocks still need protecting).
     pub fn truncate(&mut self, keep: usize) {
         debug_assert!(keep <= self.transactions.len(), "keep {keep} of {}", self.transactions.len());
+        debug_assert_eq!(self.transactions.len(), self.starts.len(), "one start per transaction");
         if keep < self.transactions.len() {
             let at = self.starts[keep];
             self.transactions.truncate(keep);
@@ -293,6 +319,9 @@ impl ChainRead {
             self.end_seq = at.seq;
             self.end_link = at.link;
         }
+        // The end is past the last kept transaction's first block: a writer resuming there
+        // never overwrites a kept transaction.
+        debug_assert!(self.starts.last().is_none_or(|p| p.seq < self.end_seq));
     }
 }
 
@@ -314,6 +343,8 @@ pub fn read_chain(
     if !g.in_main(head_addr as u64) {
         return Err(Error::InvalidArgument(format!("journal head {head_addr} outside the main area")));
     }
+    // A lane the image does not have: `JournalBlock::decode` would reject every block.
+    debug_assert!((lane as u32) < g.lanes, "lane {lane} of {}", g.lanes);
     let mut out = ChainRead {
         transactions: Vec::new(),
         starts: Vec::new(),
@@ -332,6 +363,8 @@ pub fn read_chain(
 
     for _ in 0..max_blocks {
         debug_assert!(g.in_main(addr as u64), "chain walk at block {addr}");
+        // Seqs run on from the head, one per block accepted: the walk never revisits a seq.
+        debug_assert_eq!(seq, head_seq + out.blocks.len() as u64, "lane {lane}: seq off its block count");
         let buf = window.block(dev, g, addr)?;
         let Ok(jb) = JournalBlock::decode(buf, g, Some(addr as u64)) else { break };
         let Some(frag) = continues(&jb, g, (lane, nonce), seq, prev_link) else { break };
@@ -369,6 +402,9 @@ pub fn read_chain(
     debug_assert!(out.end_seq >= head_seq && out.end_seq <= head_seq.saturating_add(out.blocks.len() as u64));
     debug_assert_eq!(out.transactions.len(), out.starts.len());
     debug_assert!(out.starts.windows(2).all(|w| w[0].seq < w[1].seq));
+    // Every block walked, and where a writer continues, was checked to be in the main area.
+    debug_assert!(out.blocks.iter().all(|&b| g.in_main(b)), "lane {lane}: chain block outside main");
+    debug_assert!(g.in_main(out.end_addr as u64), "lane {lane}: chain end {} outside main", out.end_addr);
     Ok(out)
 }
 
@@ -382,6 +418,8 @@ fn continues<'a>(
     seq: u64,
     prev_link: Option<u32>,
 ) -> Option<&'a [u8]> {
+    // `link_of` never yields 0: a predecessor's link of 0 would turn the link check off.
+    debug_assert_ne!(prev_link, Some(0), "lane {lane}: predecessor link 0 at seq {seq}");
     if jb.lane != lane || jb.cp_ver != nonce || jb.seq != seq {
         return None;
     }
@@ -426,6 +464,8 @@ impl ReadAhead {
                 Error::InvalidArgument(format!("journal block {addr} outside the main area"))
             })?;
             let n = READ_AHEAD_BLOCKS.min(BLOCKS_PER_SEG as u64 - off as u64).max(1);
+            // A run never crosses its segment's end, so it never leaves the main area.
+            debug_assert!(n <= READ_AHEAD_BLOCKS && off as u64 + n <= BLOCKS_PER_SEG as u64);
             self.buf.resize(n as usize * BLOCK_SIZE, 0);
             self.start = addr;
             if dev.read_batch(&mut [ReadReq { addr, buf: &mut self.buf }]).is_err() {
@@ -436,6 +476,7 @@ impl ReadAhead {
             }
         }
         let i = (addr - self.start) as usize * BLOCK_SIZE;
+        debug_assert!(i + BLOCK_SIZE <= self.buf.len(), "block {addr} outside the run at {}", self.start);
         Ok(&self.buf[i..i + BLOCK_SIZE])
     }
 }
@@ -445,7 +486,10 @@ impl ReadAhead {
 /// are not sorted on their own (one fsync may log operations older than the previous fsync's),
 /// so this is a full sort rather than a k-way merge.
 pub fn merge_by_stamp(chains: Vec<Vec<Transaction>>) -> Vec<Record> {
+    let count: usize = chains.iter().flatten().map(|t| t.records.len()).sum();
     let mut all: Vec<Record> = chains.into_iter().flatten().flat_map(|t| t.records).collect();
     all.sort_by_key(Record::stamp);
+    // Every record once: replay neither loses nor repeats one.
+    debug_assert_eq!(all.len(), count, "records merged");
     all
 }

@@ -52,11 +52,18 @@ impl JournalLayout {
         let start = nat_end.div_ceil(4096) * 4096;
         let lanes = lanes.max(1) as usize;
         let per = region_len.saturating_sub(start) / lanes / 4096 * 4096;
-        JournalLayout { start, lanes, lane_bytes: per.min(LANE_MAX_BYTES) }
+        let layout = JournalLayout { start, lanes, lane_bytes: per.min(LANE_MAX_BYTES) };
+        // The slices are page-aligned, after the NAT, and inside the region (when it has room
+        // past the NAT at all: `NvmJournal::new` refuses one without).
+        debug_assert!(layout.start >= nat_end && layout.start.is_multiple_of(4096));
+        debug_assert!(layout.end() <= region_len.max(layout.start), "journals past the region's end");
+        layout
     }
 
     /// Offset of lane `lane`'s TAIL word.
     pub fn tail(&self, lane: usize) -> usize {
+        // Lane `lanes` would be the next structure's bytes (or past the region).
+        debug_assert!(lane < self.lanes, "lane {lane} of {}", self.lanes);
         self.start + lane * self.lane_bytes
     }
 
@@ -154,6 +161,7 @@ impl NvmJournal {
     }
 
     fn lane(&self, lane: u32) -> Result<&Mutex<LaneLog>> {
+        debug_assert_eq!(self.lanes.len(), self.layout.lanes, "one lane log per slice");
         self.lanes
             .get(lane as usize)
             .ok_or_else(|| Error::InvalidArgument(format!("lane {lane} has no journal in the region")))
@@ -161,6 +169,7 @@ impl NvmJournal {
 
     /// (gen, used) in lane `lane`'s TAIL word.
     fn tail_word(&self, region: &PmemRegion, lane: usize) -> Result<(u32, usize)> {
+        debug_assert!(self.layout.tail(lane).is_multiple_of(8), "TAIL word of lane {lane} misaligned");
         let t = region.load_u64(self.layout.tail(lane))?;
         Ok(((t >> 32) as u32, t as u32 as usize))
     }
@@ -188,6 +197,8 @@ impl NvmJournal {
             let mut at = 0;
             // Bounded: each round consumes at least HEAD bytes.
             while at < used {
+                debug_assert!(txns.len() < used / HEAD, "lane {lane}: more entries than the tail holds");
+                debug_assert!(at.is_multiple_of(8) && at + HEAD <= used, "lane {lane}: entry at {at}");
                 let head = u64::from_le_bytes(buf[at..at + HEAD].try_into().expect("8 bytes"));
                 let (len, tag) = (head as u32 as usize, (head >> 32) as u32);
                 if tag != gen {
@@ -223,6 +234,8 @@ impl NvmJournal {
         let mut ranges: Vec<Range<usize>> = Vec::with_capacity(held.len());
         for lane in 0..held.len() {
             let at = self.layout.tail(lane);
+            // An aligned store is what makes the TAIL word's update atomic in the region.
+            debug_assert!(at.is_multiple_of(8), "TAIL word of lane {lane} at {at}");
             region.store_u64(at, word)?;
             ranges.push(at..at + 8);
         }
@@ -241,6 +254,7 @@ impl NvmJournal {
     /// Whether lane `lane` has room for an entry of an encoded transaction of `txn_len` bytes
     /// now (another append may take it before this caller's).
     pub fn has_room(&self, lane: u32, txn_len: usize) -> bool {
+        debug_assert!(txn_len >= TXN_HEADER_LEN, "a transaction of {txn_len} bytes");
         self.lane(lane)
             .map(|l| l.lock().used + Self::entry_len(txn_len) <= self.layout.capacity())
             .unwrap_or(false)
@@ -275,13 +289,17 @@ impl NvmJournal {
         let tail = self.layout.tail(lane as usize);
         region.store_u64(tail, after as u64 | (gen as u64) << 32)?;
         region.persist(tail..tail + 8)?;
+        // What the TAIL now counts is the place the next entry goes: aligned, and in the lane.
+        debug_assert!(after.is_multiple_of(8) && after <= self.layout.capacity(), "lane {lane} tail {after}");
         let before = std::mem::replace(&mut l.used, after);
         Ok(Appended::Committed { before, after })
     }
 
     /// Entry bytes each lane holds now.
     pub fn usage(&self) -> Vec<usize> {
-        self.lanes.iter().map(|l| l.lock().used).collect()
+        let used: Vec<usize> = self.lanes.iter().map(|l| l.lock().used).collect();
+        debug_assert!(used.iter().all(|&u| u <= self.layout.capacity()), "a lane past its capacity");
+        used
     }
 
     /// One line for `inspect`: the journals' size and, under the checkpoint of `version`, what

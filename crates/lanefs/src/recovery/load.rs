@@ -34,6 +34,8 @@ pub(super) fn load_segments(
         .enumerate()
         .flat_map(|(l, lane)| lane.logs.iter().zip(LogType::ALL).map(move |(c, t)| (c.segno, l as u32, t)))
         .collect();
+    // One active segment per log of every lane: the table marks exactly those active.
+    debug_assert_eq!(active.len(), cp.lanes.len() * LogType::ALL.len(), "active segments of the checkpoint");
     let table = Arc::new(SegmentTable::new(*g, sit, &active)?);
     let mut summaries = Vec::with_capacity(cp.lanes.len());
     for lane in &cp.lanes {
@@ -45,6 +47,8 @@ pub(super) fn load_segments(
     }
     let cursors: Vec<_> = cp.lanes.iter().map(|l| l.logs).collect();
     let lanes = LaneSet::new(table.clone(), &cursors, summaries)?;
+    // The chains, the lane journals and the report are all indexed by the checkpoint's lanes.
+    debug_assert_eq!(lanes.lane_count() as usize, cp.lanes.len(), "lanes loaded");
     Ok((table, lanes))
 }
 
@@ -65,6 +69,8 @@ pub(super) fn load_nat(
     halt: &Arc<Halt>,
 ) -> Result<Loaded> {
     let g = &sb.geometry;
+    // `mount` refuses norecovery on a writable mount: what this loads is then written to.
+    debug_assert!(!opts.no_recovery || opts.read_only, "norecovery on a writable mount");
     let flagged = cp.flags & CP_FLAG_NVM_NAT != 0;
     let table = |blocks| NatTable::from_blocks(g, blocks, NatTable::default_slots(), cp.next_nid);
     let Some(path) = &opts.nvm else {
@@ -85,6 +91,8 @@ pub(super) fn load_nat(
         let log = NvmJournal::new(nvm.region(), nvm.layout().end, g)?;
         let blocks = nvm.read(cp.version)?;
         let txns = log.read(nvm.region(), cp.version)?;
+        // One journal per lane: recovery pairs them with the device chains by index.
+        debug_assert_eq!(txns.len(), g.lanes.max(1) as usize, "region journals read");
         if opts.read_only {
             return Ok((table(blocks), None, None, txns));
         }

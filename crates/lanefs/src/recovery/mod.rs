@@ -143,9 +143,12 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     let nonce = nonce_of(&sb.uuid);
     let mut report = RecoveryReport::default();
     let reads = walk_lanes(&*dev, &g, cp, nonce, &opts, &mut report)?;
+    debug_assert_eq!(lanes.lane_count() as usize, reads.len(), "one chain read per lane");
     let region_txns = if opts.no_recovery { Vec::new() } else { region_txns };
     let region = check_region_txns(&*dev, cp, region_txns, &reads, &mut report)?;
     let journals = Journals { reads, region };
+    // The report counts exactly the transactions kept, device and region together.
+    debug_assert_eq!(report.transactions, journals.transactions().count(), "transactions counted");
     report.data_blocks = journals.transactions().map(|t| newer_data_refs(t, cp.stamp).len() as u64).sum();
     let touched = journals.touched(cp);
     if touched {
@@ -155,6 +158,10 @@ pub fn mount(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<(Arc<Engine>,
     let clock_floor = cp.stamp.max(journals.max_stamp());
     let generation_floor = journals.generation_floor(cp);
     let records = journals.into_replay_order(cp.stamp);
+    // Nothing kept, nothing to replay: an untouched mount skips replay and its checkpoint.
+    debug_assert!(touched || records.is_empty(), "{} records to replay on an untouched mount", records.len());
+    // The clock restarts past every record replayed: a new operation never sorts before one.
+    debug_assert!(records.last().is_none_or(|r| r.stamp().ticks <= clock_floor));
     report.records_replayed = records.len();
     let orphans = cp.orphans.clone();
     let parts = MountParts { dev, halt, g, nat, nvm, nvm_log, table, lanes, chains, chain_marks };
@@ -191,6 +198,10 @@ fn new_engine(
     clock_floor: u64,
     generation_floor: u64,
 ) -> Engine {
+    let lanes = p.lanes.lane_count() as usize;
+    debug_assert!(p.chains.len() == lanes && p.chain_marks.len() == lanes, "one chain per lane");
+    // Nothing the engine stamps may sort before what the checkpoint holds.
+    debug_assert!(clock_floor >= cpr.cp.stamp && generation_floor >= cpr.cp.next_generation);
     let CheckpointRead { cp, pack, .. } = cpr;
     let (age, reserved) = (cp.elapsed_secs, cp.reserved_blocks);
     // Resolved once, for this device.

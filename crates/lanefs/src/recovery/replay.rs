@@ -17,6 +17,14 @@ use std::sync::Arc;
 
 /// Replays `records` (in replay order) into MEMFS.
 pub(super) fn replay_all(engine: &Engine, records: &[Record]) -> Result<()> {
+    // Replay order: by stamp, and only what the checkpoint does not hold already (replaying
+    // an older record would undo what the checkpoint made durable after it).
+    debug_assert!(records.windows(2).all(|w| w[0].stamp() <= w[1].stamp()), "records out of stamp order");
+    let cp_stamp = engine.ckpt.cp.lock().cp.stamp;
+    debug_assert!(
+        records.iter().all(|r| r.stamp().ticks > cp_stamp),
+        "a record older than checkpoint {cp_stamp}"
+    );
     for r in records {
         engine.replay(r)?;
     }
@@ -26,6 +34,7 @@ pub(super) fn replay_all(engine: &Engine, records: &[Record]) -> Result<()> {
 /// Marks dirty the checkpoint's orphans that no replayed record linked again, so the
 /// checkpoint that ends recovery deletes them; returns how many.
 pub(super) fn mark_orphans(engine: &Engine, orphans: Vec<u32>) -> usize {
+    let listed = orphans.len();
     let mut removed = 0;
     for o in orphans {
         if let Ok(m) = engine.mnode(o) {
@@ -35,6 +44,7 @@ pub(super) fn mark_orphans(engine: &Engine, orphans: Vec<u32>) -> usize {
             }
         }
     }
+    debug_assert!(removed <= listed, "{removed} orphans removed of {listed}");
     removed
 }
 
@@ -43,6 +53,13 @@ impl Engine {
     /// Records that refer to what does not exist are skipped: the only way to get them is an
     /// operation absorbed or superseded before its dependent was journaled.
     fn replay(&self, r: &Record) -> Result<()> {
+        // Both checks ran when the record was decoded (chain walk or region reader): what
+        // replay indexes by a record's numbers is inside the image.
+        debug_assert!(r.validate().is_ok(), "replay of an invalid record {r:?}");
+        debug_assert!(
+            r.validate_geometry(&self.disk.g).is_ok(),
+            "replay of a record outside the image {r:?}"
+        );
         match r {
             Record::Create { dir, name, ino, attr, symlink, .. } => {
                 self.replay_create(r, *dir, name, *ino, attr, symlink)
@@ -68,6 +85,13 @@ impl Engine {
     fn replay_create(&self, r: &Record, dir: u32, name: &[u8], ino: u32, attr: &InodeAttr, symlink: &[u8]) {
         let Ok(d) = self.dir_mnode(dir) else { return };
         if self.replay_new_inode(&d, name, ino, attr, symlink) || self.replay_adopt(&d, name, ino, attr) {
+            // Single-threaded: whichever way it went, the name is the created inode's now.
+            debug_assert_eq!(
+                d.dir().expect("dir").map.lookup(name).map(|e| e.ino),
+                Some(ino),
+                "created name"
+            );
+            debug_assert!(self.mem.cells.get(ino as u64).is_some(), "created inode {ino} has no cell");
             self.replayed(&d, r);
         }
     }
@@ -82,6 +106,8 @@ impl Engine {
             return false;
         }
         let Ok(m) = self.mnode(ino) else { return false };
+        // The cell found is the orphan's: the checkpoint named it, not a number reused.
+        debug_assert_eq!(m.ino, ino, "orphan {ino}: the cell of another inode");
         if m.file_type != attr.mode & crate::format::node::S_IFMT || m.is_dir() {
             return false;
         }
@@ -94,6 +120,8 @@ impl Engine {
         }
         m.parent.store(d.ino, Ordering::Relaxed);
         let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
+        // A link count of 1 again: the checkpoint that ends recovery keeps the orphan.
+        debug_assert_eq!(m.meta.lock().nlink, 1, "adopted orphan {ino}");
         self.mem.mark_dirty(&m);
         true
     }
@@ -101,6 +129,8 @@ impl Engine {
     /// A hard link: one more name, and one more link, for an inode that exists.
     fn replay_link(&self, r: &Record, dir: u32, name: &[u8], ino: u32, file_type: u8) {
         let (Ok(d), Ok(m)) = (self.dir_mnode(dir), self.mnode(ino)) else { return };
+        // The link count raised is the named inode's.
+        debug_assert_eq!(m.ino, ino, "link of {ino}: the cell of another inode");
         if d.dir().expect("dir").map.insert(name, ino, file_type).is_ok() {
             m.add_nlink(1);
             self.replayed(&d, r);
@@ -117,6 +147,8 @@ impl Engine {
         }
         dm.map.remove(name);
         if let Ok(m) = self.mnode(ino) {
+            // The link count dropped is the inode the name named.
+            debug_assert_eq!(m.ino, ino, "unlink of {ino}: the cell of another inode");
             self.unlinked(&d, &m);
         }
         self.replayed(&d, r);
@@ -167,6 +199,17 @@ impl Engine {
             sd.add_nlink(-1);
             dd.add_nlink(1);
         }
+        // The destination names the inode moved (unless a whiteout took the very same name);
+        // an exchange leaves the other one at the source.
+        debug_assert!(
+            (src_dir == dst_dir && src_name == dst_name && whiteout.is_some())
+                || dm.map.lookup(dst_name).map(|e| e.ino) == Some(*ino),
+            "rename of {ino}: destination not updated"
+        );
+        debug_assert!(
+            !*exchange || sm.map.lookup(src_name).map(|e| e.ino) == Some(*replaced),
+            "exchange of {ino}: source not updated"
+        );
         self.replayed(&sd, r);
         if src_dir != dst_dir {
             self.replayed(&dd, r);
@@ -180,6 +223,12 @@ impl Engine {
         let Ok(m) = self.mnode(ino) else { return };
         {
             let mut meta = m.meta.lock();
+            // A setattr never changes what an inode is: the type bits kept are the cell's.
+            debug_assert_eq!(
+                meta.mode & crate::format::node::S_IFMT,
+                m.file_type,
+                "inode {ino}: mode and cell disagree"
+            );
             meta.mode = (meta.mode & crate::format::node::S_IFMT) | (attr.mode & 0o7777);
             meta.uid = attr.uid;
             meta.gid = attr.gid;
@@ -200,6 +249,14 @@ impl Engine {
     /// A map: blocks `first..` of `ino` now at `entries`' addresses (0 a hole, `NEW_ADDR`
     /// preallocated); each block installed becomes valid in the segment table.
     fn replay_map(&self, ino: u32, first: u64, entries: &[(u32, u32)]) -> Result<()> {
+        // `validate` bounds the run: its indexes fit the node tree, and it is short.
+        debug_assert!(
+            !entries.is_empty()
+                && entries.len() <= crate::journal::record::MAP_RUN_MAX
+                && first + entries.len() as u64 <= crate::journal::record::MAX_FILE_BLOCKS,
+            "map of {ino} at {first}, {} entries",
+            entries.len()
+        );
         let Ok(m) = self.mnode(ino) else { return Ok(()) };
         let pages = m.pages().map(|(p, _)| p);
         let mut disk = m.disk.lock();
@@ -234,6 +291,10 @@ impl Engine {
 
     /// A truncate: blocks from `from_block` on are let go, on the device and in the cache.
     fn replay_truncate(&self, ino: u32, from_block: u64) {
+        debug_assert!(
+            from_block <= crate::journal::record::MAX_FILE_BLOCKS,
+            "truncate of {ino} at {from_block}"
+        );
         let Ok(m) = self.mnode(ino) else { return };
         {
             let mut disk = m.disk.lock();
@@ -253,6 +314,8 @@ impl Engine {
         let x = &mut meta.xattrs;
         let old: Vec<Vec<u8>> = x.set.names().map(<[u8]>::to_vec).collect();
         x.set = Arc::new(XattrSet::from_entries(attrs.to_vec()));
+        // `validate` rules out a name twice, so the set holds every attribute of the record.
+        debug_assert_eq!(x.set.names().len(), attrs.len(), "xattr set of {ino}");
         for n in old.iter().chain(attrs.iter().map(|(n, _)| n)) {
             self.mem.xattr_changed(x, n);
         }
@@ -266,6 +329,11 @@ impl Engine {
     /// name order, not in the order the changes were made, so a set may pass through a larger
     /// size than it ever had; after the whole transaction it is the set the fsync saw.
     fn replay_xattr(&self, ino: u32, name: &[u8], value: Option<&Vec<u8>>) {
+        debug_assert!(
+            !name.is_empty() && name.len() <= u8::MAX as usize,
+            "xattr name of {} bytes",
+            name.len()
+        );
         let Ok(m) = self.mnode(ino) else { return };
         let mut meta = m.meta.lock();
         let x = &mut meta.xattrs;
@@ -285,6 +353,7 @@ impl Engine {
     /// A page logged inline: a dirty page, which the checkpoint that ends recovery writes to
     /// the device. Written over a preallocated block, it draws on the reservation.
     fn replay_data(&self, ino: u32, idx: u64, data: &[u8; BLOCK_SIZE]) {
+        debug_assert!(idx < crate::journal::record::MAX_FILE_BLOCKS, "data of {ino} at block {idx}");
         let Ok(m) = self.mnode(ino) else { return };
         let Some((p, _)) = m.pages() else { return };
         m.disk.lock().draw(idx);
@@ -297,6 +366,8 @@ impl Engine {
     /// link count 1 (2 for a directory). False, and nothing done, when the name is taken or the
     /// inode exists already (the record was superseded).
     fn replay_new_inode(&self, d: &MNode, name: &[u8], ino: u32, attr: &InodeAttr, symlink: &[u8]) -> bool {
+        // A node id the NAT can hold (`validate_geometry` ran on the record).
+        debug_assert!(ino != 0 && ino <= self.disk.g.max_nid, "new inode {ino} in {}", d.ino);
         let dm = d.dir().expect("dir");
         if dm.map.lookup(name).is_some() || self.mem.cells.get(ino as u64).is_some() {
             return false;
@@ -330,12 +401,16 @@ impl Engine {
         }
         let (m, _) = self.mem.cells.insert_if_absent(ino as u64, || m);
         let _ = dm.map.insert(name, ino, crate::format::dentry::dtype_of(attr.mode));
+        // Single-threaded: the name and the number checked free above are this inode's now.
+        debug_assert!(m.ino == ino && dm.map.lookup(name).map(|e| e.ino) == Some(ino), "new inode {ino}");
         self.mem.mark_dirty(&m);
         true
     }
 
     /// A name of `m` in `d` went away during replay.
     fn unlinked(&self, d: &MNode, m: &MNode) {
+        // Names live in directories (`dir_mnode`): the link count dropped below is a child's.
+        debug_assert!(d.is_dir(), "{} unlinked from non-directory {}", m.ino, d.ino);
         // One inode's meta at a time (sync::rank: `Meta` does not nest).
         let mut meta = m.meta.lock();
         let was_dir = m.is_dir();
@@ -353,6 +428,15 @@ impl Engine {
 
     /// Logs a replayed operation in `d` (journaled already) so the checkpoint rewrites its names.
     fn replayed(&self, d: &MNode, r: &Record) {
+        // Only namespace records are logged in a directory, and only after the checkpoint's.
+        debug_assert!(
+            matches!(
+                r,
+                Record::Create { .. } | Record::Link { .. } | Record::Unlink { .. } | Record::Rename { .. }
+            ),
+            "{r:?} logged in directory {}",
+            d.ino
+        );
         let op = LoggedOp::new(r.clone());
         op.journaled.store(true, Ordering::Relaxed);
         d.dir().expect("dir").log.push(op);

@@ -9,7 +9,7 @@ use crate::checkpoint::read_summary;
 use crate::device::BlockDevice;
 use crate::engine::JOURNAL_LOG;
 use crate::error::Result;
-use crate::format::layout::Geometry;
+use crate::format::layout::{Geometry, BLOCKS_PER_SEG};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::format::Checkpoint;
 use crate::journal::{ChainRead, ChainWriter, Record};
@@ -30,10 +30,16 @@ pub(super) fn protect_journaled_blocks(
     lanes: &LaneSet,
     journals: &Journals,
 ) -> Result<()> {
+    // Runs before the first write of the mount: the chains it protects are those walked.
+    debug_assert_eq!(journals.reads.len(), cp.lanes.len(), "one chain read per lane");
     let mut touched_segs = std::collections::BTreeSet::new();
     let journal_blocks = journals.reads.iter().flat_map(|r| r.blocks.iter().copied());
     let data = journals.transactions().flat_map(|t| newer_data_refs(t, cp.stamp)).map(|(a, _)| a as u64);
     for b in journal_blocks.chain(data) {
+        // The walk accepted only main-area blocks, and `validate_geometry` only main-area data:
+        // a block outside it would go unprotected and could be overwritten before the
+        // post-recovery checkpoint.
+        debug_assert!(g.in_main(b), "journaled block {b} outside the main area");
         // Once per segment: a GiB of replayed data is a quarter million blocks.
         if let Some((segno, _)) = g.seg_of(b) {
             if touched_segs.insert(segno) {
@@ -48,6 +54,11 @@ pub(super) fn protect_journaled_blocks(
             touched_segs.insert(segno);
         }
     }
+    debug_assert!(
+        touched_segs.len() as u64 <= g.main_segments as u64,
+        "{} segments touched",
+        touched_segs.len()
+    );
     lanes.retire_touched(cp.elapsed_secs, |segno| touched_segs.contains(&segno))?;
     lanes.patch_summaries(&summary_patches(g, journals), |segno| {
         read_summary(dev, g, segno).unwrap_or_else(|_| crate::format::SegmentSummary::empty(segno))
@@ -62,9 +73,11 @@ fn summary_patches(
     journals: &Journals,
 ) -> std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>> {
     let mut patches: std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>> = Default::default();
+    let mut entries_seen = 0usize;
     for t in journals.transactions() {
         for rec in &t.records {
             let Record::Map { ino, first, entries, .. } = rec else { continue };
+            entries_seen += entries.len();
             for (i, &(addr, _)) in entries.iter().enumerate() {
                 if let Some((segno, off)) = g.seg_of(addr as u64) {
                     let e =
@@ -74,6 +87,12 @@ fn summary_patches(
             }
         }
     }
+    // At most one patch per map entry (holes and unwritten blocks have none).
+    debug_assert!(patches.values().map(Vec::len).sum::<usize>() <= entries_seen, "more patches than entries");
+    // `patch_summaries` indexes each segment's summary by these.
+    debug_assert!(patches
+        .iter()
+        .all(|(&s, p)| s < g.main_segments && p.iter().all(|&(o, _)| o < BLOCKS_PER_SEG)));
     patches
 }
 
@@ -89,6 +108,8 @@ pub(super) fn start_chains(
     touched: bool,
 ) -> Result<(Vec<Mutex<ChainWriter>>, Vec<crate::journal::ChainMarks>)> {
     assert_eq!(reads.len(), cp.lanes.len(), "one chain read per lane");
+    debug_assert_eq!(lanes.lane_count() as usize, reads.len(), "one lane per chain");
+    let g = *lanes.table().geometry();
     let mut chains = Vec::with_capacity(reads.len());
     let mut chain_marks = Vec::with_capacity(reads.len());
     for (l, r) in reads.iter().enumerate() {
@@ -101,8 +122,13 @@ pub(super) fn start_chains(
         };
         // Never behind the checkpoint: a seq reused would let a stale block join the chain.
         debug_assert!(w.position().1 >= cp.lanes[l].journal_seq);
+        // Nor behind what the walk read: a kept block's seq would be written again.
+        debug_assert!(w.position().1 >= r.end_seq, "lane {l} restarts behind its chain");
+        // The next block is one the lane reserved or the walk found the chain pointing at.
+        debug_assert!(g.in_main(w.position().0 as u64), "lane {l} chain at block {}", w.position().0);
         chain_marks.push(crate::journal::ChainMarks::new(w.position().1));
         chains.push(Mutex::new(Rank::Chain, w));
     }
+    debug_assert!(chains.len() == cp.lanes.len() && chain_marks.len() == chains.len());
     Ok((chains, chain_marks))
 }

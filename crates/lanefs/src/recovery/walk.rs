@@ -27,6 +27,8 @@ fn walk_lane(
     no_recovery: bool,
     l: usize,
 ) -> Result<(ChainRead, usize, u64)> {
+    // The checkpoint decoder keeps one lane record per lane of the geometry.
+    debug_assert!(l < cp.lanes.len() && cp.lanes.len() == g.lanes as usize, "lane {l} of {}", cp.lanes.len());
     let lane = &cp.lanes[l];
     if lane.journal_head == 0 || no_recovery {
         return Ok((ChainRead::empty(lane.journal_head, lane.journal_seq), 0, 0));
@@ -39,6 +41,8 @@ fn walk_lane(
     // The chain only moves forward from the head the checkpoint gave it.
     debug_assert!(r.end_seq >= lane.journal_seq);
     debug_assert!(r.starts.windows(2).all(|w| w[0].seq < w[1].seq));
+    // Dropped transactions' blocks stay listed: they are protected from reuse all the same.
+    debug_assert!(r.blocks.len() as u64 >= r.end_seq - lane.journal_seq, "lane {l}: blocks dropped");
     Ok((r, read - kept, checked))
 }
 
@@ -76,6 +80,7 @@ pub(super) fn walk_lanes(
         reads.push(r);
     }
     assert_eq!(reads.len(), cp.lanes.len(), "one chain read per lane");
+    debug_assert!(report.lanes <= cp.lanes.len(), "{} lanes replay of {}", report.lanes, cp.lanes.len());
     Ok(reads)
 }
 
@@ -89,6 +94,13 @@ pub(super) fn check_region_txns(
     reads: &[ChainRead],
     report: &mut RecoveryReport,
 ) -> Result<Vec<Vec<Transaction>>> {
+    // The region's journals have one slice per lane of the geometry (or none were read).
+    debug_assert!(
+        region_txns.is_empty() || region_txns.len() == reads.len(),
+        "{} region journals for {} lanes",
+        region_txns.len(),
+        reads.len()
+    );
     for (l, t) in region_txns.iter_mut().enumerate() {
         let (kept, checked) = verified_prefix(dev, t, t.len(), cp.stamp)?;
         assert!(kept <= t.len(), "kept {kept} of {} region transactions", t.len());
@@ -101,6 +113,7 @@ pub(super) fn check_region_txns(
         let on_device = reads.get(l).is_some_and(|r| !r.transactions.is_empty());
         report.lanes += usize::from(!t.is_empty() && !on_device);
     }
+    debug_assert!(report.lanes <= reads.len().max(region_txns.len()), "a lane counted twice");
     Ok(region_txns)
 }
 
@@ -152,8 +165,9 @@ impl Journals {
     pub(super) fn into_replay_order(self, cp_stamp: u64) -> Vec<Record> {
         let read: usize = self.transactions().map(|t| t.records.len()).sum();
         let chains = self.reads.into_iter().map(|r| r.transactions).chain(self.region).collect();
-        let records: Vec<Record> =
-            merge_by_stamp(chains).into_iter().filter(|r| r.stamp().ticks > cp_stamp).collect();
+        let merged = merge_by_stamp(chains);
+        debug_assert_eq!(merged.len(), read, "the merge keeps every record read");
+        let records: Vec<Record> = merged.into_iter().filter(|r| r.stamp().ticks > cp_stamp).collect();
         assert!(records.len() <= read, "{} records to replay of {read} read", records.len());
         debug_assert!(records.windows(2).all(|w| w[0].stamp() <= w[1].stamp()));
         records
@@ -162,7 +176,8 @@ impl Journals {
 
 /// Data blocks (address, crc) that records of `t` newer than the checkpoint map.
 pub(super) fn newer_data_refs(t: &Transaction, cp_stamp: u64) -> Vec<(u32, u32)> {
-    t.records
+    let refs: Vec<(u32, u32)> = t
+        .records
         .iter()
         .filter(|r| r.stamp().ticks > cp_stamp)
         .flat_map(|r| match r {
@@ -171,7 +186,11 @@ pub(super) fn newer_data_refs(t: &Transaction, cp_stamp: u64) -> Vec<(u32, u32)>
             }
             _ => Vec::new(),
         })
-        .collect()
+        .collect();
+    // A subset of what `Transaction::data_refs` lists: the blocks recovery reads back and
+    // protects are never more than those the transaction maps.
+    debug_assert!(refs.len() <= t.data_refs().len(), "more newer refs than the transaction maps");
+    refs
 }
 
 /// How many leading transactions of `txns` have every data block they map (past the
@@ -197,6 +216,8 @@ fn verified_prefix(
     for (k, t) in txns.iter().enumerate().skip(proven) {
         let refs = newer_data_refs(t, cp_stamp);
         let data = read_blocks(dev, &refs.iter().map(|x| x.0 as u64).collect::<Vec<_>>())?;
+        // One block per ref: a short read would let `zip` accept a transaction unchecked.
+        debug_assert_eq!(data.len(), refs.len() * BLOCK_SIZE, "data blocks read for transaction {k}");
         checked += refs.len() as u64;
         let ok = refs.iter().zip(data.chunks(BLOCK_SIZE)).all(|((_, crc), b)| crc32c::crc32c(b) == *crc);
         if !ok {

@@ -84,6 +84,8 @@ impl Record {
 
     /// Writes the record; `validate` has passed, so every length fits its field.
     fn encode(&self, e: &mut Enc) {
+        // Only validated records are written: the length casts below rely on it.
+        debug_assert!(self.validate().is_ok(), "encoding an invalid record {:?}", self.tag());
         let start = e.pos();
         e.u8(self.tag());
         let s = self.stamp();
@@ -95,6 +97,7 @@ impl Record {
                 put_name(e, name);
                 e.u32(*ino);
                 put_attr(e, attr);
+                debug_assert!(symlink.len() <= super::MAX_SYMLINK_LEN, "symlink of {}", symlink.len());
                 e.u16(symlink.len() as u16);
                 e.bytes(symlink);
             }
@@ -115,6 +118,7 @@ impl Record {
                 put_attr(e, attr);
             }
             Record::Map { ino, first, entries, .. } => {
+                debug_assert!((1..=MAP_RUN_MAX).contains(&entries.len()), "map run of {}", entries.len());
                 e.u32(*ino);
                 e.u64(*first);
                 e.u16(entries.len() as u16);
@@ -132,6 +136,7 @@ impl Record {
                 xattr::put_inline(e, attrs);
             }
             Record::SetXattr { ino, name, value, .. } => {
+                debug_assert!(name.len() <= u8::MAX as usize && value.len() <= u32::MAX as usize);
                 e.u32(*ino);
                 e.u8(name.len() as u8);
                 e.u32(value.len() as u32);
@@ -162,6 +167,11 @@ impl Record {
         else {
             unreachable!("encode_rename of {self:?}");
         };
+        // Kind 2 stands for a plain move with a whiteout: `validate_rename` refuses an exchange
+        // with one, which this encoding could not carry.
+        debug_assert!(!(*exchange && whiteout.is_some()), "exchange with a whiteout");
+        debug_assert!(*replaced != *ino, "rename of {ino} replaces itself");
+        let start = e.pos();
         e.u32(*src_dir);
         put_name(e, src_name);
         e.u32(*dst_dir);
@@ -176,6 +186,7 @@ impl Record {
                 put_attr(e, &w.attr);
             }
         }
+        debug_assert_eq!(e.pos() - start, self.encoded_len() - RECORD_PREFIX, "rename body length");
     }
 
     /// Reads one record; the caller validates it.
@@ -238,6 +249,8 @@ impl Record {
 }
 
 fn put_name(e: &mut Enc, n: &[u8]) {
+    // The decoder reads a u8 length of at least 1 (`validate_name`).
+    debug_assert!(!n.is_empty() && n.len() <= u8::MAX as usize, "name of {} bytes", n.len());
     e.u8(n.len() as u8);
     e.bytes(n);
 }
@@ -299,6 +312,7 @@ fn decode_map(d: &mut Dec, stamp: Stamp) -> Result<Record> {
 }
 
 fn put_attr(e: &mut Enc, a: &InodeAttr) {
+    let start = e.pos();
     e.u32(a.mode);
     e.u32(a.uid);
     e.u32(a.gid);
@@ -310,9 +324,12 @@ fn put_attr(e: &mut Enc, a: &InodeAttr) {
     e.u64(a.rdev);
     e.u32(a.flags);
     e.u32(a.generation);
+    // `encoded_len` counts an attr as ATTR_LEN bytes.
+    debug_assert_eq!(e.pos() - start, ATTR_LEN, "attr length");
 }
 
 fn get_attr(d: &mut Dec) -> Result<InodeAttr> {
+    let start = d.pos();
     let (mode, uid, gid) = (d.u32()?, d.u32()?, d.u32()?);
     let size = d.u64()?;
     let mut times = [Timespec::default(); 4];
@@ -320,7 +337,7 @@ fn get_attr(d: &mut Dec) -> Result<InodeAttr> {
         *t = Timespec { sec: d.i64()?, nsec: d.u32()? };
     }
     let [atime, mtime, ctime, crtime] = times;
-    Ok(InodeAttr {
+    let a = InodeAttr {
         mode,
         uid,
         gid,
@@ -332,7 +349,10 @@ fn get_attr(d: &mut Dec) -> Result<InodeAttr> {
         rdev: d.u64()?,
         flags: d.u32()?,
         generation: d.u32()?,
-    })
+    };
+    // The pair of `put_attr`: read in full, an attr always takes ATTR_LEN bytes.
+    debug_assert_eq!(d.pos() - start, ATTR_LEN, "attr length");
+    Ok(a)
 }
 
 impl Transaction {
@@ -395,6 +415,13 @@ impl Transaction {
         if d.remaining() != 0 {
             return Err(d.err(format!("{} bytes after the last record", d.remaining())));
         }
+        // Established above, whatever the bytes: the records fill the body exactly, so the
+        // transaction re-encodes to as many bytes as it was read from.
+        debug_assert_eq!(
+            records.iter().map(Record::encoded_len).sum::<usize>(),
+            body_len,
+            "records decoded from the body"
+        );
         Ok(Transaction { records })
     }
 }

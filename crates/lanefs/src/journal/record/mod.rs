@@ -191,6 +191,17 @@ impl Record {
         if let Some((first, entries)) = cur {
             out.push(Record::Map { stamp, ino, first, entries });
         }
+        // Every mapping in exactly one run, and every run one `validate` accepts in length.
+        debug_assert_eq!(
+            out.iter()
+                .map(|r| if let Record::Map { entries, .. } = r { entries.len() } else { 0 })
+                .sum::<usize>(),
+            map.len(),
+            "map runs of inode {ino}"
+        );
+        debug_assert!(out
+            .iter()
+            .all(|r| matches!(r, Record::Map { entries, .. } if (1..=MAP_RUN_MAX).contains(&entries.len()))));
         out
     }
 }
@@ -215,6 +226,9 @@ impl Transaction {
 
     /// Checks every record against the image ([`Record::validate_geometry`]).
     pub fn validate_geometry(&self, g: &Geometry) -> Result<()> {
+        // A geometry with no node ids or no main area would accept nothing: a caller mixed up
+        // its images.
+        debug_assert!(g.max_nid > 0 && g.main_blocks() > 0, "validated against an empty geometry");
         for (i, r) in self.records.iter().enumerate() {
             r.validate_geometry(g)
                 .map_err(|e| Error::corrupt(Structure::Journal, None, format!("record {i}: {e}")))?;
@@ -227,7 +241,8 @@ impl Transaction {
     /// Recovery reads these back and trusts the transaction only if every checksum matches
     /// (data was written in the same batch as the journal blocks, with no ordering between).
     pub fn data_refs(&self) -> Vec<(u32, u32)> {
-        self.records
+        let refs: Vec<(u32, u32)> = self
+            .records
             .iter()
             .filter_map(|r| match r {
                 Record::Map { entries, .. } => Some(entries),
@@ -236,6 +251,10 @@ impl Transaction {
             .flatten()
             .filter(|&&(a, _)| a != 0 && a != NEW_ADDR)
             .copied()
-            .collect()
+            .collect();
+        // Each map record carries at most MAP_RUN_MAX entries (`validate`): this bounds the
+        // blocks recovery reads back for one transaction.
+        debug_assert!(refs.len() <= self.records.len() * MAP_RUN_MAX, "more refs than map entries");
+        refs
     }
 }
