@@ -134,7 +134,14 @@ impl Engine {
             return Ok(RoundPlan::default());
         }
         let Some(_round) = self.ckpt.gc.round.try_lock() else { return Ok(RoundPlan::default()) };
-        let want = (self.gc_threshold() - self.disk.table.free_segments()) * BLOCKS_PER_SEG as u64;
+        // Read once more, and once: a checkpoint another thread took since (an fsync whose
+        // transaction did not fit takes one itself) may have freed segments, and a second
+        // read for the subtraction could find more free than the threshold.
+        let Some(short) = self.gc_threshold().checked_sub(self.disk.table.free_segments()).filter(|&n| n > 0)
+        else {
+            return Ok(RoundPlan::default());
+        };
+        let want = short * BLOCKS_PER_SEG as u64;
         let plan = self.plan_round(VictimPolicy::CostBenefit { now: self.disk.elapsed_secs() }, want)?;
         debug_assert!(plan.victims <= MAX_VICTIMS, "background round {plan:?}");
         if plan.victims > 0 {
