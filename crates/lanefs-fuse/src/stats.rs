@@ -130,6 +130,7 @@ pub fn format_engine(io: &IoStats, census: &Census) -> String {
         ("cleaning_bytes", io.cleaning_bytes),
         ("segments_cleaned", io.segments_cleaned),
         ("fsync_flushes", io.fsync_flushes),
+        ("fsync_device_flushes", io.fsync_device_flushes),
     ] {
         out.push_str(&format!("{k} {v}\n"));
     }
@@ -209,6 +210,7 @@ mod tests {
             cp_waits: 4,
             cp_helped: 6,
             fsync_flushes: 5,
+            fsync_device_flushes: 3,
             ..Default::default()
         };
         let census = Census::from_counts([(Rank::Meta, 12), (Rank::DirShard, 1)]);
@@ -220,6 +222,7 @@ mod tests {
         assert_eq!(back.get("cp_helped"), Some(6));
         assert_eq!(back.get("device_bytes"), Some(123));
         assert_eq!(back.get("fsync_flushes"), Some(5));
+        assert_eq!(back.get("fsync_device_flushes"), Some(3));
         assert_eq!(back.get("contended.Meta"), Some(12));
         assert_eq!(back.get("nothing"), None);
         let c = back.census();

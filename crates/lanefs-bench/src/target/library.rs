@@ -235,6 +235,7 @@ impl Target for LibTarget {
             cp_exclusive_us_max: self.fs.take_cp_exclusive_peak_us(),
             cp_waits: s.cp_waits,
             cp_helped: s.cp_helped,
+            fsync_flushes: s.fsync_device_flushes,
         })
     }
 

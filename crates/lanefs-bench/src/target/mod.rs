@@ -167,6 +167,8 @@ pub struct IoCounters {
     pub cp_waits: u64,
     /// Captured files fsyncs and writebacks installed for a checkpoint instead of waiting.
     pub cp_helped: u64,
+    /// Device flushes group commit issued for fsyncs (concurrent fsyncs share one).
+    pub fsync_flushes: u64,
 }
 
 impl IoCounters {
@@ -181,6 +183,7 @@ impl IoCounters {
             cp_exclusive_us_max: self.cp_exclusive_us_max,
             cp_waits: self.cp_waits.saturating_sub(earlier.cp_waits),
             cp_helped: self.cp_helped.saturating_sub(earlier.cp_helped),
+            fsync_flushes: self.fsync_flushes.saturating_sub(earlier.fsync_flushes),
         }
     }
 

@@ -394,6 +394,7 @@ impl Target for MountTarget {
             cp_exclusive_us_max: e.get("cp_exclusive_us_max")?,
             cp_waits: e.get("cp_waits")?,
             cp_helped: e.get("cp_helped")?,
+            fsync_flushes: e.get("fsync_device_flushes")?,
         })
     }
 

@@ -35,14 +35,16 @@ struct GroupState {
 }
 
 impl GroupCommit {
-    /// Makes every write the caller completed before calling durable.
-    pub fn sync(&self, dev: &dyn BlockDevice) -> Result<()> {
+    /// Makes every write the caller completed before calling durable. Returns whether the
+    /// caller issued the device flush itself (false: another caller's flush covered it).
+    pub fn sync(&self, dev: &dyn BlockDevice) -> Result<bool> {
         let mine = self.tickets.fetch_add(1, Ordering::AcqRel) + 1;
         let mut st = self.state.lock();
+        let mut flushed = false;
         // Bounded: each pass either returns or waits for a flush that ends in finite time.
         loop {
             if st.durable >= mine {
-                return Ok(());
+                return Ok(flushed);
             }
             if st.flushing {
                 self.cv.wait(&mut st);
@@ -52,13 +54,59 @@ impl GroupCommit {
             let covers = self.tickets.load(Ordering::Acquire);
             drop(st);
             let r = dev.flush();
+            flushed = true;
             st = self.state.lock();
             st.flushing = false;
             if r.is_ok() {
+                // The flush covers every ticket taken before it read `covers`, this one too.
+                debug_assert!(covers >= mine, "a flush started after ticket {mine} covers it");
                 st.durable = st.durable.max(covers);
             }
             self.cv.notify_all();
             r?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDevice;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_lone_caller_flushes_itself_and_threads_never_flush_more_than_they_call() {
+        let dev = Arc::new(MemDevice::new(1 << 20));
+        let g = Arc::new(GroupCommit::default());
+        for _ in 0..3 {
+            assert!(g.sync(&*dev).unwrap(), "nobody else flushed for it");
+        }
+        let flushed = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (dev, g, flushed) = (dev.clone(), g.clone(), flushed.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        if g.sync(&*dev).unwrap() {
+                            flushed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let n = flushed.load(Ordering::Relaxed);
+        assert!((1..=1600).contains(&n), "{n} flushes for 1,600 calls");
+        assert_eq!(
+            n as u64 + 3,
+            dev.flush_count(),
+            "the callers that said they flushed are the device's flushes"
+        );
+        let st = g.state.lock();
+        assert_eq!(st.durable, g.tickets.load(Ordering::Acquire), "every ticket durable at the end");
+        assert!(!st.flushing);
     }
 }

@@ -31,6 +31,9 @@ pub(crate) struct IoCounters {
     pub nvm_journal: PerCpuCounter,
     /// Device flushes fsync asked for (each may be shared by a group of fsyncs).
     pub fsync_flushes: PerCpuCounter,
+    /// Device flushes group commit issued for them: at most `fsync_flushes`, fewer when
+    /// concurrent fsyncs shared one.
+    pub fsync_device_flushes: PerCpuCounter,
     /// fsyncs and writebacks that waited for a checkpoint in progress (`Engine::enter_flush`).
     pub cp_waits: PerCpuCounter,
     /// fsyncs that journaled a checkpoint's bridge (`mem::mnode::Bridge`).
@@ -53,6 +56,7 @@ impl Default for IoCounters {
             cleaning: PerCpuCounter::default(),
             nvm_journal: PerCpuCounter::default(),
             fsync_flushes: PerCpuCounter::default(),
+            fsync_device_flushes: PerCpuCounter::default(),
             cp_waits: PerCpuCounter::default(),
             cp_bridges: PerCpuCounter::default(),
             cp_helped: PerCpuCounter::default(),

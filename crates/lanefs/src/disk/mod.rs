@@ -80,7 +80,10 @@ impl Disk {
     /// The device flush of an fsync, shared with every concurrent one (group commit).
     pub(crate) fn fsync_flush(&self) -> Result<()> {
         self.io.fsync_flushes.add(1);
-        self.group.sync(&*self.dev)
+        if self.group.sync(&*self.dev)? {
+            self.io.fsync_device_flushes.add(1);
+        }
+        Ok(())
     }
 
     /// Writes (address, bytes) pairs in bounded batches, counted as `kind`.

@@ -21,6 +21,7 @@ impl Fs {
             cleaning_bytes: e.disk.io.cleaning.sum(),
             nvm_journal_bytes: e.disk.io.nvm_journal.sum(),
             fsync_flushes: e.disk.io.fsync_flushes.sum(),
+            fsync_device_flushes: e.disk.io.fsync_device_flushes.sum(),
             cleaning_rounds: e.ckpt.gc.rounds.load(Relaxed),
             segments_cleaned: e.ckpt.gc.segments_cleaned.load(Relaxed),
             checkpoints_begun: begun,

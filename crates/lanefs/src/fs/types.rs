@@ -176,6 +176,9 @@ pub struct IoStats {
     pub nvm_journal_bytes: u64,
     /// Device flushes fsync called for (group commit may share one among several fsyncs).
     pub fsync_flushes: u64,
+    /// Device flushes group commit issued for those calls: fewer than `fsync_flushes` by the
+    /// flushes concurrent fsyncs shared.
+    pub fsync_device_flushes: u64,
     /// Cleaning rounds run and segments they emptied.
     pub cleaning_rounds: u64,
     /// Segments those rounds emptied.
