@@ -110,7 +110,6 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
         "cp_waits": r.io.map_or(Value::Null, |c| json!(c.cp_waits)),
         "cp_helped": r.io.map_or(Value::Null, |c| json!(c.cp_helped)),
         "fsync_flushes": r.io.map_or(Value::Null, |c| json!(c.fsync_flushes)),
-        "flushes_per_fsync": flushes_per_fsync(r).map_or(Value::Null, |x| json!(round(x, 3))),
         "write_amplification": wa(r).map_or(Value::Null, |x| json!(round(x, 3))),
         "fuse_requests": r.requests.as_ref().map_or(Value::Null, |c| {
             Value::Object(c.iter().filter(|(_, n)| *n > 0).map(|(k, n)| (k.clone(), json!(n))).collect())
@@ -122,12 +121,6 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
         v["round"] = json!(n);
     }
     v
-}
-
-/// Device flushes per fsync the workload made; None without counters or fsyncs.
-fn flushes_per_fsync(r: &RunResult) -> Option<f64> {
-    let fsyncs = r.fsync.as_ref().map(|h| h.count()).filter(|&n| n > 0)?;
-    Some(r.io?.fsync_flushes as f64 / fsyncs as f64)
 }
 
 /// lanefs's contended lock acquisitions per counted operation, by lock class (only the
@@ -332,17 +325,6 @@ mod tests {
     }
 
     #[test]
-    fn flushes_per_fsync_divides_the_device_flushes_by_the_fsyncs_made() {
-        let mut r = result(Workload::Dwsl, true);
-        assert!(json_line(&r, &machine(), None)["flushes_per_fsync"].is_null(), "no counters");
-        r.io = Some(crate::target::IoCounters { fsync_flushes: 250, ..Default::default() });
-        assert_eq!(json_line(&r, &machine(), None)["flushes_per_fsync"], 0.25, "1,000 fsyncs");
-        let mut r = result(Workload::Dwol, false);
-        r.io = Some(crate::target::IoCounters { fsync_flushes: 3, ..Default::default() });
-        assert!(json_line(&r, &machine(), None)["flushes_per_fsync"].is_null(), "no fsyncs");
-    }
-
-    #[test]
     fn json_line_nulls_fsync_when_not_applicable() {
         let v = json_line(&result(Workload::Dwol, false), &machine(), Some(3));
         assert!(v["fsync_p50_us"].is_null());
@@ -383,7 +365,6 @@ mod tests {
             "cp_waits",
             "cp_helped",
             "fsync_flushes",
-            "flushes_per_fsync",
             "write_amplification",
         ] {
             assert!(v.get(k).is_some_and(|x| x.is_null()), "{k}: {v}");
