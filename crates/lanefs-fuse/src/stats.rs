@@ -19,8 +19,8 @@
 //! A second attribute, `lanefs.engine`, holds what the engine counts since the mount, as
 //! `key value` lines in a fixed order: checkpoints made durable, the longest time a
 //! checkpoint's exclusive phase held every operation out and its write phase held fsync out
-//! (µs), fsyncs and writebacks that waited for a checkpoint, bytes by cause, device flushes
-//! for fsync, and per lock class the acquisitions that found the lock held (`contended.CLASS`, the contention census of `lanefs::sync::census`,
+//! (µs), fsyncs and writebacks that waited for a checkpoint, bytes by cause, the device flushes
+//! fsyncs asked for and those group commit issued for them, and per lock class the acquisitions that found the lock held (`contended.CLASS`, the contention census of `lanefs::sync::census`,
 //! every class, zeros included). Reading it changes nothing.
 
 use crate::inflight::Op;

@@ -187,11 +187,13 @@ fn say_engine(
     );
     say!(
         out,
-        "device        {} written for {} by users ({} by cleaning, {} segments); {} device flushes for fsync",
+        "device        {} written for {} by users ({} by cleaning, {} segments); {} device flushes for \
+         {} fsync flushes (group commit shares one among concurrent fsyncs)",
         e.get("device_bytes").map_or("?".to_string(), size::show),
         e.get("user_bytes").map_or("?".to_string(), size::show),
         e.get("cleaning_bytes").map_or("?".to_string(), size::show),
         v("segments_cleaned"),
+        v("fsync_device_flushes"),
         v("fsync_flushes")
     );
     let census = e.census();
