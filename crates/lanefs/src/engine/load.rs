@@ -23,7 +23,7 @@ impl Engine {
     /// cached: `Cells::with`); loads it first if it is not. `f` runs pinned: keep it short and
     /// lock-free.
     #[inline]
-    pub(crate) fn with_mnode<R>(&self, ino: u32, f: impl FnOnce(&MNode) -> R) -> Result<R> {
+    pub(crate) fn with_mnode<R>(&self, ino: u32, f: impl FnOnce(&Arc<MNode>) -> R) -> Result<R> {
         let mut f = Some(f);
         if let Some(r) = self.mem.cells.with(ino as u64, |m| (f.take().expect("called once"))(m)) {
             return Ok(r);

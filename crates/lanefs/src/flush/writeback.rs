@@ -11,6 +11,7 @@ use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::mem::mnode::MNode;
 use crate::mem::pages::PAGE_SIZE;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 impl Engine {
     /// Called after a write, outside the pass-through semaphore.
@@ -96,27 +97,19 @@ impl Engine {
     /// batch for its file) and the checkpoint's exclusive phase writes only what changed since.
     /// Errors are left for the checkpoint, which writes whatever is still dirty itself.
     pub(crate) fn write_back_early(&self) {
-        let mut inos: Vec<u32> = Vec::new();
+        // Most dirty inodes owe few pages or none (every create and unlink dirties one):
+        // those are passed over without taking a reference, which the checkpoint would
+        // otherwise count up and down once per namespace operation.
+        let owes_many =
+            |m: &MNode| m.pages().is_some_and(|(p, _)| p.dirty_count() + p.logged_count() >= EARLY_MIN_PAGES);
+        let mut files: Vec<Arc<MNode>> = Vec::new();
         for d in self.mem.dirty.iter() {
-            inos.extend(d.lock().iter().copied());
+            files.extend(d.lock().values().filter(|m| owes_many(m)).cloned());
         }
-        inos.sort_unstable();
-        inos.dedup();
-        for ino in inos {
-            // Most dirty inodes owe few pages or none (every create and unlink dirties one):
-            // those are passed over without taking a reference, which the checkpoint would
-            // otherwise count up and down once per namespace operation.
-            let Some(m) = self
-                .mem
-                .cells
-                .with(ino as u64, |m| {
-                    let (pages, _) = m.pages()?;
-                    (pages.dirty_count() + pages.logged_count() >= EARLY_MIN_PAGES).then(|| m.clone())
-                })
-                .flatten()
-            else {
-                continue;
-            };
+        files.sort_unstable_by_key(|m| m.ino);
+        files.dedup_by_key(|m| m.ino);
+        for m in files {
+            let ino = m.ino;
             let Some((pages, _)) = m.pages() else { continue };
             let owed = || pages.dirty_count() + pages.logged_count();
             // Bounded: what was owed at the start, batch by batch; pages dirtied meanwhile by

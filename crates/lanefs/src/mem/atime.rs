@@ -21,6 +21,7 @@
 use super::mnode::MNode;
 use crate::engine::Engine;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// When reads update the access time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,7 +95,7 @@ pub fn due(mode: AtimeMode, atime: i64, mtime: i64, ctime: i64, now: i64) -> boo
 impl Engine {
     /// An access of `m` (a read or a listing): updates its atime if the policy says so. The
     /// caller holds the pass-through semaphore, so no checkpoint snapshot sees half of it.
-    pub(crate) fn touch_atime(&self, m: &MNode) {
+    pub(crate) fn touch_atime(&self, m: &Arc<MNode>) {
         let p = self.mem.atime_policy();
         if p.mode == AtimeMode::Never || (!p.dirs && m.is_dir()) {
             return;

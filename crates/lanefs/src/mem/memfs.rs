@@ -30,12 +30,15 @@ pub(crate) struct Memfs {
     pub(crate) cache: Arc<CacheStats>,
     /// Per-CPU sets of the inodes changed since the last checkpoint snapshot (an inode is in
     /// the one `MNode::dirty_pos` names). An inode that dies leaves its set for a dead list
-    /// (`Memfs::bury`).
-    pub(crate) dirty: PerCpu<Mutex<std::collections::HashSet<u32>>>,
+    /// (`Memfs::bury`). The sets hold the mnodes themselves, not their numbers: the snapshot
+    /// visits each while every operation waits, and a lookup in the cells per inode was most
+    /// of that wait. (An mnode leaves the cells only dead, at the checkpoint that drops it, so
+    /// the one held here is the one the cells hold.)
+    pub(crate) dirty: PerCpu<Mutex<std::collections::HashMap<u32, Arc<MNode>>>>,
     /// Per-CPU lists of inodes that died (no name, not open) since the last checkpoint
     /// snapshot: the next checkpoint drops them. The snapshot swaps these lists and the dirty
     /// ones whole, so it does no work per dead inode while every operation waits.
-    pub(crate) dead: PerCpu<Mutex<Vec<u32>>>,
+    pub(crate) dead: PerCpu<Mutex<Vec<Arc<MNode>>>>,
     /// The access-time policy (`mem::atime::AtimePolicy`, one byte: a remount changes it).
     pub(crate) atime: AtomicU8,
     /// Per-CPU lists of inodes whose atime changed under lazytime and is in no dirty set.
@@ -70,7 +73,7 @@ impl Memfs {
 
     /// Adds `m` to the dirty set (idempotent and cheap when it is there already: a read of a
     /// flag, no write to a line other cores share).
-    pub(crate) fn mark_dirty(&self, m: &MNode) {
+    pub(crate) fn mark_dirty(&self, m: &Arc<MNode>) {
         if m.in_dirty_set.load(Ordering::Acquire) {
             return;
         }
@@ -79,7 +82,7 @@ impl Memfs {
             let slot = self.dirty.current_slot();
             let mut set = self.dirty.get(slot).lock();
             m.dirty_pos.store(slot as u64 + 1, Ordering::Relaxed);
-            set.insert(m.ino);
+            set.insert(m.ino, m.clone());
         }
     }
 
@@ -87,7 +90,7 @@ impl Memfs {
     /// moves it from the dirty set to a dead list, so that the checkpoint's snapshot neither
     /// visits nor captures it. The caller holds the pass-through semaphore shared (the
     /// snapshot swaps the lists only with it exclusive) and marked `m` dirty under that hold.
-    pub(crate) fn bury(&self, m: &MNode) {
+    pub(crate) fn bury(&self, m: &Arc<MNode>) {
         debug_assert!(m.in_dirty_set.load(Ordering::Acquire), "inode {} dies dirty", m.ino);
         if m.dead.swap(true, Ordering::AcqRel) {
             return;
@@ -96,9 +99,13 @@ impl Memfs {
         debug_assert!(slot != 0, "inode {} was marked dirty", m.ino);
         if let Some(slot) = (slot as usize).checked_sub(1) {
             let gone = self.dirty.get(slot).lock().remove(&m.ino);
-            debug_assert!(gone, "inode {} is in the set its dirty_pos names", m.ino);
+            debug_assert!(
+                gone.is_some_and(|g| Arc::ptr_eq(&g, m)),
+                "inode {} is in the set its dirty_pos names",
+                m.ino
+            );
         }
-        self.dead.current().lock().push(m.ino);
+        self.dead.current().lock().push(m.clone());
     }
 
     /// Blocks promised to preallocated, unwritten ranges, and claimed by fallocates that are

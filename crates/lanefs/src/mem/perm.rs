@@ -52,7 +52,13 @@ impl Memfs {
     /// only if it says more than they do, and drops set-group-ID unless `caller` is in the
     /// file's group or privileged; a default ACL only on a directory. An empty ACL removes it.
     /// (Flags are ignored, as the kernel ignores them for ACLs.)
-    pub(crate) fn set_acl(&self, m: &MNode, name: &[u8], value: &[u8], caller: &dyn Caller) -> Result<()> {
+    pub(crate) fn set_acl(
+        &self,
+        m: &Arc<MNode>,
+        name: &[u8],
+        value: &[u8],
+        caller: &dyn Caller,
+    ) -> Result<()> {
         debug_assert!(name == acl::ACCESS || name == acl::DEFAULT);
         let new = Acl::decode(value)?;
         if m.file_type == S_IFLNK {
@@ -157,7 +163,7 @@ impl Engine {
 
     /// Drops what `change` by `caller` takes from `m`: its set-ID bits and file capabilities
     /// (see [`crate::perm`]). Called before the change is made.
-    pub fn drop_privs(&self, m: &MNode, change: Change, caller: &dyn Caller) -> Result<()> {
+    pub fn drop_privs(&self, m: &Arc<MNode>, change: Change, caller: &dyn Caller) -> Result<()> {
         let loss = self.loss(m, change, caller);
         if loss.setid == 0 && !loss.capability {
             return Ok(());
@@ -200,7 +206,7 @@ impl Engine {
     }
 
     /// What `caller` loses before writing `data` to `m`.
-    pub fn drop_privs_for_write(&self, m: &MNode, data: &[u8], caller: &dyn Caller) -> Result<()> {
+    pub fn drop_privs_for_write(&self, m: &Arc<MNode>, data: &[u8], caller: &dyn Caller) -> Result<()> {
         // A write of nothing changes nothing, and takes nothing (as the VFS).
         if !data.is_empty() && m.pages().is_some() {
             self.drop_privs(m, Change::Data, caller)?;

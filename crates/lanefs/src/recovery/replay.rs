@@ -408,7 +408,7 @@ impl Engine {
     }
 
     /// A name of `m` in `d` went away during replay.
-    fn unlinked(&self, d: &MNode, m: &MNode) {
+    fn unlinked(&self, d: &Arc<MNode>, m: &Arc<MNode>) {
         // Names live in directories (`dir_mnode`): the link count dropped below is a child's.
         debug_assert!(d.is_dir(), "{} unlinked from non-directory {}", m.ino, d.ino);
         // One inode's meta at a time (sync::rank: `Meta` does not nest).
@@ -427,7 +427,7 @@ impl Engine {
     }
 
     /// Logs a replayed operation in `d` (journaled already) so the checkpoint rewrites its names.
-    fn replayed(&self, d: &MNode, r: &Record) {
+    fn replayed(&self, d: &Arc<MNode>, r: &Record) {
         // Only namespace records are logged in a directory, and only after the checkpoint's.
         debug_assert!(
             matches!(

@@ -63,7 +63,7 @@ pub(super) struct Snapshot {
     /// from the two below).
     pub(super) deleted: Vec<Arc<MNode>>,
     /// The per-CPU dead lists, swapped out whole (`Memfs::bury`).
-    pub(super) dead: Vec<Vec<u32>>,
+    pub(super) dead: Vec<Vec<Arc<MNode>>>,
     /// Dirty inodes the phase found dead that no one buried.
     pub(super) found_dead: Vec<Arc<MNode>>,
     pub(super) orphans: Vec<u32>,
@@ -111,8 +111,8 @@ impl Engine {
         );
         let mut work = ExclusiveWork { phases: 1, ..Default::default() };
         let (seq, full_stamp) = self.open_snapshot();
-        let (inos, dead) = self.swap_dirty_sets(clean, &mut work);
-        let captured = self.capture_all(inos, seq, &mut work);
+        let (inodes, dead) = self.swap_dirty_sets(clean, &mut work);
+        let captured = self.capture_all(inodes, seq, &mut work);
         let tail = self.close_snapshot(seq);
         self.ckpt.cp_pauses.record_work(work);
         debug_assert!(
@@ -156,7 +156,11 @@ impl Engine {
 
     /// The dirty sets and dead lists, swapped out whole; returns the dirty inodes (with the
     /// lazy access times due), sorted and once each, and the dead lists.
-    fn swap_dirty_sets(&self, clean: bool, work: &mut ExclusiveWork) -> (Vec<u32>, Vec<Vec<u32>>) {
+    fn swap_dirty_sets(
+        &self,
+        clean: bool,
+        work: &mut ExclusiveWork,
+    ) -> (Vec<Arc<MNode>>, Vec<Vec<Arc<MNode>>>) {
         let mut sets = Vec::with_capacity(self.mem.dirty.len());
         for d in self.mem.dirty.iter() {
             sets.push(std::mem::take(&mut *d.lock()));
@@ -167,35 +171,35 @@ impl Engine {
             dead.push(std::mem::take(&mut *d.lock()));
             work.swaps += 1;
         }
-        let mut inos: Vec<u32> = sets.iter().flatten().copied().collect();
+        let mut inodes: Vec<Arc<MNode>> = sets.into_iter().flat_map(|s| s.into_values()).collect();
         // Every inode joined a set once since the last snapshot (`Memfs::mark_dirty` counts
         // it); some left for a dead list since. Nothing runs beside the phase, so the sum is
         // exact.
         debug_assert!(
-            inos.len() as u64 <= self.mem.dirty_inodes.sum(),
+            inodes.len() as u64 <= self.mem.dirty_inodes.sum(),
             "{} dirty inodes, {} joined",
-            inos.len(),
+            inodes.len(),
             self.mem.dirty_inodes.sum()
         );
-        // Lazy access times go out on unmount, `sync`, or once they are old (`mem::atime`).
+        // Lazy access times go out on unmount, `sync`, or once they are old (`mem::atime`):
+        // rare, and kept by number (an inode in no dirty set), so these few are looked up.
         let all_lazy = clean || self.mem.lazy_flush.swap(false, Ordering::AcqRel);
-        inos.extend(self.take_lazy(all_lazy));
-        inos.sort_unstable();
-        inos.dedup();
-        (inos, dead)
+        inodes.extend(self.take_lazy(all_lazy).into_iter().filter_map(|ino| self.mem.cells.get(ino as u64)));
+        inodes.sort_unstable_by_key(|m| m.ino);
+        inodes.dedup_by_key(|m| m.ino);
+        (inodes, dead)
     }
 
     /// Each dirty inode in turn: captured if live, set aside if found dead.
-    fn capture_all(&self, inos: Vec<u32>, seq: u64, work: &mut ExclusiveWork) -> Captured {
+    fn capture_all(&self, inodes: Vec<Arc<MNode>>, seq: u64, work: &mut ExclusiveWork) -> Captured {
         let mut out = Captured {
-            inodes: Vec::with_capacity(inos.len()),
+            inodes: Vec::with_capacity(inodes.len()),
             // Found dead here rather than buried (recovery's unlinks): few.
             found_dead: Vec::new(),
             held_dirs: Vec::new(),
         };
-        for ino in inos {
+        for m in inodes {
             work.inodes += 1;
-            let Some(m) = self.mem.cells.get(ino as u64) else { continue };
             if m.dead.load(Ordering::Acquire) {
                 // Buried before this phase (a lazy atime, or dirtied again while dead): on a
                 // dead list taken above.
@@ -328,10 +332,7 @@ impl Engine {
     /// - Each captured inode's cleaner moves are checked against its snapshot, and its touched
     ///   names sorted.
     pub(super) fn settle_snapshot(&self, snap: &mut Snapshot) {
-        let buried = std::mem::take(&mut snap.dead)
-            .into_iter()
-            .flatten()
-            .filter_map(|ino| self.mem.cells.get(ino as u64));
+        let buried = std::mem::take(&mut snap.dead).into_iter().flatten();
         let mut deleted: Vec<Arc<MNode>> = buried.chain(std::mem::take(&mut snap.found_dead)).collect();
         deleted.sort_unstable_by_key(|m| m.ino);
         for m in &deleted {

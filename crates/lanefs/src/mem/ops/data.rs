@@ -90,7 +90,7 @@ impl Engine {
 
     /// Reads from an mnode the caller holds (an open handle: no inode-table lookup). A read
     /// of at least one byte asked for is an access (`mem::atime`), also at the end of the file.
-    pub fn read_mnode(&self, m: &MNode, off: u64, buf: &mut [u8]) -> Result<usize> {
+    pub fn read_mnode(&self, m: &Arc<MNode>, off: u64, buf: &mut [u8]) -> Result<usize> {
         let _g = self.mem.pass.shared();
         let n = self.read_range(m, off, buf)?;
         if !buf.is_empty() {
@@ -233,7 +233,7 @@ impl Engine {
         Ok((off + n as u64, &data[n..]))
     }
 
-    fn write_locked(&self, m: &MNode, off: u64, data: &[u8], times: WriteTimes) -> Result<()> {
+    fn write_locked(&self, m: &Arc<MNode>, off: u64, data: &[u8], times: WriteTimes) -> Result<()> {
         let (pages, range) = m.pages().ok_or_else(|| {
             Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
         })?;
@@ -417,7 +417,7 @@ impl Engine {
     /// mappings it dropped, for the caller to free after the semaphore: a checkpoint's
     /// exclusive phase waits for every holder, and freeing a large file's pages took
     /// milliseconds (DWSL's truncate of 64 MiB).
-    pub(super) fn truncate_locked(&self, m: &MNode, size: u64) -> Result<Truncated> {
+    pub(super) fn truncate_locked(&self, m: &Arc<MNode>, size: u64) -> Result<Truncated> {
         let (pages, range) = m.pages().ok_or_else(|| {
             Error::errno(if m.is_dir() { libc::EISDIR } else { libc::EINVAL }, "not a regular file")
         })?;

@@ -105,9 +105,9 @@ struct Truncated {
 
 /// A rename's two directories (pinned, `Engine::with_dir`) and the rest of its arguments.
 struct RenameArgs<'a> {
-    sd: &'a MNode,
+    sd: &'a Arc<MNode>,
     sname: &'a [u8],
-    dd: &'a MNode,
+    dd: &'a Arc<MNode>,
     dname: &'a [u8],
     flags: u32,
     owner: (u32, u32),

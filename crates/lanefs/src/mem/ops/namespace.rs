@@ -15,7 +15,7 @@ impl Engine {
     /// would otherwise all write its reference count, a cache line every core then bounces.
     /// `f` runs pinned to the mnode table (`Cells::with`): it may lock and allocate, but must
     /// not wait for another operation.
-    pub(crate) fn with_dir<R>(&self, ino: u32, f: impl FnOnce(&MNode) -> Result<R>) -> Result<R> {
+    pub(crate) fn with_dir<R>(&self, ino: u32, f: impl FnOnce(&Arc<MNode>) -> Result<R>) -> Result<R> {
         self.with_mnode(ino, |d| {
             require_dir(d)?;
             f(d)
@@ -49,7 +49,7 @@ impl Engine {
         // but changed nothing.
         let fast = self.with_mnode(dir, |start| {
             let pin = crate::mem::dir::guard();
-            let mut cur = start;
+            let mut cur: &MNode = start;
             let mut pending = None;
             for name in names.by_ref() {
                 match self.slot_step(cur, name, &pin) {
@@ -73,7 +73,8 @@ impl Engine {
         for name in std::iter::once(name).chain(names) {
             cur = self.with_mnode(cur, |d| Self::step(d, name))??;
         }
-        self.with_mnode(cur, f.take().expect("not called"))
+        let f = f.take().expect("not called");
+        self.with_mnode(cur, |m| f(m))
     }
 
     /// The fast walk's step: the mnode `name` names in directory `d`, taken from the name's
@@ -144,7 +145,7 @@ impl Engine {
     }
 
     /// [`Engine::create_node`] in directory `d`, pinned, with the arguments checked.
-    fn create_in(&self, d: &MNode, name: &[u8], new: &NewInode) -> Result<Arc<MNode>> {
+    fn create_in(&self, d: &Arc<MNode>, name: &[u8], new: &NewInode) -> Result<Arc<MNode>> {
         let parent = d.ino;
         let ftype = new.mode & S_IFMT;
         let dir = d.dir().expect("dir");
@@ -244,7 +245,7 @@ impl Engine {
     }
 
     /// [`Engine::link`] of `m` into directory `d`, pinned, with the arguments checked.
-    fn link_in(&self, m: &MNode, d: &MNode, name: &[u8]) -> Result<()> {
+    fn link_in(&self, m: &Arc<MNode>, d: &Arc<MNode>, name: &[u8]) -> Result<()> {
         let (ino, parent) = (m.ino, d.ino);
         refuse(d.iflags(), InodeFlags::IMMUTABLE, "link into a directory")?;
         let dir = d.dir().expect("dir");
@@ -335,7 +336,7 @@ impl Engine {
     }
 
     /// [`Engine::remove_name`] in directory `d`, pinned, with the name checked.
-    fn remove_in(&self, d: &MNode, name: &[u8], want_dir: bool) -> Result<()> {
+    fn remove_in(&self, d: &Arc<MNode>, name: &[u8], want_dir: bool) -> Result<()> {
         let parent = d.ino;
         let dir = d.dir().expect("dir");
         let e = dir.map.lookup(name).ok_or_else(|| enoent(String::from_utf8_lossy(name)))?;
@@ -385,7 +386,7 @@ impl Engine {
     }
 
     /// One name of `child` is gone.
-    fn drop_link(&self, child: &MNode, is_dir: bool, t: Timespec) {
+    fn drop_link(&self, child: &Arc<MNode>, is_dir: bool, t: Timespec) {
         let nlink = {
             let mut meta = child.meta.lock();
             meta.nlink = if is_dir { 0 } else { meta.nlink.saturating_sub(1) };
@@ -512,7 +513,7 @@ impl Engine {
                 return Err(e);
             }
         };
-        self.rename_settle(a, &src, dst.as_deref(), wh.as_deref());
+        self.rename_settle(a, &src, dst.as_ref(), wh.as_ref());
         Ok(())
     }
 
@@ -590,7 +591,13 @@ impl Engine {
 
     /// After a committed rename: link counts and parents of moved directories, the replaced
     /// inode's lost name, times, and the dirty set.
-    fn rename_settle(&self, a: &RenameArgs, src: &MNode, dst: Option<&MNode>, wh: Option<&MNode>) {
+    fn rename_settle(
+        &self,
+        a: &RenameArgs,
+        src: &Arc<MNode>,
+        dst: Option<&Arc<MNode>>,
+        wh: Option<&Arc<MNode>>,
+    ) {
         let (sd, dd, sp, dp) = (a.sd, a.dd, a.sd.ino, a.dd.ino);
         let exchange = a.flags & RENAME_EXCHANGE != 0;
         let t = now();
