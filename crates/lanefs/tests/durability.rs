@@ -1,8 +1,8 @@
 //! The durability contract (ARCHITECTURE.md 1-4) under crashes: a workload runs on a recording device;
 //! then the device is rebuilt at every flush point, and with random subsets of the writes in
 //! flight after it (a volatile write cache persists any subset, in any order), mounted, and
-//! checked with the crash harness's oracle (`lanefs_crashtest::oracle`, the one model of the
-//! contract that `lanefs crashtest` and the SIGKILL test use too): every fsync and sync
+//! checked with the crash harness's oracle (`lanefs_crashtest::oracle`, the model of the
+//! contract `lanefs crashtest` checks with): every fsync and sync
 //! acknowledged before the crash kept what it promised (a file's data, size, mode, times and
 //! xattrs, its name and its reachability; a directory's entries), nothing shows a state the
 //! workload never made or one begun after the crash; fsck finds the recovered image consistent.
