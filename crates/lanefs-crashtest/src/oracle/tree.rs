@@ -80,6 +80,16 @@ pub trait Tree {
 
 /// Listing rounds at most, so that a directory whose cookies cycle still ends.
 const MAX_LIST_ROUNDS: usize = 200_000;
+/// Entries of one directory at most (the walk's bound on inodes): a corrupt directory that
+/// lists without end must not make the walk allocate without end.
+const MAX_LIST_ENTRIES: usize = 200_000;
+
+fn too_many<N>(out: &[Entry<N>]) -> Result<(), String> {
+    if out.len() > MAX_LIST_ENTRIES {
+        return Err(format!("more than {MAX_LIST_ENTRIES} entries"));
+    }
+    Ok(())
+}
 
 impl Tree for Fs {
     type Node = Ino;
@@ -109,6 +119,7 @@ impl Tree for Fs {
                     out.push(Entry { name: e.name, node: e.ino, kind: e.kind });
                 }
             }
+            too_many(out)?;
             if !advanced {
                 return Err("cookie does not advance".into());
             }
@@ -200,6 +211,7 @@ impl Tree for DirTree {
             let e = e.map_err(|e| io_text(dir, e))?;
             let kind = kind_of(e.file_type().map_err(|err| io_text(&e.path(), err))?);
             out.push(Entry { name: e.file_name().as_bytes().to_vec(), node: e.path(), kind });
+            too_many(out)?;
         }
         Ok(())
     }
