@@ -1,8 +1,11 @@
 //! The durability contract (ARCHITECTURE.md 1-4) under crashes: a workload runs on a recording device;
 //! then the device is rebuilt at every flush point, and with random subsets of the writes in
 //! flight after it (a volatile write cache persists any subset, in any order), mounted, and
-//! checked: every fsync acknowledged before the crash kept its data, size and name; fsck finds
-//! the recovered image consistent.
+//! checked with the crash harness's oracle (`lanefs_crashtest::oracle`, the model of the
+//! contract `lanefs crashtest` checks with): every fsync and sync
+//! acknowledged before the crash kept what it promised (a file's data, size, mode, times and
+//! xattrs, its name and its reachability; a directory's entries), nothing shows a state the
+//! workload never made or one begun after the crash; fsck finds the recovered image consistent.
 //!
 //! With `LANEFS_TEST_NVM=1` the file system keeps its NAT and lane journals in a region
 //! (`nvm_mode`) opened with the crash model, and every crash state pairs the device state with
@@ -17,7 +20,8 @@ use lanefs::device::{BlockDevice, IoMode, MemDevice, ReadReq, WriteReq};
 use lanefs::rng::Rng;
 use lanefs::testing::pmem::{PmemRegion, RegionOptions, MIN_REGION_SIZE};
 use lanefs::{fsck, FsckOptions};
-use lanefs::{Fs, FsOptions, MkfsOptions, ROOT};
+use lanefs::{Attr, FileKind, Fs, FsOptions, MkfsOptions, ROOT};
+use lanefs_crashtest::oracle::{check, read_file_state, walk, Acked, History, Id};
 use lanefs_crashtest::{flush_points, in_flight_after, state_with_subset, CrashDevice};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -29,33 +33,29 @@ struct Point {
     region: usize,
 }
 
-/// What an acknowledged fsync promised: after a crash that comes after `at`, `path` holds
-/// `data` — or any later version of the file from before the crash (a checkpoint may have made
-/// later writes durable too).
-struct Promise {
-    at: Point,
-    /// Changes from this index of the history on are later versions.
-    seq: usize,
-    path: String,
-    data: Vec<u8>,
+/// The run's clock for the oracle's history: every point at which the workload noted the time,
+/// in order. The history's "log length" of an operation is its index here, so that a crash
+/// moment, which covers a prefix of these points (they only grow, in both coordinates),
+/// becomes the oracle's pair of bounds (`Moment::bounds`).
+struct Clock {
+    points: Vec<Point>,
 }
 
-/// One version of a file: its path, the point where the change began, its contents after it.
-struct Change {
-    path: String,
-    at: Point,
-    data: Vec<u8>,
+impl Clock {
+    /// Notes `p`; returns its index.
+    fn tick(&mut self, p: Point) -> usize {
+        self.points.push(p);
+        self.points.len() - 1
+    }
 }
-
-/// Every version of every file, in the order they were made.
-type History = Vec<Change>;
 
 /// When a crash happened.
 #[derive(Debug, Clone, Copy)]
 enum Moment {
     /// Without a region: right after device flush `upto - 1` (promises made before the device
-    /// saw event `upto` count; changes begun before it may have landed).
-    Flush { upto: usize },
+    /// saw event `upto` count), with the writes in flight after it up to event `landed - 1`
+    /// landed (changes begun before event `landed` may show: `landed` is at least `upto`).
+    Flush { upto: usize, landed: usize },
     /// With one: right before the device was handed its event `dev` and the region recorded
     /// its event `region + 1`.
     Both { dev: usize, region: usize },
@@ -65,7 +65,7 @@ impl Moment {
     /// Whether a promise made at `p` must hold after this crash.
     fn promised(&self, p: Point) -> bool {
         match *self {
-            Moment::Flush { upto } => p.dev <= upto,
+            Moment::Flush { upto, .. } => p.dev <= upto,
             Moment::Both { dev, region } => p.dev <= dev && p.region <= region,
         }
     }
@@ -73,9 +73,23 @@ impl Moment {
     /// Whether a change begun at `p` may have landed.
     fn begun(&self, p: Point) -> bool {
         match *self {
-            Moment::Flush { upto } => p.dev < upto,
+            Moment::Flush { landed, .. } => p.dev < landed,
             Moment::Both { .. } => self.promised(p),
         }
+    }
+
+    /// The oracle's bounds on the clock's indices (`oracle::check`): promises acknowledged at an
+    /// index up to the first are kept, changes begun below the second may show. Index 0 is the
+    /// clock's start, before anything happened, which every moment covers.
+    fn bounds(&self, clock: &Clock) -> (usize, usize) {
+        let promised = clock.points.partition_point(|&p| self.promised(p));
+        let begun = clock.points.partition_point(|&p| self.begun(p));
+        // The points only grow, so each predicate holds on a prefix; a moment that broke that
+        // would make the bounds wrong, not just loose.
+        assert!(clock.points[promised..].iter().all(|&p| !self.promised(p)), "{self:?}: not a prefix");
+        assert!(clock.points[begun..].iter().all(|&p| !self.begun(p)), "{self:?}: not a prefix");
+        assert!(promised > 0, "{self:?} before the clock started");
+        (promised - 1, begun)
     }
 }
 
@@ -162,7 +176,9 @@ impl Run {
     }
 }
 
-fn run_workload(seed: u64, region: Option<&nvm_mode::Region>) -> (Run, Vec<Promise>, History) {
+/// Runs the workload, recording in the oracle's history what it did and what each fsync and
+/// sync promised (`oracle`: the crash harness's model of the durability contract).
+fn run_workload(seed: u64, region: Option<&nvm_mode::Region>) -> (Run, History, Clock) {
     let mut dev = MemDevice::new(64 << 20);
     Fs::format(&dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
     if let Some(r) = region {
@@ -201,77 +217,92 @@ fn run_workload(seed: u64, region: Option<&nvm_mode::Region>) -> (Run, Vec<Promi
     let region_events = nvm.as_ref().map(|(_, r)| *r);
     let region_at_open = region_events.map_or(0, |r| r.recorded_events());
     let now = || Point { dev: crash.event_count(), region: region_events.map_or(0, |r| r.recorded_events()) };
+    // Index 0: before the workload, which every crash state holds (the base image).
+    let mut clock = Clock { points: vec![Point { dev: 0, region: 0 }] };
+    let start = walk(fs);
+    assert!(start.problems.is_empty(), "{:?}", start.problems);
+    let mut h = History::from_recovered(&start);
+    let root = start.root;
+    let state = |a: &Attr| read_file_state(fs, &fs.getattr(a.ino).unwrap()).unwrap();
     let mut rng = Rng::new(seed);
-    let mut promises = Vec::new();
-    let d1 = fs.mkdir(ROOT, b"d1", 0o755, 0, 0).unwrap().ino;
-    let d2 = fs.mkdir(d1, b"d2", 0o755, 0, 0).unwrap().ino;
-    let dirs = [(ROOT, "/"), (d1, "/d1/"), (d2, "/d1/d2/")];
-    let mut files: Vec<(u64, String, Vec<u8>)> = Vec::new();
-    let mut history: History = Vec::new();
+    let mkdir = |h: &mut History, clock: &mut Clock, parent: (u64, Id), name: &[u8]| {
+        let ev = clock.tick(now());
+        let a = fs.mkdir(parent.0, name, 0o755, 0, 0).unwrap();
+        h.new_inode(Id::of(&a), FileKind::Dir);
+        h.set_entry(ev, parent.1, name, Some(Id::of(&a)));
+        (a.ino, Id::of(&a))
+    };
+    let d1 = mkdir(&mut h, &mut clock, (ROOT, root), b"d1");
+    let d2 = mkdir(&mut h, &mut clock, d1, b"d2");
+    let dirs = [((ROOT, root), "/"), (d1, "/d1/"), (d2, "/d1/d2/")];
+    // Each file: its inode, identity and path.
+    let mut files: Vec<(Attr, String)> = Vec::new();
     for i in 0..60 {
         let r = rng.next_u64();
         match r % 10 {
             0..=3 => {
-                let (d, dp) = dirs[(r >> 8) as usize % dirs.len()];
+                let ((d, did), dp) = dirs[(r >> 8) as usize % dirs.len()];
                 let name = format!("f{i}");
+                let ev = clock.tick(now());
                 let a = fs.create(d, name.as_bytes(), 0o644, 0, 0).unwrap();
+                h.new_inode(Id::of(&a), FileKind::File);
+                h.set_entry(ev, did, name.as_bytes(), Some(Id::of(&a)));
+                h.set_file(ev, Id::of(&a), state(&a));
                 let len = (r >> 16) as usize % 20_000;
                 let data: Vec<u8> = (0..len).map(|k| (k as u64 ^ r) as u8).collect();
-                let at = now();
+                let ev = clock.tick(now());
                 fs.write_at(a.ino, 0, &data).unwrap();
-                history.push(Change { path: format!("{dp}{name}"), at, data: data.clone() });
-                files.push((a.ino, format!("{dp}{name}"), data));
+                h.set_file(ev, Id::of(&a), state(&a));
+                files.push((a, format!("{dp}{name}")));
             }
             4..=5 if !files.is_empty() => {
                 let k = (r >> 8) as usize % files.len();
-                let (ino, path, data) = &mut files[k];
-                let at = now();
+                let a = &files[k].0;
+                let ev = clock.tick(now());
                 let off = (r >> 20) % 30_000;
                 let chunk: Vec<u8> = (0..1 + (r >> 40) % 6000).map(|x| (x ^ off) as u8).collect();
-                fs.write_at(*ino, off, &chunk).unwrap();
-                let end = off as usize + chunk.len();
-                if data.len() < end {
-                    data.resize(end, 0);
-                }
-                data[off as usize..end].copy_from_slice(&chunk);
-                history.push(Change { path: path.clone(), at, data: data.clone() });
+                fs.write_at(a.ino, off, &chunk).unwrap();
+                h.set_file(ev, Id::of(a), state(a));
             }
             6 if !files.is_empty() => {
                 let k = (r >> 8) as usize % files.len();
-                let (ino, path, data) = &mut files[k];
-                let at = now();
+                let a = &files[k].0;
+                let ev = clock.tick(now());
                 let size = (r >> 24) as usize % 25_000;
-                fs.truncate(*ino, size as u64).unwrap();
-                data.resize(size, 0);
-                history.push(Change { path: path.clone(), at, data: data.clone() });
+                fs.truncate(a.ino, size as u64).unwrap();
+                h.set_file(ev, Id::of(a), state(a));
             }
-            7 => fs.fsync(dirs[(r >> 8) as usize % dirs.len()].0, false).unwrap(),
-            8 if r.is_multiple_of(7) => fs.sync().unwrap(),
+            7 => {
+                let ((d, did), dp) = dirs[(r >> 8) as usize % dirs.len()];
+                let promises = h.promise_fsync(did, false);
+                fs.fsync(d, false).unwrap();
+                h.acked.push(Acked { ev_end: clock.tick(now()), op: format!("fsync {dp}"), promises });
+            }
+            8 if r.is_multiple_of(7) => {
+                let promises = h.promise_all();
+                fs.sync().unwrap();
+                h.acked.push(Acked { ev_end: clock.tick(now()), op: "sync".into(), promises });
+            }
             _ if !files.is_empty() => {
                 let k = (r >> 8) as usize % files.len();
-                let (ino, path, data) = &files[k];
-                fs.fsync(*ino, false).unwrap();
-                promises.push(Promise {
-                    at: now(),
-                    seq: history.len(),
-                    path: path.clone(),
-                    data: data.clone(),
-                });
+                let (a, path) = &files[k];
+                let promises = h.promise_fsync(Id::of(a), false);
+                fs.fsync(a.ino, false).unwrap();
+                h.acked.push(Acked { ev_end: clock.tick(now()), op: format!("fsync {path}"), promises });
             }
             _ => {}
         }
     }
-    (Run { base, crash, nvm, open_events, region_at_open }, promises, history)
+    (Run { base, crash, nvm, open_events, region_at_open }, h, clock)
 }
 
 /// Mounts a crash state (the device image, and in nvm mode the region image written to
-/// `region`), checks the promises, unmounts and runs fsck.
+/// `region`), checks it against the history with the oracle, unmounts and runs fsck.
 fn verify(
     image: Vec<u8>,
     region: Option<(&Path, Vec<u8>)>,
     moment: Moment,
-    promises: &[Promise],
-    history: &History,
+    (history, clock): (&History, &Clock),
     what: &str,
 ) {
     let nvm = region.map(|(path, bytes)| {
@@ -281,19 +312,9 @@ fn verify(
     let dev = Arc::new(MemDevice::from_bytes(image));
     let fs = Fs::open(dev.clone() as Arc<dyn BlockDevice>, opts(nvm))
         .unwrap_or_else(|e| panic!("{what}: mount failed: {e}"));
-    // The newest promise for each path that the crash point covers.
-    let mut latest: std::collections::BTreeMap<&str, &Promise> = Default::default();
-    for p in promises.iter().filter(|p| moment.promised(p.at)) {
-        latest.insert(&p.path, p);
-    }
-    for (path, p) in latest {
-        let a = fs.resolve(path).unwrap_or_else(|e| panic!("{what}: fsynced {path} is gone: {e}"));
-        let mut got = vec![0u8; a.size as usize];
-        fs.read_at(a.ino, 0, &mut got).unwrap();
-        let later = history[p.seq..].iter().filter(|c| c.path == path && moment.begun(c.at));
-        let ok = got == p.data || later.clone().any(|c| c.data == got);
-        assert!(ok, "{what}: {path} ({} bytes) matches neither the fsynced version ({} bytes) nor any of {} later ones", got.len(), p.data.len(), later.count());
-    }
+    let (durable, upper) = moment.bounds(clock);
+    let problems = check(history, &walk(&fs), durable, upper);
+    assert!(problems.is_empty(), "{what}: the durability contract is broken:\n  {}", problems.join("\n  "));
     fs.unmount().unwrap();
     let r = fsck(&*dev, &FsckOptions { nvm: nvm.map(Path::to_path_buf), ..Default::default() }).unwrap();
     assert!(r.is_clean(), "{what}: fsck after recovery: {:#?}", r.problems);
@@ -307,9 +328,10 @@ fn fsynced_data_survives_a_crash_at_every_flush_point() {
     let mut region_states = [0usize; 3];
     let mut region_moments = 0;
     for seed in [3u64, 11, 29] {
-        let (run, promises, history) =
+        let (run, history, clock) =
             run_workload(0xABCD_EF01 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), region.as_ref());
-        assert!(!promises.is_empty());
+        assert!(history.acked.iter().any(|a| a.op.starts_with("fsync /") && !a.op.ends_with('/')));
+        let model = (&history, &clock);
         let events = run.crash.events();
         let flushes = flush_points(&events);
         let mut rng = Rng::new(seed + 1);
@@ -335,7 +357,7 @@ fn fsynced_data_survives_a_crash_at_every_flush_point() {
         };
         // The moment right before the device is handed event `dev`.
         let before = |dev: usize| match &run.nvm {
-            None => Moment::Flush { upto: dev },
+            None => Moment::Flush { upto: dev, landed: dev },
             Some(_) => Moment::Both { dev, region: run.region_events_before(dev) },
         };
         for (n, &f) in flushes.iter().enumerate() {
@@ -350,7 +372,7 @@ fn fsynced_data_survives_a_crash_at_every_flush_point() {
                 Moment::Both { region, .. } => region_image(region, &mut what),
                 Moment::Flush { .. } => None,
             };
-            verify(img, crashed.as_deref().zip(r), moment, &promises, &history, &what);
+            verify(img, crashed.as_deref().zip(r), moment, model, &what);
             states += 1;
             // The writes in flight after this flush, persisted partly and out of order (with a
             // region: a crash right before the next flush).
@@ -364,14 +386,19 @@ fn fsynced_data_survives_a_crash_at_every_flush_point() {
                         format!("seed {seed} flush {n} + {} of {} in flight", subset.len(), inflight.len());
                     let img = state_with_subset(&run.base, &events, Some(f), &subset).unwrap();
                     let moment = match before(next_flush) {
-                        Moment::Flush { .. } => Moment::Flush { upto: f + 1 },
+                        // A write in flight that landed may be a later fsync's transaction,
+                        // which recovery replays: what began before it may show.
+                        Moment::Flush { .. } => Moment::Flush {
+                            upto: f + 1,
+                            landed: subset.iter().max().map_or(f + 1, |&w| (w + 1).max(f + 1)),
+                        },
                         m => m,
                     };
                     let r = match moment {
                         Moment::Both { region, .. } => region_image(region, &mut what),
                         Moment::Flush { .. } => None,
                     };
-                    verify(img, crashed.as_deref().zip(r), moment, &promises, &history, &what);
+                    verify(img, crashed.as_deref().zip(r), moment, model, &what);
                     states += 1;
                 }
             }
@@ -390,14 +417,7 @@ fn fsynced_data_survives_a_crash_at_every_flush_point() {
                 let img = state_with_subset(&run.base, &events, last_flush, &landed).unwrap();
                 let mut what = format!("seed {seed} region event {k} of {total}, device events {dev}");
                 let r = region_image(k, &mut what);
-                verify(
-                    img,
-                    crashed.as_deref().zip(r),
-                    Moment::Both { dev, region: k },
-                    &promises,
-                    &history,
-                    &what,
-                );
+                verify(img, crashed.as_deref().zip(r), Moment::Both { dev, region: k }, model, &what);
                 states += 1;
                 region_moments += 1;
             }

@@ -2,6 +2,8 @@
 //! contract), and the check of a remounted tree against it.
 
 use super::*;
+use lanefs::FileKind;
+use lanefs_crashtest::oracle::{DirTree, Tree};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Val {
@@ -241,35 +243,56 @@ pub(crate) fn first_difference(
     None
 }
 
+/// Reads the tree below `dir` through the crash harness's `Tree` calls on a directory of the
+/// mount (the calls its oracle's walk makes), every file's content whole: the model checks it
+/// byte by byte.
 pub(crate) fn observe(dir: &Path) -> io::Result<BTreeMap<String, Obs>> {
+    let tree = DirTree { root: dir.to_path_buf() };
+    observe_node(&tree, &tree.root())
+}
+
+/// The largest file read back whole (the writer's are 512 KiB at most); a bound, so that a
+/// corrupt size cannot make the walk allocate without end.
+const READ_MAX: u64 = 64 << 20;
+
+fn observe_node(tree: &DirTree, dir: &PathBuf) -> io::Result<BTreeMap<String, Obs>> {
+    let mut entries = Vec::new();
+    tree.list(dir, &mut entries).map_err(io::Error::other)?;
     let mut out = BTreeMap::new();
-    for e in fs::read_dir(dir)? {
-        let e = e?;
-        let p = e.path();
-        let md = fs::symlink_metadata(&p)?;
-        let o = if md.is_dir() {
-            Obs::Dir(observe(&p)?)
-        } else if md.is_file() {
-            let content = fs::read(&p)?;
-            if content.len() as u64 != md.len() {
-                return Err(io::Error::other(format!(
-                    "{}: stat says {} bytes, read gave {}",
-                    p.display(),
-                    md.len(),
-                    content.len()
-                )));
+    for e in entries {
+        let md = tree.stat(&e.node).map_err(io::Error::other)?;
+        let o = match md.kind {
+            FileKind::Dir => Obs::Dir(observe_node(tree, &e.node)?),
+            FileKind::File => {
+                // Read to the end, not to the size stat reports: the two must agree.
+                let mut content = Vec::new();
+                let mut buf = vec![0u8; 256 << 10];
+                loop {
+                    let n = tree.read(&e.node, content.len() as u64, &mut buf).map_err(io::Error::other)?;
+                    if n == 0 || content.len() as u64 > READ_MAX {
+                        break;
+                    }
+                    content.extend_from_slice(&buf[..n]);
+                }
+                if content.len() as u64 != md.size {
+                    return Err(io::Error::other(format!(
+                        "{}: stat says {} bytes, read gave {}",
+                        e.node.display(),
+                        md.size,
+                        content.len()
+                    )));
+                }
+                Obs::File {
+                    ino: md.ino,
+                    nlink: md.nlink,
+                    mode: md.mode & 0o7777,
+                    mtime: (md.mtime.0, i64::from(md.mtime.1)),
+                    content,
+                }
             }
-            Obs::File {
-                ino: md.ino(),
-                nlink: md.nlink(),
-                mode: md.mode() & 0o7777,
-                mtime: (md.mtime(), md.mtime_nsec()),
-                content,
-            }
-        } else {
-            Obs::Other(md.mode())
+            _ => Obs::Other(md.mode),
         };
-        out.insert(e.file_name().to_string_lossy().into_owned(), o);
+        out.insert(String::from_utf8_lossy(&e.name).into_owned(), o);
     }
     Ok(out)
 }

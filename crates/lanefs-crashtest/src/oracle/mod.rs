@@ -25,14 +25,16 @@
 //! mistaken for the file that held it before.
 //!
 //! This file keeps the history (what the workload did and what its fsyncs promised); reading a
-//! file system back is `recovered`, and the check of what was read against the history is
-//! `check`.
+//! file system back is `recovered`, through the calls of `tree` (a library mount or a directory
+//! of a kernel mount), and the check of what was read against the history is `check`.
 
 mod check;
 mod recovered;
+mod tree;
 
 pub use check::check;
-pub use recovered::{read_file_state, walk, FileState, Recovered};
+pub use recovered::{read_file_state, read_state, walk, walk_tree, FileState, Recovered};
+pub use tree::{DirTree, Entry, Stat, Tree, Xattrs};
 
 use lanefs::{Attr, FileKind, Ino};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -52,6 +54,11 @@ impl Id {
     /// The identity of the inode `a` describes.
     pub fn of(a: &Attr) -> Id {
         Id { ino: a.ino, crtime: (a.crtime.sec, a.crtime.nsec) }
+    }
+
+    /// The identity of the inode a tree's `stat` describes.
+    pub fn of_stat(a: &Stat) -> Id {
+        Id { ino: a.ino, crtime: a.crtime }
     }
 }
 

@@ -1,14 +1,15 @@
-//! A file system read back through the API, as the oracle compares it: every reachable
+//! A file system read back through a [`Tree`], as the oracle compares it: every reachable
 //! directory's entries, every reachable file's state, and a path to each.
 //!
 //! The walk must finish on any image, corrupt ones included: it is bounded in inodes, depth and
 //! bytes read per file, and records what fails or looks impossible as a problem instead of
 //! stopping, so a crash state always yields something to check.
 
-use lanefs::{Attr, DirEntry, FileKind, Fs, ROOT};
+use lanefs::{Attr, FileKind, Fs};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
+use super::tree::{Entry, Stat, Tree};
 use super::Id;
 
 /// Contents and attributes of a non-directory, as a reader sees them.
@@ -92,8 +93,13 @@ impl FileState {
     }
 }
 
-/// Reads the state of a non-directory through the API. Errors are returned as text.
+/// Reads the state of a non-directory through the library. Errors are returned as text.
 pub fn read_file_state(fs: &Fs, a: &Attr) -> Result<FileState, String> {
+    read_state(fs, &a.ino, &Stat::of(a))
+}
+
+/// Reads the state of the non-directory `node` of `tree`, whose attributes are `a`.
+pub fn read_state<T: Tree + ?Sized>(tree: &T, node: &T::Node, a: &Stat) -> Result<FileState, String> {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     let mut small = Vec::new();
     if a.kind == FileKind::File {
@@ -103,8 +109,8 @@ pub fn read_file_state(fs: &Fs, a: &Attr) -> Result<FileState, String> {
         // Bounded: each round advances by at least one byte or stops.
         while off < want {
             let n = (want - off).min(buf.len() as u64) as usize;
-            let got = fs
-                .read_at(a.ino, off, &mut buf[..n])
+            let got = tree
+                .read(node, off, &mut buf[..n])
                 .map_err(|e| format!("read inode {} at {off}: {e}", a.ino))?;
             if got == 0 {
                 return Err(format!("read inode {} at {off}: end of file before its size {}", a.ino, a.size));
@@ -119,24 +125,18 @@ pub fn read_file_state(fs: &Fs, a: &Attr) -> Result<FileState, String> {
             "capped".hash(&mut hasher);
         }
     } else if a.kind == FileKind::Symlink {
-        let t = fs.readlink(a.ino).map_err(|e| format!("readlink inode {}: {e}", a.ino))?;
+        let t = tree.readlink(node).map_err(|e| format!("readlink inode {}: {e}", a.ino))?;
         t.hash(&mut hasher);
         small = t;
     }
-    let mut xattrs = Vec::new();
-    let names = fs.listxattr(a.ino).map_err(|e| format!("listxattr inode {}: {e}", a.ino))?;
-    for n in names.into_iter().take(4096) {
-        let v = fs.getxattr(a.ino, &n).map_err(|e| format!("getxattr inode {}: {e}", a.ino))?;
-        xattrs.push((n, v));
-    }
-    xattrs.sort();
+    let xattrs = tree.xattrs(node, 4096).map_err(|e| format!("inode {}: {e}", a.ino))?;
     Ok(FileState {
         kind: a.kind,
         size: a.size,
         hash: hasher.finish(),
         small,
         mode: a.mode & 0o7777,
-        mtime: (a.mtime.sec, a.mtime.nsec),
+        mtime: a.mtime,
         xattrs,
     })
 }
@@ -152,8 +152,10 @@ pub struct Recovered {
     pub files: HashMap<Id, FileState>,
     /// What each reachable inode is.
     pub kinds: HashMap<Id, FileKind>,
-    /// Number of names of each reachable inode.
+    /// Number of names of each reachable inode, as the walk found them.
     pub name_count: HashMap<Id, u32>,
+    /// The link count each reachable inode's stat reports.
+    pub nlink: HashMap<Id, u64>,
     /// A path of each reachable inode.
     pub paths: Vec<(String, Id)>,
     /// Calls that failed or found something impossible.
@@ -164,11 +166,18 @@ pub struct Recovered {
 const MAX_INODES: usize = 200_000;
 const MAX_DEPTH: usize = 64;
 
-/// Reads the whole tree through `readdir`, `getattr`, `read_at`, `readlink` and the xattr calls.
-/// Every failure is a problem in the result, never a panic of the walker.
+/// Reads the whole tree of a library mount through `readdir`, `getattr`, `read_at`, `readlink`
+/// and the xattr calls. Every failure is a problem in the result, never a panic of the walker.
 pub fn walk(fs: &Fs) -> Recovered {
+    walk_tree(fs)
+}
+
+/// Reads the whole of `tree` (a library mount, a directory of a kernel mount). Every failure is a
+/// problem in the result, never a panic of the walker.
+pub fn walk_tree<T: Tree + ?Sized>(tree: &T) -> Recovered {
     let mut rec = Recovered::default();
-    let root = match fs.getattr(ROOT) {
+    let top = tree.root();
+    let root = match tree.stat(&top) {
         Ok(a) => a,
         Err(e) => {
             rec.problems.push(format!("getattr of the root: {e}"));
@@ -179,66 +188,40 @@ pub fn walk(fs: &Fs) -> Recovered {
         rec.problems.push("the root is not a directory".into());
         return rec;
     }
-    rec.root = Id::of(&root);
+    rec.root = Id::of_stat(&root);
     rec.kinds.insert(rec.root, FileKind::Dir);
     rec.paths.push(("/".into(), rec.root));
     // Depth-first with an explicit stack; every directory is listed once.
-    let mut w = Walker { fs, stack: vec![(rec.root, "/".into(), 0)], visited_dirs: BTreeSet::new(), rec };
+    let mut w =
+        Walker { tree, stack: vec![(rec.root, top, "/".into(), 0)], visited_dirs: BTreeSet::new(), rec };
     w.visited_dirs.insert(w.rec.root);
-    while let Some((dir, path, depth)) = w.stack.pop() {
-        let Some(ents) = w.list_dir(dir, &path, depth) else { break };
+    while let Some((dir, node, path, depth)) = w.stack.pop() {
+        let Some(ents) = w.list_dir(&node, &path, depth) else { break };
         w.rec.entries.insert(dir, ents);
     }
     w.rec
 }
 
-/// A walk in progress: what it found, the directories still to list (with their path and
+/// A walk in progress: what it found, the directories still to list (with their node, path and
 /// depth), and those reached so far.
-struct Walker<'a> {
-    fs: &'a Fs,
+struct Walker<'a, T: Tree + ?Sized> {
+    tree: &'a T,
     rec: Recovered,
-    stack: Vec<(Id, String, usize)>,
+    stack: Vec<(Id, T::Node, String, usize)>,
     visited_dirs: BTreeSet<Id>,
 }
 
-impl Walker<'_> {
-    /// The entries of directory `dir` (at `path`, `depth` below the root), read page by page;
-    /// `None` when the walk must stop (more inodes than it allows).
-    fn list_dir(&mut self, dir: Id, path: &str, depth: usize) -> Option<BTreeMap<Vec<u8>, Id>> {
+impl<T: Tree + ?Sized> Walker<'_, T> {
+    /// The entries of directory `dir` (at `path`, `depth` below the root); `None` when the walk
+    /// must stop (more inodes than it allows).
+    fn list_dir(&mut self, dir: &T::Node, path: &str, depth: usize) -> Option<BTreeMap<Vec<u8>, Id>> {
         let mut ents = BTreeMap::new();
-        let mut cookie = 0u64;
-        let mut rounds = 0usize;
-        loop {
-            rounds += 1;
-            if rounds > MAX_INODES {
-                self.rec.problems.push(format!("readdir {path}: does not end"));
-                break;
-            }
-            let page = match self.fs.readdir(dir.ino, cookie, 64) {
-                Ok(p) => p,
-                Err(e) => {
-                    self.rec.problems.push(format!("readdir {path}: {e}"));
-                    break;
-                }
-            };
-            if page.is_empty() {
-                break;
-            }
-            let mut advanced = false;
-            for e in page {
-                if e.cookie > cookie {
-                    advanced = true;
-                    cookie = e.cookie;
-                }
-                if e.name == b"." || e.name == b".." {
-                    continue;
-                }
-                self.visit(&e, path, depth, &mut ents)?;
-            }
-            if !advanced {
-                self.rec.problems.push(format!("readdir {path}: cookie does not advance"));
-                break;
-            }
+        let mut listed = Vec::new();
+        if let Err(e) = self.tree.list(dir, &mut listed) {
+            self.rec.problems.push(format!("readdir {path}: {e}"));
+        }
+        for e in listed {
+            self.visit(e, path, depth, &mut ents)?;
         }
         Some(ents)
     }
@@ -247,7 +230,7 @@ impl Walker<'_> {
     /// a file's state to the result. `None` when the walk must stop.
     fn visit(
         &mut self,
-        e: &DirEntry,
+        e: Entry<T::Node>,
         path: &str,
         depth: usize,
         ents: &mut BTreeMap<Vec<u8>, Id>,
@@ -255,17 +238,17 @@ impl Walker<'_> {
         let rec = &mut self.rec;
         let sep = if path.ends_with('/') { "" } else { "/" };
         let child_path = format!("{path}{sep}{}", String::from_utf8_lossy(&e.name));
-        let a = match self.fs.getattr(e.ino) {
+        let a = match self.tree.stat(&e.node) {
             Ok(a) => a,
             Err(err) => {
-                rec.problems.push(format!("getattr {child_path} (inode {}): {err}", e.ino));
+                rec.problems.push(format!("getattr {child_path}: {err}"));
                 return Some(());
             }
         };
         if a.kind != e.kind {
             rec.problems.push(format!("{child_path}: readdir says {:?}, getattr says {:?}", e.kind, a.kind));
         }
-        let id = Id::of(&a);
+        let id = Id::of_stat(&a);
         if ents.insert(e.name.clone(), id).is_some() {
             rec.problems.push(format!("{child_path}: listed twice"));
         }
@@ -276,16 +259,17 @@ impl Walker<'_> {
         }
         rec.kinds.insert(id, a.kind);
         rec.paths.push((child_path.clone(), id));
+        rec.nlink.insert(id, a.nlink);
         if a.kind == FileKind::Dir {
             if !self.visited_dirs.insert(id) {
                 rec.problems.push(format!("{child_path}: directory reached twice (loop or second name)"));
             } else if depth + 1 > MAX_DEPTH {
                 rec.problems.push(format!("{child_path}: deeper than {MAX_DEPTH}"));
             } else {
-                self.stack.push((id, child_path, depth + 1));
+                self.stack.push((id, e.node, child_path, depth + 1));
             }
         } else if let std::collections::hash_map::Entry::Vacant(slot) = rec.files.entry(id) {
-            match read_file_state(self.fs, &a) {
+            match read_state(self.tree, &e.node, &a) {
                 Ok(st) => {
                     slot.insert(st);
                 }
