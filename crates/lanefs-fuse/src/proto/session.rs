@@ -332,11 +332,15 @@ impl<F: Filesystem> Session<F> {
 
     /// Answers INIT (and any INIT before it of a newer major version); whether io_uring was
     /// agreed on.
-    fn handshake(&mut self, buf: &mut [u8], uring: bool) -> io::Result<bool> {
+    fn handshake(&mut self, buf: &mut [u8], uring: bool) -> io::Result<Option<bool>> {
         loop {
             let n = match self.dev.read(buf) {
                 Ok(n) => n,
                 Err(e) if retry(&e) => continue,
+                // Unmounted before the kernel's INIT was read (a SIGTERM right after the
+                // mount: its handler unmounts): nothing to serve, which is a clean end, as the
+                // workers' ENODEV is.
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(None),
                 Err(e) => return Err(e),
             };
             let h = Header::parse(&buf[..n]).ok_or_else(|| bad("a request shorter than its header"))?;
@@ -357,7 +361,7 @@ impl<F: Filesystem> Session<F> {
                 ReplyInit::new(h.unique, &sink).error(Errno(libc::EPROTO));
                 return Err(bad(&format!("kernel FUSE protocol {}.{} is older than 7.31", i.major, i.minor)));
             }
-            return Ok(self.init(&h, &i, &sink, uring));
+            return Ok(Some(self.init(&h, &i, &sink, uring)));
         }
     }
 
@@ -388,7 +392,7 @@ impl<F: Filesystem> Session<F> {
         let size = (max_write as usize + 4096).max(abi::MIN_READ_BUFFER);
         let mut buf = vec![0u8; size];
         let ask = matches!(transport, Transport::Uring { .. });
-        let uring = self.handshake(&mut buf, ask)?;
+        let Some(uring) = self.handshake(&mut buf, ask)? else { return Ok(()) };
         said(&TransportInUse { uring, why: why(ask, uring) });
         // The /dev/fuse workers stay whatever the transport: over io_uring they see FORGET and
         // INTERRUPT only (idle threads cost a buffer each), but if a queue cannot be registered
@@ -396,7 +400,12 @@ impl<F: Filesystem> Session<F> {
         let dev_workers = threads.max(1);
         let mut devs = vec![self.dev.clone()];
         for _ in 1..dev_workers {
-            devs.push(Arc::new(self.dev.clone_dev()?));
+            match self.dev.clone_dev() {
+                Ok(d) => devs.push(Arc::new(d)),
+                // Unmounted meanwhile: the workers started so far read ENODEV and end cleanly.
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => break,
+                Err(e) => return Err(e),
+            }
         }
         let rings = if uring { transport.ring_cpus() } else { Vec::new() };
         let payload = (max_write as usize).max(abi::MIN_READ_BUFFER);
