@@ -87,8 +87,8 @@ pub struct BenchArgs {
     /// `lib:IMAGE+nvm-inlineN` when given.
     #[arg(long, value_name = "N", requires = "nvm")]
     pub nvm_inline: Option<usize>,
-    /// Cooperative checkpoints of the lib: targets given with --target (lanefs's
-    /// `FsOptions::cooperative`): on, off (rows labelled `+nocoop`), or both (each lib: target
+    /// Cooperative checkpoint installs and commit of the lib: targets given with --target
+    /// (lanefs's `FsOptions::cooperative`): on, off (rows labelled `+nocoop`), or both (each lib: target
     /// also runs with them off, on the image IMAGE-nocoop, interleaved with it). For mount:
     /// targets, put `-o cooperative=off` in $LANEFS_MOUNT_OPTIONS.
     #[arg(long, value_name = "on|off|both", default_value = "on", value_parser = ["on", "off", "both"])]

@@ -1,7 +1,7 @@
 //! The loom models of lanefs's concurrency primitives, run on their own.
 //!
 //! The models live beside the code they check (`#[cfg(all(test, loom))]` in
-//! `lanefs/src/sync/pass_sem.rs`, `sync/seqlock.rs` and `mem/page_lock.rs`). Built as part of lanefs, a
+//! `lanefs/src/sync/pass_sem.rs`, `sync/seqlock.rs`, `sync/commit_queue.rs` and `mem/page_lock.rs`). Built as part of lanefs, a
 //! loom run compiles the whole engine and all its dependencies with loom's cfg; this crate
 //! compiles only the primitives' own files (and the lock ranks, per-CPU slots and census they
 //! use), at the same module paths, so the models run in CI at the cost of a small build:
@@ -20,6 +20,7 @@
 #[path = "../../lanefs/src/sync"]
 pub mod sync {
     pub mod census;
+    pub mod commit_queue;
     pub mod pass_sem;
     pub mod percpu;
     pub mod rank;

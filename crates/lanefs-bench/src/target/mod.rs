@@ -257,7 +257,8 @@ pub struct TargetOptions {
     /// With `nvm`: `FsOptions::nvm_inline_pages` (None: lanefs's choice for the device).
     pub nvm_inline_pages: Option<usize>,
     /// `FsOptions::cooperative` off: fsyncs wait for the checkpoint to write the files it
-    /// captured instead of writing them themselves.
+    /// captured instead of writing them themselves, and each writes its own blocks before the
+    /// shared flush instead of queueing them for a cooperative batch.
     pub no_cooperative: bool,
 }
 

@@ -55,7 +55,8 @@ pub struct Parsed {
     /// How long the kernel caches names and attributes (`cache_timeout=S`) and names that do
     /// not exist (`negative_timeout=S`); see [`Ttl`].
     pub ttl: Ttl,
-    /// `cooperative=on|off`: lanefs's `FsOptions::cooperative` (on by default).
+    /// `cooperative=on|off`: lanefs's `FsOptions::cooperative` (on by default): cooperative
+    /// checkpoint installs and cooperative commit.
     pub cooperative: bool,
     /// `transport=uring|dev`: FUSE over io_uring where the kernel offers it (the default), or
     /// /dev/fuse always.

@@ -34,6 +34,9 @@ pub(crate) struct IoCounters {
     /// Device flushes group commit issued for them: at most `fsync_flushes`, fewer when
     /// concurrent fsyncs shared one.
     pub fsync_device_flushes: PerCpuCounter,
+    /// Scatter-gather batches cooperative commit submitted (each one submission of every
+    /// queued fsync's writes, then one flush): at most the fsyncs that queued.
+    pub fsync_batches: PerCpuCounter,
     /// fsyncs and writebacks that waited for a checkpoint in progress (`Engine::enter_flush`).
     pub cp_waits: PerCpuCounter,
     /// fsyncs that journaled a checkpoint's bridge (`mem::mnode::Bridge`).
@@ -57,6 +60,7 @@ impl Default for IoCounters {
             nvm_journal: PerCpuCounter::default(),
             fsync_flushes: PerCpuCounter::default(),
             fsync_device_flushes: PerCpuCounter::default(),
+            fsync_batches: PerCpuCounter::default(),
             cp_waits: PerCpuCounter::default(),
             cp_bridges: PerCpuCounter::default(),
             cp_helped: PerCpuCounter::default(),

@@ -2,11 +2,17 @@
 //! blocks go and how a lane's journal stands, gathered in [`Disk`].
 //!
 //! - `group_commit`: concurrent fsyncs sharing one device flush.
+//! - `commit`: cooperative commit, where waiting fsyncs submit everyone's queued writes in one
+//!   batch and one flush (`FsOptions::cooperative`).
 //! - `io`: bytes written by cause, for write amplification.
 
+mod commit;
 mod group_commit;
 mod io;
 
+pub(crate) use commit::{
+    unshare, BlockBytes, ChainPart, CommitError, CommitQueue, CommitReq, COMMIT_QUEUE_BOUND,
+};
 pub(crate) use group_commit::GroupCommit;
 pub(crate) use io::{IoCounters, WriteKind};
 
@@ -28,9 +34,10 @@ use std::sync::Arc;
 /// of checkpoints in progress: MEMFS and the checkpointer reach the disk through it.
 ///
 /// Invariants: every write of this mount goes through `dev`, which passes `halt`; `chains`
-/// and `chain_marks` have one entry per lane of `lanes`; a lane's chain is written only under
-/// its `chains` lock, which is held across the chain's device I/O (journal blocks of one lane
-/// complete in chain order).
+/// and `chain_marks` have one entry per lane of `lanes`; a lane's chain is appended to only
+/// under its `chains` lock, which is held across the chain's device I/O (journal blocks of one
+/// lane complete in chain order), or, with cooperative commit, across the push of its blocks
+/// into `commit`, whose batches run one at a time in queue order (`disk/commit.rs`).
 pub(crate) struct Disk {
     /// The device, behind `halt`: a [`crate::device::HaltDevice`].
     pub(crate) dev: Arc<dyn BlockDevice>,
@@ -49,6 +56,8 @@ pub(crate) struct Disk {
     /// spares recovery reading back durable transactions' data (`journal::ChainMarks`).
     pub(crate) chain_marks: Vec<crate::journal::ChainMarks>,
     pub(crate) group: GroupCommit,
+    /// The cooperative commit queue (`disk/commit.rs`), used when `FsOptions::cooperative`.
+    pub(crate) commit: CommitQueue,
     /// Bytes written to the device, by cause.
     pub(crate) io: IoCounters,
     /// File-system age at mount (seconds) and when that was: segment ages for cleaning.

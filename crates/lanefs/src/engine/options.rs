@@ -44,10 +44,17 @@ pub struct FsOptions {
     pub nvm_inline_pages: Option<usize>,
     /// When reads update access times (`relatime` unless told otherwise; see `mem::atime`).
     pub atime: crate::mem::atime::AtimePolicy,
-    /// Cooperative checkpoints (the default): an fsync or writeback of a file that the
-    /// checkpoint in progress captured and has not written yet writes it itself, as the
-    /// checkpoint would, instead of waiting for the checkpoint's writer to reach it
-    /// (`Engine::help_install`). false: it waits (`-o cooperative=off`, for measurement).
+    /// Cooperative I/O (the default), Son's two ideas:
+    /// - checkpoints: an fsync or writeback of a file that the checkpoint in progress captured
+    ///   and has not written yet writes it itself, as the checkpoint would, instead of waiting
+    ///   for the checkpoint's writer to reach it (`Engine::help_install`);
+    /// - commit: an fsync queues its data and journal blocks, and whichever waiting fsync
+    ///   finds no batch in flight writes everyone's queued blocks in one scatter-gather batch,
+    ///   then issues the one device flush that covers them (`disk/commit.rs`), instead of each
+    ///   writing its own and sharing only the flush.
+    ///
+    /// false: both as before, the fsync waits for the checkpoint and writes its own blocks
+    /// before group commit's flush (`-o cooperative=off`, for measurement).
     pub cooperative: bool,
 }
 

@@ -4,7 +4,10 @@
 //! file or directory depends on (merged from the per-core logs by timestamp, with create/unlink
 //! pairs absorbed), the file's attributes, and the mapping of its newly written data blocks with
 //! their checksums. Data and journal blocks go out in one scatter-gather batch, then one device
-//! flush shared with every concurrent fsync (group commit). Recovery replays transactions whose
+//! flush shared with every concurrent fsync: with cooperative commit (the default), the batch
+//! holds every queued fsync's blocks and is written by whichever of them found no batch in
+//! flight (`disk/commit.rs`); with `FsOptions::cooperative` off, each fsync writes its own
+//! batch and group commit shares the flush. Recovery replays transactions whose
 //! data checksums match, so a crash between the batch and the flush cannot expose stale data.
 //!
 //! With a persistent-memory region (`FsOptions::nvm`) the transaction goes to the lane's
@@ -33,7 +36,7 @@ mod nvm;
 pub mod writeback;
 
 use crate::device::WriteReq;
-use crate::disk::WriteKind;
+use crate::disk::{unshare, BlockBytes, ChainPart, CommitError, CommitReq, WriteKind};
 use crate::engine::{Engine, JOURNAL_LOG};
 use crate::error::{Error, Result};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
@@ -207,7 +210,7 @@ impl Engine {
             && !pages.is_empty()
             && pages.len() <= self.opts.nvm_inline_pages.unwrap_or(0);
         let result = self.write_txn(m, lane, stamp, &dir_ops, &pages, inline);
-        let written = matches!(result, Ok(Commit::Durable | Commit::FlushOwed));
+        let written = matches!(result, Ok(Commit::Durable | Commit::FlushOwed | Commit::FlushFailed(_)));
         if written {
             if let Some((p, _)) = m.pages() {
                 if inline {
@@ -233,17 +236,31 @@ impl Engine {
         // device flush covers only writes complete before it. (With region journals, waited
         // for before our commit already: `write_txn`.)
         let before_written = dir_ops.before.iter().all(|t| t.wait());
-        ticket.resolve(written && before_written);
+        // A cooperative batch whose flush failed wrote ours but made nothing durable: a later
+        // flush that waits for our ticket after its own (it may have been an earlier batch)
+        // must not count on ours.
+        let flush_failed = matches!(result, Ok(Commit::FlushFailed(_)));
+        ticket.resolve(written && before_written && !flush_failed);
         match result? {
             // One device flush shared with every concurrent fsync (group commit).
             Commit::FlushOwed if before_written => {
                 // Durable after the flush: what the lane's next transaction says it may skip.
                 let marks = &self.disk.chain_marks[lane as usize];
                 let upto = marks.written();
-                self.disk.fsync_flush()?;
+                if self.opts.cooperative {
+                    // Nothing of ours to write (no records): a request without writes still
+                    // waits for the next batch's flush, which starts after this call.
+                    self.disk.commit_flush()?;
+                } else {
+                    self.disk.fsync_flush()?;
+                }
                 marks.flushed(upto);
                 Ok(false)
             }
+            // Written, and its cooperative batch's flush failed: as a failed group flush.
+            Commit::FlushFailed(e) => Err(e),
+            // With cooperative commit, a ticket is resolved only after its transaction's
+            // flush (`commit_txn` returns then): the ones we waited for are durable too.
             Commit::Durable if before_written => Ok(false),
             // Not written, or written after a flush that was not: a checkpoint (which starts
             // after this point) holds everything either took.
@@ -454,7 +471,7 @@ impl Engine {
         }
         let txn = Transaction::new(records);
         let r = self.commit_txn(lane, &txn, &writes, dir_ops, mtime);
-        if !matches!(r, Ok(Commit::Durable | Commit::FlushOwed)) {
+        if !matches!(r, Ok(Commit::Durable | Commit::FlushOwed | Commit::FlushFailed(_))) {
             // Give back what this transaction took, so a later fsync journals it again.
             self.restore_inode(m, undo, &map);
         }
@@ -601,6 +618,10 @@ impl Engine {
             RegionCommit::Full => return Ok(Commit::Checkpoint),
             RegionCommit::NoRegion => {}
         }
+        // Cooperative commit (`disk/commit.rs`): a place in the queue is reserved before the
+        // chain lock, whose holder must never wait for one (a failed batch's submitter takes
+        // the chain lock to rewind it).
+        let slot = self.opts.cooperative.then(|| self.disk.commit_slot());
         let mut chain = self.disk.chains[lane as usize].lock();
         // A failed write must not leave a hole in the chain that hides later transactions:
         // on error the writer goes back to where it was (the next append overwrites).
@@ -620,6 +641,25 @@ impl Engine {
             Err(e) => return Err(e),
         };
         self.ckpt.requests.count_journal(blocks.len() as u64);
+        if let Some(slot) = slot {
+            // Pushed under the chain lock: queue order is chain order, and batches run in
+            // queue order, so within a lane journal blocks still complete in chain order.
+            let part = ChainPart { lane, end: chain.position().1, before };
+            let writes = writes
+                .iter()
+                .map(|(a, p)| (*a, BlockBytes::Page(p.clone())))
+                .chain(blocks.into_iter().map(|(a, d)| (a, BlockBytes::Owned(d))))
+                .collect();
+            let pending = slot.push(CommitReq { writes, chain: Some(part) });
+            drop(chain);
+            // Written and flushed with everyone queued meanwhile, by whichever of us found no
+            // batch in flight; a failed write has put the chain back (`Disk::rewind`).
+            return match self.disk.commit_wait(pending) {
+                Ok(()) => Ok(Commit::Durable),
+                Err(CommitError::Write(e)) => Err(unshare(e)),
+                Err(CommitError::Flush(e)) => Ok(Commit::FlushFailed(unshare(e))),
+            };
+        }
         // Within a lane, journal blocks complete in chain order: the chain lock is held
         // until the batch (data and journal blocks together) is written.
         let reqs: Vec<_> =
@@ -675,6 +715,8 @@ enum Commit {
     Durable,
     /// Written to the device journal; durable after the caller's device flush.
     FlushOwed,
+    /// Written by cooperative commit, whose flush then failed.
+    FlushFailed(Error),
     /// Not written (no room in the region's lane journal), everything given back: a
     /// checkpoint must make it durable.
     Checkpoint,

@@ -22,6 +22,7 @@ impl Fs {
             nvm_journal_bytes: e.disk.io.nvm_journal.sum(),
             fsync_flushes: e.disk.io.fsync_flushes.sum(),
             fsync_device_flushes: e.disk.io.fsync_device_flushes.sum(),
+            fsync_batches: e.disk.io.fsync_batches.sum(),
             cleaning_rounds: e.ckpt.gc.rounds.load(Relaxed),
             segments_cleaned: e.ckpt.gc.segments_cleaned.load(Relaxed),
             checkpoints_begun: begun,

@@ -179,6 +179,10 @@ pub struct IoStats {
     /// Device flushes group commit issued for those calls: fewer than `fsync_flushes` by the
     /// flushes concurrent fsyncs shared.
     pub fsync_device_flushes: u64,
+    /// Scatter-gather batches cooperative commit submitted for fsyncs (`FsOptions::cooperative`;
+    /// 0 with it off): each one submission of every queued fsync's data and journal blocks,
+    /// then one device flush.
+    pub fsync_batches: u64,
     /// Cleaning rounds run and segments they emptied.
     pub cleaning_rounds: u64,
     /// Segments those rounds emptied.

@@ -221,7 +221,9 @@ impl ChainWriter {
 /// after that flush completed, [`ChainMarks::flushed`]`(upto)`; the next transaction is appended
 /// with [`ChainMarks::durable`] as its mark. A flush that starts after a write completed makes
 /// it durable, and within a lane batches complete in chain order (the chain lock is held over
-/// the write), so every transaction ending at or below `upto` was durable once the flush ended.
+/// the write, or with cooperative commit over the push into the commit queue, whose batches
+/// run one at a time in queue order: `disk/commit.rs`), so every transaction ending at or
+/// below `upto` was durable once the flush ended.
 #[derive(Debug, Default)]
 pub struct ChainMarks {
     written: AtomicU64,

@@ -234,6 +234,7 @@ fn new_engine(
             chains: p.chains,
             chain_marks: p.chain_marks,
             group: GroupCommit::default(),
+            commit: crate::disk::CommitQueue::new(crate::disk::COMMIT_QUEUE_BOUND),
             io: Default::default(),
             age_at_mount: age,
             mounted_at: std::time::Instant::now(),

@@ -11,8 +11,11 @@
 //!   attributes stat reports).
 //! - `census`: per lock class, how many acquisitions had to wait (per-CPU counters).
 //! - `ticket`: a one-shot outcome (was a flush written?) that later flushes wait for.
+//! - `commit_queue`: cooperative commit, where the callers waiting for a batch of I/O submit
+//!   it themselves, everyone's queued requests at once.
 
 pub(crate) mod census;
+pub(crate) mod commit_queue;
 pub(crate) mod pass_sem;
 pub(crate) mod percpu;
 pub(crate) mod rank;

@@ -119,6 +119,9 @@ pub enum Rank {
     NatScanner,
     /// The NAT: a per-CPU cache of free ids.
     NatCache,
+    /// The cooperative commit queue (`sync::commit_queue`): pushed to under a lane's chain
+    /// lock, which a failed batch's submitter takes before it (never held across I/O).
+    CommitQueue,
 
     // Leaves: held for a few instructions, nothing taken under them but devices.
     /// Group commit's flush state.
@@ -194,6 +197,7 @@ impl Rank {
         Rank::NatCommitting,
         Rank::NatScanner,
         Rank::NatCache,
+        Rank::CommitQueue,
         Rank::GroupCommit,
         Rank::CpKick,
         Rank::Failure,
