@@ -54,6 +54,3 @@ pub mod generation {
 pub mod acl {
     pub use crate::acl::*;
 }
-/// How many inodes may join the dirty sets before a checkpoint is asked for: tests make that
-/// many and check that it is (the snapshot's pause is bounded by it).
-pub const DIRTY_INODES_PER_CHECKPOINT: u64 = crate::flush::checkpoint::DIRTY_INODES_PER_CHECKPOINT;

@@ -1,6 +1,5 @@
 //! MEMFS's state of a mounted file system, gathered in [`Memfs`].
 
-use crate::flush::checkpoint::CpRequests;
 use crate::format::xattr::blocks_for;
 use crate::mem::atime::AtimePolicy;
 use crate::mem::mnode::MNode;
@@ -57,9 +56,6 @@ pub(crate) struct Memfs {
     pub(crate) xattr_owed: AtomicI64,
     /// Inodes that joined the dirty set since the last checkpoint snapshot.
     pub(crate) dirty_inodes: PerCpuCounter,
-    /// The checkpointer's requests (the one it holds): a checkpoint is asked for once enough
-    /// inodes are dirty, to bound the snapshot's pause (`CpRequests::count_dirty`).
-    pub(crate) requests: Arc<CpRequests>,
     /// Blocks claimed by fallocates making their reservations now (`Engine::claim`): counted
     /// as promised, never recorded by a checkpoint.
     pub(crate) claimed: AtomicU64,
@@ -82,7 +78,7 @@ impl Memfs {
             return;
         }
         if !m.in_dirty_set.swap(true, Ordering::AcqRel) {
-            self.requests.count_dirty(&self.dirty_inodes);
+            self.dirty_inodes.add(1);
             let slot = self.dirty.current_slot();
             let mut set = self.dirty.get(slot).lock();
             m.dirty_pos.store(slot as u64 + 1, Ordering::Relaxed);

@@ -211,16 +211,6 @@ fn new_engine(
         crate::engine::DEFAULT_INLINE_PAGES
     });
     let opts = FsOptions { nvm_inline_pages: Some(inline), ..opts };
-    // One handle for both: MEMFS counts dirty inodes toward a checkpoint, the checkpointer
-    // resets the counters and wakes on the kick.
-    let requests = Arc::new(CpRequests {
-        journal_blocks: PerCpuCounter::new(),
-        logged_ops: PerCpuCounter::new(),
-        deleted_inodes: PerCpuCounter::new(),
-        kick: (Mutex::new(Rank::CpKick, false), Condvar::new()),
-        logged_ops_limit: opts.logged_ops_limit,
-        journal_blocks_limit: opts.journal_blocks_limit,
-    });
     Engine {
         disk: Disk {
             dev: p.dev,
@@ -255,7 +245,6 @@ fn new_engine(
             generations: crate::generation::Generations::new(generation_floor),
             xattr_owed: Default::default(),
             dirty_inodes: PerCpuCounter::new(),
-            requests: requests.clone(),
             claimed: Default::default(),
         },
         ckpt: Checkpointer {
@@ -275,7 +264,14 @@ fn new_engine(
                 },
             ),
             cp_done: Condvar::new(),
-            requests,
+            requests: CpRequests {
+                journal_blocks: PerCpuCounter::new(),
+                logged_ops: PerCpuCounter::new(),
+                deleted_inodes: PerCpuCounter::new(),
+                kick: (Mutex::new(Rank::CpKick, false), Condvar::new()),
+                logged_ops_limit: opts.logged_ops_limit,
+                journal_blocks_limit: opts.journal_blocks_limit,
+            },
             failed: AtomicBool::new(false),
             failure: Mutex::new(Rank::Failure, String::new()),
             stop: AtomicBool::new(false),

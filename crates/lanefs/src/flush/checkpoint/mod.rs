@@ -56,7 +56,7 @@ mod state;
 pub(crate) use background::Background;
 pub(crate) use installs::Installs;
 pub use pauses::{CpPauses, ExclusiveWork};
-pub(crate) use state::{Checkpointer, CpRequests, CpState, DIRTY_INODES_PER_CHECKPOINT};
+pub(crate) use state::{Checkpointer, CpRequests, CpState};
 
 use crate::checkpoint::{commit, CommitSet};
 use crate::disk::WriteKind;

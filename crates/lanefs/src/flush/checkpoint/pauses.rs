@@ -17,9 +17,6 @@ pub struct ExclusiveWork {
     pub inodes: u64,
     /// Lists, log shards and touched-name shards swapped out whole.
     pub swaps: u64,
-    /// The most dirty inodes one phase looked at (what bounds the longest pause; a phase's
-    /// own record has its `inodes` here).
-    pub max_inodes: u64,
 }
 
 /// How long checkpoints held the foreground out, in microseconds: the exclusive phase (the
@@ -37,7 +34,6 @@ pub struct CpPauses {
     work_phases: AtomicU64,
     work_inodes: AtomicU64,
     work_swaps: AtomicU64,
-    work_max_inodes: AtomicU64,
 }
 
 impl CpPauses {
@@ -45,7 +41,6 @@ impl CpPauses {
         self.work_phases.fetch_add(w.phases, Ordering::Relaxed);
         self.work_inodes.fetch_add(w.inodes, Ordering::Relaxed);
         self.work_swaps.fetch_add(w.swaps, Ordering::Relaxed);
-        self.work_max_inodes.fetch_max(w.inodes, Ordering::Relaxed);
     }
 
     /// What the exclusive phases did since mount.
@@ -54,7 +49,6 @@ impl CpPauses {
             phases: self.work_phases.load(Ordering::Relaxed),
             inodes: self.work_inodes.load(Ordering::Relaxed),
             swaps: self.work_swaps.load(Ordering::Relaxed),
-            max_inodes: self.work_max_inodes.load(Ordering::Relaxed),
         }
     }
 

@@ -9,14 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Inodes deleted between checkpoints before one is asked for (see `CpRequests::count_deleted`).
 pub(crate) const DELETED_INODES_PER_CHECKPOINT: u64 = 4096;
 
-/// Inodes that joined the dirty sets since the last snapshot before a checkpoint is asked for
-/// (see `CpRequests::count_dirty`). The snapshot captures each live dirty inode while every
-/// operation waits, at about 0.1-0.3 µs apiece: this bound keeps that pause near a millisecond
-/// (issue 18 asks for at most 1,000 µs). Without it a create-heavy run (untar, a mail spool)
-/// reached 40,000-60,000 dirty inodes a checkpoint and 11-19 ms pauses. More checkpoints cost
-/// little there: a checkpoint's work is per inode (nodes, dentries), not per checkpoint.
-pub(crate) const DIRTY_INODES_PER_CHECKPOINT: u64 = 4096;
-
 /// Checkpoint bookkeeping.
 pub(crate) struct CpState {
     pub cp: Checkpoint,
@@ -71,8 +63,8 @@ pub(crate) struct Checkpointer {
     pub(crate) cp_serial: Mutex<()>,
     pub(crate) cp: Mutex<CpState>,
     pub(crate) cp_done: Condvar,
-    /// What asks for the next checkpoint (shared with MEMFS, which counts dirty inodes).
-    pub(crate) requests: std::sync::Arc<CpRequests>,
+    /// What asks for the next checkpoint.
+    pub(crate) requests: CpRequests,
     /// Set after a failed checkpoint: the in-memory state no longer matches what can be made
     /// durable, so every further change is refused (like ext4's errors=remount-ro).
     pub(crate) failed: AtomicBool,
@@ -101,13 +93,6 @@ impl CpRequests {
     /// the dead files' pages pile up (varmail: gigabytes in seconds).
     pub(crate) fn count_deleted(&self) {
         self.count_toward(&self.deleted_inodes, DELETED_INODES_PER_CHECKPOINT, 1);
-    }
-
-    /// Counts an inode that joined a dirty set (`Memfs::mark_dirty`) in `dirty_inodes`, MEMFS's
-    /// counter of them (reset by each snapshot), asking for a checkpoint every
-    /// [`DIRTY_INODES_PER_CHECKPOINT`].
-    pub(crate) fn count_dirty(&self, dirty_inodes: &PerCpuCounter) {
-        self.count_toward(dirty_inodes, DIRTY_INODES_PER_CHECKPOINT, 1);
     }
 
     /// Counts one logged namespace operation toward `FsOptions::logged_ops_limit`.
