@@ -51,7 +51,8 @@ pub struct FsOptions {
     /// - commit: an fsync queues its data and journal blocks, and whichever waiting fsync
     ///   finds no batch in flight writes everyone's queued blocks in one scatter-gather batch,
     ///   then issues the one device flush that covers them (`disk/commit.rs`), instead of each
-    ///   writing its own and sharing only the flush.
+    ///   writing its own and sharing only the flush. Only where the device's flush costs
+    ///   something (`BlockDevice::flush_is_free` false): with a free one it saves nothing.
     ///
     /// false: both as before, the fsync waits for the checkpoint and writes its own blocks
     /// before group commit's flush (`-o cooperative=off`, for measurement).

@@ -67,6 +67,15 @@ struct DirOps {
 }
 
 impl Engine {
+    /// Whether fsyncs commit through the device's commit queue (`disk/commit.rs`): with
+    /// cooperative commit asked for (`FsOptions::cooperative`), where the device's flush costs
+    /// something. Where it is free (an image in RAM) a shared batch saves nothing and only
+    /// makes each lane's fsync wait for the others' writes: DWSL at two threads ran at half
+    /// the speed of each lane writing its own batch (docs/benchmarks.md, session 18).
+    fn commits_together(&self) -> bool {
+        self.opts.cooperative && !self.disk.dev.flush_is_free()
+    }
+
     /// Waits until no checkpoint in progress still uses `m`'s mutable state (and, with
     /// `fenced`, until none fences fsyncs off: see `CpState::fence`), then returns holding the
     /// gate shared (so no checkpoint snapshot starts until the caller is done).
@@ -247,7 +256,7 @@ impl Engine {
                 // Durable after the flush: what the lane's next transaction says it may skip.
                 let marks = &self.disk.chain_marks[lane as usize];
                 let upto = marks.written();
-                if self.opts.cooperative {
+                if self.commits_together() {
                     // Nothing of ours to write (no records): a request without writes still
                     // waits for the next batch's flush, which starts after this call.
                     self.disk.commit_flush()?;
@@ -621,7 +630,7 @@ impl Engine {
         // Cooperative commit (`disk/commit.rs`): a place in the queue is reserved before the
         // chain lock, whose holder must never wait for one (a failed batch's submitter takes
         // the chain lock to rewind it).
-        let slot = self.opts.cooperative.then(|| self.disk.commit_slot());
+        let slot = self.commits_together().then(|| self.disk.commit_slot());
         let mut chain = self.disk.chains[lane as usize].lock();
         // A failed write must not leave a hole in the chain that hides later transactions:
         // on error the writer goes back to where it was (the next append overwrites).
