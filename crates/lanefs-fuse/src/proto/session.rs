@@ -340,7 +340,7 @@ impl<F: Filesystem> Session<F> {
                 // Unmounted before the kernel's INIT was read (a SIGTERM right after the
                 // mount: its handler unmounts): nothing to serve, which is a clean end, as the
                 // workers' ENODEV is.
-                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(None),
+                Err(e) if unmounted(&e) => return Ok(None),
                 Err(e) => return Err(e),
             };
             let h = Header::parse(&buf[..n]).ok_or_else(|| bad("a request shorter than its header"))?;
@@ -403,7 +403,7 @@ impl<F: Filesystem> Session<F> {
             match self.dev.clone_dev() {
                 Ok(d) => devs.push(Arc::new(d)),
                 // Unmounted meanwhile: the workers started so far read ENODEV and end cleanly.
-                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => break,
+                Err(e) if unmounted(&e) => break,
                 Err(e) => return Err(e),
             }
         }
@@ -507,7 +507,7 @@ impl<F: Filesystem> Session<F> {
             let n = match dev.read(&mut buf) {
                 Ok(n) => n,
                 Err(e) if retry(&e) => continue,
-                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(()),
+                Err(e) if unmounted(&e) => return Ok(()),
                 Err(e) => return Err(io::Error::new(e.kind(), format!("reading /dev/fuse: {e}"))),
             };
             let Some(h) = Header::parse(&buf[..n]) else { continue };
@@ -557,6 +557,12 @@ fn expects_reply(op: u32) -> bool {
 
 /// Reads that may simply be tried again: a signal, or a request the kernel took back
 /// (interrupted before it was read).
+/// The connection is gone: the file system was unmounted (a read, or a clone of the
+/// descriptor, says ENODEV). For a session that is a clean end, whenever it comes.
+fn unmounted(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENODEV)
+}
+
 fn retry(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::ENOENT))
 }
