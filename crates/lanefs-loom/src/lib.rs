@@ -21,6 +21,8 @@
 pub mod sync {
     pub mod census;
     pub mod commit_queue;
+    #[cfg(test)]
+    pub mod loom_check;
     pub mod pass_sem;
     pub mod percpu;
     pub mod rank;

@@ -567,13 +567,7 @@ mod loom_model {
         Arc::new(w)
     }
 
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        if b.preemption_bound.is_none() {
-            b.preemption_bound = Some(3);
-        }
-        b.check(f);
-    }
+    use crate::sync::loom_check::model;
 
     /// An exclusive range request as the range lock makes one: announce, queue, drain its
     /// pages, run, leave the queue, retire.

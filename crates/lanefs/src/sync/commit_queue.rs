@@ -333,13 +333,7 @@ mod loom_model {
     use loom::sync::Arc;
     use loom::thread;
 
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        if b.preemption_bound.is_none() {
-            b.preemption_bound = Some(3);
-        }
-        b.check(f);
-    }
+    use crate::sync::loom_check::model;
 
     /// Three callers, a bound of two: every request is submitted exactly once, one batch at a
     /// time, each caller gets its outcome, and nobody sleeps forever (loom reports that).

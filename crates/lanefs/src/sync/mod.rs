@@ -13,9 +13,12 @@
 //! - `ticket`: a one-shot outcome (was a flush written?) that later flushes wait for.
 //! - `commit_queue`: cooperative commit, where the callers waiting for a batch of I/O submit
 //!   it themselves, everyone's queued requests at once.
+//! - `loom_check` (loom test builds only): the one builder every loom model runs under.
 
 pub(crate) mod census;
 pub(crate) mod commit_queue;
+#[cfg(all(test, loom))]
+pub(crate) mod loom_check;
 pub(crate) mod pass_sem;
 pub(crate) mod percpu;
 pub(crate) mod rank;

@@ -454,13 +454,7 @@ mod loom_model {
     use loom::sync::Arc;
     use loom::thread;
 
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        if b.preemption_bound.is_none() {
-            b.preemption_bound = Some(3);
-        }
-        b.check(f);
-    }
+    use crate::sync::loom_check::model;
 
     /// Two readers on different slots and one writer: mutual exclusion and no lost wake-up
     /// (loom reports a deadlock if any thread sleeps forever).
