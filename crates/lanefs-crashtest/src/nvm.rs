@@ -395,8 +395,15 @@ pub fn check_state(
     }
 }
 
+/// Removes this thread's region file now: a worker calls it when it is done, since the
+/// process may end before a finished thread's thread-local destructors have run.
+pub fn drop_state_file() {
+    STATE_FILE.with(|f| drop(f.borrow_mut().take()));
+}
+
 thread_local! {
-    /// The region file [`check_state`] reuses on this thread (removed when the thread ends).
+    /// The region file [`check_state`] reuses on this thread (removed by [`drop_state_file`],
+    /// or when the thread ends).
     static STATE_FILE: std::cell::RefCell<Option<Scratch>> = const { std::cell::RefCell::new(None) };
 }
 

@@ -87,6 +87,7 @@ fn family_worker(
             let _ = tx.send(Msg::Violation(n, workload_report(&p, &findings, &bad)));
         }
     }
+    super::nvm::drop_state_file();
     *slot.lock() = None;
 }
 
