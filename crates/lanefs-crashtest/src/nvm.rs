@@ -30,11 +30,12 @@
 //! position `e` is honoured in every state cut at `c >= e`, and an object may show a version
 //! made by an operation that started before the last event the state contains.
 //!
-//! Each state writes its region image over its worker's scratch file in /dev/shm ([`Scratch`],
-//! removed when the worker ends), mounts the device overlay with it (recovery runs, read-write, so the journals are
-//! replayed and reset by a checkpoint), walks the tree, checks it, unmounts and runs fsck with
-//! the region. One state in four is first mounted read-only (recovery into memory: it must
-//! read the same tree), and one in four is mounted again after fsck (the tree must not change).
+//! Each state writes its region image over its worker's scratch file in /dev/shm
+//! ([`Scratch`], removed when the worker ends), mounts the device overlay with it (recovery
+//! runs, read-write, so the journals are replayed and reset by a checkpoint), walks the tree,
+//! checks it, unmounts and runs fsck with the region. One state in four is first mounted
+//! read-only (recovery into memory: it must read the same tree), and one in four is mounted
+//! again after fsck (the tree must not change).
 
 use super::oracle::{check, walk, Recovered};
 use super::overlay::{Overlay, WriteLog};
@@ -90,14 +91,10 @@ impl Scratch {
         Ok(s)
     }
 
-    /// Replaces the file's contents with `bytes`.
+    /// Replaces the file's contents with `bytes`, writing over the pages it has: a file
+    /// written again at the same size keeps them all (truncating first would free and allocate
+    /// them again).
     pub fn write(&self, bytes: &[u8]) -> Result<(), String> {
-        std::fs::write(&self.path, bytes).map_err(|e| format!("{}: {e}", self.path.display()))
-    }
-
-    /// Replaces the file's contents with `bytes`, writing over the pages it has (a file of the
-    /// same size keeps them all, where [`Scratch::write`] frees and allocates them again).
-    pub fn overwrite(&self, bytes: &[u8]) -> Result<(), String> {
         use std::os::unix::fs::FileExt;
         let err = |e: std::io::Error| format!("{}: {e}", self.path.display());
         let f = std::fs::OpenOptions::new()
@@ -326,7 +323,7 @@ pub fn check_state(
         Ok(s) => s,
         Err(e) => return vec![format!("could not make the region image: {e}")],
     };
-    if let Err(e) = scratch.overwrite(region) {
+    if let Err(e) = scratch.write(region) {
         return vec![format!("could not write the region image: {e}")];
     }
     let path = scratch.path();

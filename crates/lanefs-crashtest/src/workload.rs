@@ -468,10 +468,10 @@ fn inline_pages(id: &str) -> bool {
     crc32c::crc32c(id.as_bytes()) % 2 == 1
 }
 
-/// Runs `w` on a recording device over its base image (shared, written over privately). The run ends in a crash
-/// (the log is what reached the device) followed by an unmount whose writes are logged too, so
-/// crash states during the final checkpoint are checked and the last state must hold
-/// everything.
+/// Runs `w` on a recording device over its base image (shared, written over privately). The
+/// run ends in a crash (the log is what reached the device) followed by an unmount whose writes
+/// are logged too, so crash states during the final checkpoint are checked and the last state
+/// must hold everything.
 pub fn record(w: &Workload, bases: &Bases) -> Result<Recording, String> {
     let nvm = w.knobs.nvm;
     let base = bases.get_for(w.setup, nvm)?;
