@@ -110,6 +110,8 @@ pub fn json_line(r: &RunResult, m: &Machine, round_no: Option<u32>) -> Value {
         "cp_waits": r.io.map_or(Value::Null, |c| json!(c.cp_waits)),
         "cp_helped": r.io.map_or(Value::Null, |c| json!(c.cp_helped)),
         "fsync_flushes": r.io.map_or(Value::Null, |c| json!(c.fsync_flushes)),
+        "fsyncs": r.io.map_or(Value::Null, |c| json!(c.fsyncs)),
+        "flushes_per_fsync": r.io.and_then(|c| (c.fsyncs > 0).then(|| json!(round(c.fsync_flushes as f64 / c.fsyncs as f64, 3)))).unwrap_or(Value::Null),
         "write_amplification": wa(r).map_or(Value::Null, |x| json!(round(x, 3))),
         "fuse_requests": r.requests.as_ref().map_or(Value::Null, |c| {
             Value::Object(c.iter().filter(|(_, n)| *n > 0).map(|(k, n)| (k.clone(), json!(n))).collect())
@@ -365,6 +367,8 @@ mod tests {
             "cp_waits",
             "cp_helped",
             "fsync_flushes",
+            "fsyncs",
+            "flushes_per_fsync",
             "write_amplification",
         ] {
             assert!(v.get(k).is_some_and(|x| x.is_null()), "{k}: {v}");
@@ -381,6 +385,7 @@ mod tests {
             cp_waits: 3,
             cp_helped: 2,
             fsync_flushes: 4,
+            fsyncs: 16,
         });
         let v = json_line(&r, &machine(), None);
         assert_eq!(v["fill"], 0.9512);
@@ -393,6 +398,8 @@ mod tests {
         assert_eq!(v["cp_waits"], 3);
         assert_eq!(v["cp_helped"], 2);
         assert_eq!(v["fsync_flushes"], 4);
+        assert_eq!(v["fsyncs"], 16);
+        assert_eq!(v["flushes_per_fsync"], 0.25);
         assert_eq!(v["write_amplification"], 1.5);
         let t = markdown_table(&[r.clone(), result(Workload::Dwol, false)]);
         assert!(t.starts_with("| target | fs | workload | threads | ops/s | used | WA | p50"), "{t}");

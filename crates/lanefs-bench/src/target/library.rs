@@ -236,6 +236,7 @@ impl Target for LibTarget {
             cp_waits: s.cp_waits,
             cp_helped: s.cp_helped,
             fsync_flushes: s.fsync_device_flushes,
+            fsyncs: s.fsync_flushes,
         })
     }
 

@@ -169,6 +169,9 @@ pub struct IoCounters {
     pub cp_helped: u64,
     /// Device flushes group commit issued for fsyncs (concurrent fsyncs share one).
     pub fsync_flushes: u64,
+    /// fsyncs (and fdatasyncs) that needed a device flush, shared or not: `fsync_flushes`
+    /// divided by this is the device flushes per fsync.
+    pub fsyncs: u64,
 }
 
 impl IoCounters {
@@ -184,6 +187,7 @@ impl IoCounters {
             cp_waits: self.cp_waits.saturating_sub(earlier.cp_waits),
             cp_helped: self.cp_helped.saturating_sub(earlier.cp_helped),
             fsync_flushes: self.fsync_flushes.saturating_sub(earlier.fsync_flushes),
+            fsyncs: self.fsyncs.saturating_sub(earlier.fsyncs),
         }
     }
 

@@ -395,6 +395,7 @@ impl Target for MountTarget {
             cp_waits: e.get("cp_waits")?,
             cp_helped: e.get("cp_helped")?,
             fsync_flushes: e.get("fsync_device_flushes")?,
+            fsyncs: e.get("fsync_flushes")?,
         })
     }
 

@@ -4,8 +4,10 @@
 //! flush: it queues them ([`Disk::commit_slot`], then `Slot::push` under its lane's chain
 //! lock) and waits ([`Disk::commit_wait`]). Whichever waiter finds no batch in flight takes
 //! every queued request, from every lane, writes them in one scatter-gather batch
-//! (`Disk::write_reqs`) and issues the one device flush that covers them all; the others sleep
-//! and are covered. The queue is per device, not per lane: the flush is the device's, so a
+//! (`Disk::write_reqs`) and then waits for the device flush that covers them all; the others
+//! sleep and are covered. The flush is group commit's (`disk/group_commit.rs`): while one
+//! batch flushes, the next one is written beside it, and its flush follows (or is the one in
+//! flight, if that started after the write completed). The queue is per device, not per lane: the flush is the device's, so a
 //! batch across lanes costs one flush where per-lane queues would each need one (or share
 //! them through group commit again), and the queue's lock is held only to push or take.
 //!
@@ -16,8 +18,8 @@
 //! a flushed-through mark proves it durable, and a mark is set only after such a flush
 //! (`journal::ChainMarks`). Within a lane, transactions must complete in chain order (a later
 //! one durable over a hole would be lost with it): requests are pushed under the lane's chain
-//! lock, so queue order is chain order, and batches run one at a time in queue order, each
-//! written and flushed before the next is taken. A batch that fails to write fails each of its
+//! lock, so queue order is chain order, and batches are written one at a time in queue order,
+//! each taken only once the one before it is written. A batch that fails to write fails each of its
 //! callers; its lanes' chains go back to before their first transaction in it, and every
 //! request of those lanes still queued (after the hole) fails too (`rewind`). A failed flush
 //! fails its batch's callers, whose blocks are written, as group commit's did.
@@ -109,11 +111,11 @@ impl Disk {
         self.commit.reserve()
     }
 
-    /// Waits until the queued request `p` is written and flushed, submitting the batch that
-    /// holds it (and everyone else's queued requests) if no batch is in flight.
+    /// Waits until the queued request `p` is written and flushed, writing the batch that
+    /// holds it (and everyone else's queued requests) if no batch is being written.
     pub(crate) fn commit_wait(&self, p: Pending) -> std::result::Result<(), CommitError> {
         self.io.fsync_flushes.add(1);
-        self.commit.wait(p, |batch| self.submit_batch(batch))
+        self.commit.wait(p, |batch| self.write_batch(batch), |batch| self.flush_batch(batch))
     }
 
     /// A device flush for an fsync that wrote nothing itself, shared with the next batch.
@@ -124,46 +126,51 @@ impl Disk {
         })
     }
 
-    /// Writes a batch in one scatter-gather submission and flushes once; one outcome per
-    /// request, all the same.
-    fn submit_batch(&self, batch: Vec<CommitReq>) -> Vec<std::result::Result<(), CommitError>> {
+    /// A batch's write stage: every block in one scatter-gather submission. On failure, the
+    /// chains of its lanes go back before it, and their requests queued since fail too.
+    fn write_batch(&self, batch: &[CommitReq]) -> std::result::Result<(), CommitError> {
         debug_assert!(!batch.is_empty(), "a batch holds its submitter's request");
         self.io.fsync_batches.add(1);
         let reqs: Vec<WriteReq> = batch
             .iter()
             .flat_map(|r| r.writes.iter().map(|(a, b)| WriteReq { addr: *a, data: b.as_slice() }))
             .collect();
-        let outcome = match self.write_reqs(&reqs, WriteKind::Journal) {
-            Err(e) => {
-                let e = CommitError::Write(Arc::new(e));
-                self.rewind(&batch, &e);
-                Err(e)
+        if let Err(e) = self.write_reqs(&reqs, WriteKind::Journal) {
+            let e = CommitError::Write(Arc::new(e));
+            self.rewind(batch, &e);
+            return Err(e);
+        }
+        // Every transaction of the batch is written: its lane's mark may say so.
+        for c in batch.iter().filter_map(|r| r.chain.as_ref()) {
+            self.chain_marks[c.lane as usize].wrote(c.end);
+        }
+        Ok(())
+    }
+
+    /// A written batch's flush stage, shared with the batches around it (group commit): the
+    /// next batch is written while this one flushes, and one device flush covers every batch
+    /// written before it started.
+    fn flush_batch(&self, batch: &[CommitReq]) -> std::result::Result<(), CommitError> {
+        // Read before the flush's ticket: everything counted written completed before it, so
+        // the flush that covers the ticket covers it (earlier batches were written first).
+        let mut upto: BTreeMap<u32, u64> = BTreeMap::new();
+        for c in batch.iter().filter_map(|r| r.chain.as_ref()) {
+            let written = self.chain_marks[c.lane as usize].written();
+            debug_assert!(written >= c.end, "lane {} flushed before it is written", c.lane);
+            upto.insert(c.lane, written);
+        }
+        match self.group.sync(&*self.dev) {
+            Ok(issued) => {
+                if issued {
+                    self.io.fsync_device_flushes.add(1);
+                }
+                for (lane, u) in upto {
+                    self.chain_marks[lane as usize].flushed(u);
+                }
+                Ok(())
             }
-            Ok(()) => {
-                // Every transaction of the batch is written: its lane's mark may say so, and
-                // the flush below covers everything written so far in those lanes (earlier
-                // batches were flushed before this one was taken).
-                let mut upto: BTreeMap<u32, u64> = BTreeMap::new();
-                for c in batch.iter().filter_map(|r| r.chain.as_ref()) {
-                    self.chain_marks[c.lane as usize].wrote(c.end);
-                    upto.insert(c.lane, 0);
-                }
-                for (lane, u) in upto.iter_mut() {
-                    *u = self.chain_marks[*lane as usize].written();
-                }
-                match self.dev.flush() {
-                    Ok(()) => {
-                        self.io.fsync_device_flushes.add(1);
-                        for (lane, u) in upto {
-                            self.chain_marks[lane as usize].flushed(u);
-                        }
-                        Ok(())
-                    }
-                    Err(e) => Err(CommitError::Flush(Arc::new(e.into()))),
-                }
-            }
-        };
-        vec![outcome; batch.len()]
+            Err(e) => Err(CommitError::Flush(Arc::new(e))),
+        }
     }
 
     /// After a batch failed to write: each of its lanes' chains goes back to where it stood

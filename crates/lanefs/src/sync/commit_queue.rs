@@ -3,12 +3,16 @@
 //!
 //! A caller reserves a slot ([`CommitQueue::reserve`]), pushes its request into it
 //! ([`Slot::push`], which never waits) and waits for the request's outcome
-//! ([`CommitQueue::wait`]). A waiter that finds no submission in progress becomes the
-//! submitter: it takes every queued request, from every caller, and runs the submit function
-//! on them as one batch with the queue's lock released; the others sleep until it has
-//! recorded every outcome. A caller arriving while a batch is in flight queues for the next
-//! batch, and one of the callers of that batch submits it once the first is done, so batches
-//! run one at a time and in queue order.
+//! ([`CommitQueue::wait`]). A waiter that finds its request queued and no batch being written
+//! becomes the submitter: it takes every queued request, from every caller, and runs the
+//! write function on them as one batch with the queue's lock released; the others sleep until
+//! it has recorded the batch's outcome. A batch goes through two stages, write then flush, and
+//! only the write stage is one batch at a time: once a batch is written, its submitter lets the
+//! next batch's submitter write while it runs the flush function. So a caller that arrives
+//! while a batch is flushing writes its blocks beside that flush (the flush function shares
+//! flushes between batches: group commit), instead of waiting for the flush and then writing.
+//! Batches are written in queue order, one after the other, each taken only once the one
+//! before it is written (or has failed and undone what it must).
 //!
 //! Bound: at most `bound` requests are queued or reserved at once; `reserve` waits for room
 //! (the next batch taken frees its slots). It is called before the caller takes any lock a
@@ -53,8 +57,8 @@ use rank_stub::Rank;
 /// request's error is `E` (cloned to every caller of a failed batch).
 pub struct CommitQueue<R, E> {
     state: Mutex<State<R, E>>,
-    /// Signalled when a batch is taken (slots free), when outcomes are recorded, and when a
-    /// submission ends (a waiter may become the next submitter).
+    /// Signalled when a batch is taken (slots free), when a batch's write stage ends (a waiter
+    /// may become the next submitter), and when outcomes are recorded.
     cv: Condvar,
     bound: usize,
 }
@@ -64,9 +68,12 @@ struct State<R, E> {
     queued: VecDeque<(u64, R)>,
     /// Slots reserved or queued: at most `bound`.
     taken: usize,
-    /// A batch is in flight (its submitter runs without the lock).
-    submitting: bool,
+    /// A batch is in its write stage (its submitter runs without the lock).
+    writing: bool,
     next_id: u64,
+    /// Every request with a smaller id has been taken into a batch (or failed while queued):
+    /// ids are given in push order and a batch takes the queue whole.
+    taken_below: u64,
     /// Outcomes not yet collected by their callers.
     outcomes: HashMap<u64, Result<(), E>>,
     /// Batches submitted so far.
@@ -93,8 +100,9 @@ impl<R, E: Clone> CommitQueue<R, E> {
             state: Mutex::new(State {
                 queued: VecDeque::new(),
                 taken: 0,
-                submitting: false,
+                writing: false,
                 next_id: 0,
+                taken_below: 0,
                 outcomes: HashMap::new(),
                 batches: 0,
             }),
@@ -126,50 +134,69 @@ impl<R, E: Clone> CommitQueue<R, E> {
         Slot { q: self, used: false }
     }
 
-    /// Waits for `p`'s outcome. If no batch is in flight when the caller looks, it takes every
-    /// queued request (its own among them) and calls `submit` on them without the lock:
-    /// `submit` returns one outcome per request, in order. `submit` may call
-    /// [`CommitQueue::fail_queued`] (a failed batch may doom requests queued after it) but
-    /// must not wait for a request of this queue.
-    pub fn wait(&self, p: Pending, submit: impl FnOnce(Vec<R>) -> Vec<Result<(), E>>) -> Result<(), E> {
+    /// Waits for `p`'s outcome. If `p` is still queued and no batch is being written when
+    /// the caller looks, it takes every queued request (its own among them) and, without the
+    /// lock, calls `write` on them; if that succeeds, it releases the write stage to the next
+    /// batch and calls `flush` on them. The batch's outcome is the first error of the two, for
+    /// every request in it. `write` may call [`CommitQueue::fail_queued`] (a failed batch may
+    /// doom requests queued after it, and no batch is taken until `write` returns); neither
+    /// may wait for a request of this queue.
+    pub fn wait(
+        &self,
+        p: Pending,
+        write: impl FnOnce(&[R]) -> Result<(), E>,
+        flush: impl FnOnce(&[R]) -> Result<(), E>,
+    ) -> Result<(), E> {
         let (mut st, mut held) = self.lock();
-        let mut submit = Some(submit);
-        // Bounded: a request is queued, in the batch in flight, or done; the batch in flight
-        // ends (finite I/O), and then a waiter of the queued ones submits them.
+        let mut stages = Some((write, flush));
+        // Bounded: a request is queued, in a batch in flight, or done; a batch's stages are
+        // finite I/O, and once the write stage in progress ends a waiter of the queued ones
+        // takes them.
         loop {
             if let Some(r) = st.outcomes.remove(&p.id) {
                 return r;
             }
-            // Not done and nobody submitting: ours is still queued (outcomes are recorded
-            // before `submitting` falls), so a batch taken now holds it. A caller submits at
-            // most once, the batch that holds its own request.
-            let f = if st.submitting { None } else { submit.take() };
-            let Some(f) = f else {
+            // Not done: queued (its id not yet taken) or in a batch in flight. A caller
+            // submits at most once, the batch that holds its own request.
+            let ours_queued = p.id >= st.taken_below;
+            let go = if ours_queued && !st.writing { stages.take() } else { None };
+            let Some((write, flush)) = go else {
                 st = self.wait_on(st);
                 continue;
             };
             debug_assert!(st.queued.iter().any(|(id, _)| *id == p.id), "request {} lost", p.id);
-            st.submitting = true;
+            st.writing = true;
             st.batches += 1;
             let (ids, reqs): (Vec<u64>, Vec<R>) = st.queued.drain(..).unzip();
             st.taken -= ids.len();
+            st.taken_below = st.next_id;
             // Slots freed: callers waiting to reserve may queue for the next batch.
             self.cv.notify_all();
             // The submitter does the batch's I/O holding nothing of the queue: it may take
             // locks ranked above it (a lane's chain) and `fail_queued`.
             drop(st);
             drop(held);
-            let outcomes = f(reqs);
-            debug_assert_eq!(outcomes.len(), ids.len(), "submit answers for each request");
-            // A short answer fails the rest with the batch's error rather than lose them.
-            let first_err = outcomes.iter().find_map(|o| o.as_ref().err().cloned());
-            let mut outcomes = outcomes.into_iter();
+            let written = write(&reqs);
+            // The write stage ends before the flush: the next batch is written beside it. A
+            // failed write ends it only once `write` has undone what later batches must not
+            // build on.
             (st, held) = self.lock();
+            st.writing = false;
+            self.cv.notify_all();
+            let outcome = match written {
+                Ok(()) => {
+                    drop(st);
+                    drop(held);
+                    let r = flush(&reqs);
+                    (st, held) = self.lock();
+                    r
+                }
+                Err(e) => Err(e),
+            };
+            drop(reqs);
             for id in ids {
-                let o = outcomes.next().unwrap_or_else(|| first_err.clone().map_or(Ok(()), Err));
-                st.outcomes.insert(id, o);
+                st.outcomes.insert(id, outcome.clone());
             }
-            st.submitting = false;
             self.cv.notify_all();
         }
     }
@@ -244,12 +271,22 @@ mod tests {
         let q: CommitQueue<u32, String> = CommitQueue::new(4);
         let p = q.reserve().push(7);
         let mut seen = Vec::new();
-        q.wait(p, |b| {
-            seen = b.clone();
-            vec![Ok(()); b.len()]
-        })
+        let mut flushed = false;
+        q.wait(
+            p,
+            |b| {
+                seen = b.to_vec();
+                Ok(())
+            },
+            |b| {
+                assert_eq!(b, [7], "the flush stage sees the batch it follows");
+                flushed = true;
+                Ok(())
+            },
+        )
         .unwrap();
         assert_eq!(seen, vec![7]);
+        assert!(flushed);
         assert_eq!(q.batches(), 1);
         // A slot given back unused frees its room.
         drop(q.reserve());
@@ -260,21 +297,41 @@ mod tests {
     fn threads_share_batches_and_every_request_is_submitted_once() {
         let q: Arc<CommitQueue<(usize, usize), String>> = Arc::new(CommitQueue::new(3));
         let submitted = Arc::new(crate::sync::rank::Mutex::new(crate::sync::Rank::Device, Vec::new()));
-        let in_flight = Arc::new(AtomicUsize::new(0));
+        let (writing, flushing) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let beside = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..6)
             .map(|t| {
-                let (q, submitted, in_flight) = (q.clone(), submitted.clone(), in_flight.clone());
+                let (q, submitted) = (q.clone(), submitted.clone());
+                let (writing, flushing, beside) = (writing.clone(), flushing.clone(), beside.clone());
                 std::thread::spawn(move || {
                     for i in 0..200 {
                         let p = q.reserve().push((t, i));
-                        q.wait(p, |b| {
-                            assert_eq!(in_flight.fetch_add(1, Ordering::SeqCst), 0, "one batch at a time");
-                            assert!(b.len() <= 3, "a batch of {} past the bound", b.len());
-                            submitted.lock().extend(b.iter().copied());
-                            in_flight.fetch_sub(1, Ordering::SeqCst);
-                            vec![Ok(()); b.len()]
-                        })
+                        q.wait(
+                            p,
+                            |b| {
+                                assert_eq!(
+                                    writing.fetch_add(1, Ordering::SeqCst),
+                                    0,
+                                    "one write stage at a time"
+                                );
+                                assert!(b.len() <= 3, "a batch of {} past the bound", b.len());
+                                if flushing.load(Ordering::SeqCst) > 0 {
+                                    beside.fetch_add(1, Ordering::Relaxed);
+                                }
+                                submitted.lock().extend(b.iter().copied());
+                                writing.fetch_sub(1, Ordering::SeqCst);
+                                Ok(())
+                            },
+                            |_| {
+                                flushing.fetch_add(1, Ordering::SeqCst);
+                                std::thread::yield_now();
+                                flushing.fetch_sub(1, Ordering::SeqCst);
+                                Ok(())
+                            },
+                        )
                         .unwrap();
+                        // Done only once written: the request is in the submitted list.
+                        assert!(submitted.lock().contains(&(t, i)), "({t}, {i}) done unwritten");
                     }
                 })
             })
@@ -283,7 +340,7 @@ mod tests {
             t.join().unwrap();
         }
         let mut all = submitted.lock().clone();
-        // Each thread's requests go in its push order (batches run in queue order).
+        // Each thread's requests go in its push order (batches are written in queue order).
         for t in 0..6 {
             let mine: Vec<usize> = all.iter().filter(|r| r.0 == t).map(|r| r.1).collect();
             assert_eq!(mine, (0..200).collect::<Vec<_>>(), "thread {t}'s requests in order");
@@ -294,6 +351,33 @@ mod tests {
         let b = q.batches();
         assert!((400..=1200).contains(&b), "{b} batches for 1,200 requests, at most 3 each");
         assert!(q.lock().0.outcomes.is_empty(), "every outcome collected");
+        eprintln!("{} of {b} batches written beside another's flush", beside.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn a_batch_is_written_while_the_one_before_it_flushes() {
+        let q: Arc<CommitQueue<u32, String>> = Arc::new(CommitQueue::new(4));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = q.reserve().push(0);
+        q.wait(
+            p,
+            |_| Ok(()),
+            |_| {
+                // In our flush stage: a second caller's batch is taken, written and flushed
+                // without waiting for ours to end.
+                let (q2, tx) = (q.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    let p = q2.reserve().push(1);
+                    let r = q2.wait(p, |b| if b == [1] { Ok(()) } else { Err(format!("{b:?}")) }, |_| Ok(()));
+                    tx.send(r).unwrap();
+                });
+                let r = rx.recv_timeout(std::time::Duration::from_secs(20));
+                assert_eq!(r, Ok(Ok(())), "the next batch waited for this one's flush");
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(q.batches(), 2);
     }
 
     #[test]
@@ -301,25 +385,34 @@ mod tests {
         let q: CommitQueue<u32, String> = CommitQueue::new(8);
         let p0 = q.reserve().push(0);
         let p1 = q.reserve().push(1);
-        let r = q.wait(p0, |b| {
-            assert_eq!(b, vec![0, 1]);
-            // Pushed while the batch is in flight, then doomed by its failure.
-            let later = q.reserve().push(2);
-            let spared = q.reserve().push(3);
-            assert_eq!(q.fail_queued(|r| *r == 2, &"doomed".to_string()), 1);
-            assert_eq!((later.id, spared.id), (2, 3));
-            vec![Err("bad".to_string()), Err("bad".to_string())]
-        });
+        let never = |_: &[u32]| -> Result<(), String> { unreachable!("not submitted by this caller") };
+        let r = q.wait(
+            p0,
+            |b| {
+                assert_eq!(b, [0, 1]);
+                // Pushed while the batch is being written, then doomed by its failure.
+                let later = q.reserve().push(2);
+                let spared = q.reserve().push(3);
+                assert_eq!(q.fail_queued(|r| *r == 2, &"doomed".to_string()), 1);
+                assert_eq!((later.id, spared.id), (2, 3));
+                Err("bad".to_string())
+            },
+            |_| unreachable!("a batch that failed to write is not flushed"),
+        );
         assert_eq!(r, Err("bad".to_string()));
-        assert_eq!(q.wait(p1, |_| unreachable!("p1 was in the failed batch")), Err("bad".to_string()));
-        assert_eq!(q.wait(Pending { id: 2 }, |_| unreachable!("doomed")), Err("doomed".to_string()));
+        assert_eq!(q.wait(p1, never, never), Err("bad".to_string()));
+        assert_eq!(q.wait(Pending { id: 2 }, never, never), Err("doomed".to_string()));
         let mut got = Vec::new();
-        q.wait(Pending { id: 3 }, |b| {
-            got = b.clone();
-            vec![Ok(())]
-        })
-        .unwrap();
+        let flush_failed = q.wait(
+            Pending { id: 3 },
+            |b| {
+                got = b.to_vec();
+                Ok(())
+            },
+            |_| Err("flush".to_string()),
+        );
         assert_eq!(got, vec![3], "the spared request went in the next batch");
+        assert_eq!(flush_failed, Err("flush".to_string()), "a failed flush fails its batch");
         assert_eq!(q.lock().0.taken, 0);
     }
 }
@@ -335,32 +428,44 @@ mod loom_model {
 
     use crate::sync::loom_check::model;
 
-    /// Three callers, a bound of two: every request is submitted exactly once, one batch at a
-    /// time, each caller gets its outcome, and nobody sleeps forever (loom reports that).
+    /// Three callers, a bound of two: every request is submitted exactly once, one write
+    /// stage at a time, each caller gets its outcome only once its batch is written and
+    /// flushed, and nobody sleeps forever (loom reports that).
     #[test]
     fn three_callers_bound_two() {
         model(|| {
             let q: Arc<CommitQueue<usize, ()>> = Arc::new(CommitQueue::new(2));
             let seen = Arc::new(AtomicUsize::new(0));
-            let in_flight = Arc::new(AtomicUsize::new(0));
+            let flushed = Arc::new(AtomicUsize::new(0));
+            let writing = Arc::new(AtomicUsize::new(0));
             let threads: Vec<_> = (0..3)
                 .map(|i| {
-                    let (q, seen, in_flight) = (q.clone(), seen.clone(), in_flight.clone());
+                    let (q, seen, flushed, writing) =
+                        (q.clone(), seen.clone(), flushed.clone(), writing.clone());
                     thread::spawn(move || {
                         let p = q.reserve().push(i);
-                        q.wait(p, |b| {
-                            assert_eq!(in_flight.fetch_add(1, SeqCst), 0, "two batches at once");
-                            assert!(!b.is_empty() && b.len() <= 2);
-                            for r in &b {
-                                let bit = 1 << r;
-                                assert_eq!(seen.fetch_or(bit, SeqCst) & bit, 0, "submitted twice");
-                            }
-                            in_flight.fetch_sub(1, SeqCst);
-                            vec![Ok(()); b.len()]
-                        })
+                        q.wait(
+                            p,
+                            |b| {
+                                assert_eq!(writing.fetch_add(1, SeqCst), 0, "two batches written at once");
+                                assert!(!b.is_empty() && b.len() <= 2);
+                                for r in b {
+                                    let bit = 1 << r;
+                                    assert_eq!(seen.fetch_or(bit, SeqCst) & bit, 0, "submitted twice");
+                                }
+                                writing.fetch_sub(1, SeqCst);
+                                Ok(())
+                            },
+                            |b| {
+                                for r in b {
+                                    flushed.fetch_or(1 << r, SeqCst);
+                                }
+                                Ok(())
+                            },
+                        )
                         .unwrap();
-                        // Done only once submitted.
-                        assert_ne!(seen.load(SeqCst) & (1 << i), 0);
+                        // Done only once written and flushed.
+                        assert_ne!(flushed.load(SeqCst) & (1 << i), 0);
                     })
                 })
                 .collect();
@@ -384,14 +489,18 @@ mod loom_model {
                         let p = q.reserve().push(i);
                         let failed = Arc::new(AtomicUsize::new(0));
                         let f = failed.clone();
-                        let r = q.wait(p, move |b| {
-                            // Request 0 fails its whole batch.
-                            let bad = b.contains(&0);
-                            if bad {
-                                f.store(1, SeqCst);
-                            }
-                            b.iter().map(|_| if bad { Err(9) } else { Ok(()) }).collect()
-                        });
+                        let r = q.wait(
+                            p,
+                            move |b| {
+                                // Request 0 fails its whole batch.
+                                if b.contains(&0) {
+                                    f.store(1, SeqCst);
+                                    return Err(9);
+                                }
+                                Ok(())
+                            },
+                            |_| Ok(()),
+                        );
                         if i == 0 {
                             assert_eq!(r, Err(9));
                         }
