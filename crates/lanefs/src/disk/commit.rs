@@ -28,7 +28,7 @@
 //! takes its chain lock and waits there for room, which the next batch taken frees.
 
 use super::{Disk, WriteKind};
-use crate::device::{WriteReq, BLOCK_SIZE};
+use crate::device::{BlockData, WriteReq};
 use crate::error::{Error, Result};
 use crate::journal::ChainWriter;
 use crate::sync::commit_queue::{self, Pending};
@@ -48,7 +48,7 @@ pub(crate) type CommitSlot<'a> = commit_queue::Slot<'a, CommitReq, CommitError>;
 /// One block's bytes: a file page, shared with the page cache (copy-on-write), or a journal
 /// block.
 pub(crate) enum BlockBytes {
-    Page(Arc<[u8; BLOCK_SIZE]>),
+    Page(Arc<BlockData>),
     Owned(Vec<u8>),
 }
 

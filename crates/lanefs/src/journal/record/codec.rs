@@ -237,7 +237,7 @@ impl Record {
                 let ino = d.u32()?;
                 let idx = d.u64()?;
                 let data: [u8; BLOCK_SIZE] = d.bytes(BLOCK_SIZE)?.try_into().expect("BLOCK_SIZE bytes");
-                Record::Data { stamp, ino, idx, data: Arc::new(data) }
+                Record::Data { stamp, ino, idx, data: Arc::new(crate::device::BlockData(data)) }
             }
             t => return Err(d.err(format!("unknown record tag {t}"))),
         };

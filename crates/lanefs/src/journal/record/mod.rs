@@ -47,7 +47,7 @@ mod validate;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::device::BLOCK_SIZE;
+use crate::device::BlockData;
 use crate::error::{Error, Result, Structure};
 use crate::format::layout::Geometry;
 use crate::format::node::{Timespec, NEW_ADDR};
@@ -145,7 +145,7 @@ pub enum Record {
     /// File block `idx` holds `data`, carried in the record itself (an fsync with a
     /// persistent-memory region logs small writes inline instead of writing data blocks; the
     /// device gets the page at the next checkpoint).
-    Data { stamp: Stamp, ino: u32, idx: u64, data: Arc<[u8; BLOCK_SIZE]> },
+    Data { stamp: Stamp, ino: u32, idx: u64, data: Arc<BlockData> },
 }
 
 impl Record {

@@ -163,7 +163,11 @@ impl Engine {
         for (k, (idx, _)) in missing.iter().enumerate() {
             let data: [u8; PAGE_SIZE] = fetched[k * PAGE_SIZE..(k + 1) * PAGE_SIZE].try_into().expect("page");
             let slot = (idx - first) as usize;
-            cached[slot] = Some(if keep { pages.insert_clean(*idx, data) } else { Arc::new(data) });
+            cached[slot] = Some(if keep {
+                pages.insert_clean(*idx, data)
+            } else {
+                Arc::new(crate::mem::pages::PageData(data))
+            });
         }
         let done = copy_pages(off, end, buf, |idx| Some(cached[(idx - first) as usize].clone()));
         Ok(done.expect("every page is cached or a hole"))

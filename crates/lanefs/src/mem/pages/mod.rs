@@ -47,8 +47,12 @@ pub(crate) fn shard_of(idx: u64) -> usize {
     (x & (SHARDS as u64 - 1)) as usize
 }
 
-/// One page's bytes.
-pub type PageBuf = Arc<[u8; PAGE_SIZE]>;
+/// One page's bytes (a block's: `device::BlockData`, cache-line aligned for the copies in and
+/// out of the cache).
+pub use crate::device::BlockData as PageData;
+
+/// One cached page's bytes, shared copy-on-write.
+pub type PageBuf = Arc<PageData>;
 
 /// A cached page.
 #[derive(Clone)]
@@ -237,7 +241,7 @@ impl PageMap {
                     (false, None) => return false,
                 };
                 self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
-                v.insert(Page::new(Arc::new(base), false))
+                v.insert(Page::new(Arc::new(PageData(base)), false))
             }
         };
         Arc::make_mut(&mut page.data)[off..off + bytes.len()].copy_from_slice(bytes);
@@ -250,7 +254,7 @@ impl PageMap {
         let mut shard = self.shard(idx).lock();
         let p = shard.pages.entry(idx).or_insert_with(|| {
             self.stats.cached_pages.fetch_add(1, Ordering::Relaxed);
-            Page::new(Arc::new(data), false)
+            Page::new(Arc::new(PageData(data)), false)
         });
         p.data.clone()
     }
