@@ -15,6 +15,11 @@ use std::process::ExitCode;
 mod cmd;
 mod size;
 
+/// See Cargo.toml: blocks freed by a thread other than the one that allocated them are the
+/// checkpoint's common case, and mimalloc frees those without the owner's lock.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "lanefs", version, about = "A log-structured file system for flash that scales with cores")]
 struct Cli {

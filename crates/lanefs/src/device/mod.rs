@@ -190,3 +190,24 @@ macro_rules! forward_block_device {
 // lanefs-crashtest's `CrashDevice`.
 forward_block_device!(Arc);
 forward_block_device!(Box);
+
+#[cfg(test)]
+mod tests {
+    use super::{BlockData, BLOCK_SIZE};
+    use std::sync::Arc;
+
+    /// The bytes of a shared block start on a cache line, whatever the allocator: the copies
+    /// into and out of the page cache depend on it (`BlockData`).
+    #[test]
+    fn shared_block_bytes_are_cache_line_aligned() {
+        let blocks: Vec<Arc<BlockData>> =
+            (0..64).map(|i| Arc::new(BlockData([i as u8; BLOCK_SIZE]))).collect();
+        for (i, b) in blocks.iter().enumerate() {
+            assert_eq!(b.as_ptr() as usize % 64, 0, "block {i} at {:p}", b.as_ptr());
+            assert_eq!(b[BLOCK_SIZE - 1], i as u8);
+        }
+        let mut c = (*blocks[3]).clone();
+        c[0] = 9;
+        assert_eq!((c[0], blocks[3][0]), (9, 3), "a clone is a copy");
+    }
+}
