@@ -7,9 +7,10 @@
 //! (`Disk::write_reqs`) and then waits for the device flush that covers them all; the others
 //! sleep and are covered. The flush is group commit's (`disk/group_commit.rs`): while one
 //! batch flushes, the next one is written beside it, and its flush follows (or is the one in
-//! flight, if that started after the write completed). The queue is per device, not per lane: the flush is the device's, so a
-//! batch across lanes costs one flush where per-lane queues would each need one (or share
-//! them through group commit again), and the queue's lock is held only to push or take.
+//! flight, if that started after the write completed). The queue is per device, not per
+//! lane: the flush is the device's, so a batch across lanes costs one flush where per-lane
+//! queues would each need one (or share them through group commit again), and the queue's
+//! lock is held only to push or take.
 //!
 //! Ordering, as before: a transaction's data and journal blocks (its commit record, the
 //! `TXN_END` block, among them) go in one batch, and the fsync returns only after a flush that
@@ -19,10 +20,10 @@
 //! (`journal::ChainMarks`). Within a lane, transactions must complete in chain order (a later
 //! one durable over a hole would be lost with it): requests are pushed under the lane's chain
 //! lock, so queue order is chain order, and batches are written one at a time in queue order,
-//! each taken only once the one before it is written. A batch that fails to write fails each of its
-//! callers; its lanes' chains go back to before their first transaction in it, and every
-//! request of those lanes still queued (after the hole) fails too (`rewind`). A failed flush
-//! fails its batch's callers, whose blocks are written, as group commit's did.
+//! each taken only once the one before it is written. A batch that fails to write fails each
+//! of its callers; its lanes' chains go back to before their first transaction in it, and
+//! every request of those lanes still queued (after the hole) fails too (`rewind`). A failed
+//! flush fails its batch's callers, whose blocks are written, as group commit's did.
 //!
 //! Bound: [`COMMIT_QUEUE_BOUND`] requests queued or reserved; a caller reserves before it
 //! takes its chain lock and waits there for room, which the next batch taken frees.

@@ -6,9 +6,10 @@
 //! their checksums. Data and journal blocks go out in one scatter-gather batch, then one device
 //! flush shared with every concurrent fsync: with cooperative commit (the default), the batch
 //! holds every queued fsync's blocks and is written by whichever of them found no batch being
-//! written (`disk/commit.rs`), and its flush is shared through group commit too; with `FsOptions::cooperative` off, each fsync writes its own
-//! batch and group commit shares the flush. Recovery replays transactions whose
-//! data checksums match, so a crash between the batch and the flush cannot expose stale data.
+//! written (`disk/commit.rs`), and its flush is shared through group commit too; with
+//! `FsOptions::cooperative` off, each fsync writes its own batch and group commit shares the
+//! flush. Recovery replays transactions whose data checksums match, so a crash between the
+//! batch and the flush cannot expose stale data.
 //!
 //! With a persistent-memory region (`FsOptions::nvm`) the transaction goes to the lane's
 //! journal in the region instead, after the data is written and flushed, and is durable before

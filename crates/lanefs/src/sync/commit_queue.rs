@@ -71,9 +71,6 @@ struct State<R, E> {
     /// A batch is in its write stage (its submitter runs without the lock).
     writing: bool,
     next_id: u64,
-    /// Every request with a smaller id has been taken into a batch (or failed while queued):
-    /// ids are given in push order and a batch takes the queue whole.
-    taken_below: u64,
     /// Outcomes not yet collected by their callers.
     outcomes: HashMap<u64, Result<(), E>>,
     /// Batches submitted so far.
@@ -102,7 +99,6 @@ impl<R, E: Clone> CommitQueue<R, E> {
                 taken: 0,
                 writing: false,
                 next_id: 0,
-                taken_below: 0,
                 outcomes: HashMap::new(),
                 batches: 0,
             }),
@@ -156,9 +152,11 @@ impl<R, E: Clone> CommitQueue<R, E> {
             if let Some(r) = st.outcomes.remove(&p.id) {
                 return r;
             }
-            // Not done: queued (its id not yet taken) or in a batch in flight. A caller
-            // submits at most once, the batch that holds its own request.
-            let ours_queued = p.id >= st.taken_below;
+            // Not done: queued, or in a batch in flight. The queue is in id order (ids are
+            // given as requests are pushed) and a batch takes it whole, so ours is queued
+            // exactly when the queue starts at or before it. A caller submits at most once,
+            // the batch that holds its own request.
+            let ours_queued = st.queued.front().is_some_and(|(id, _)| *id <= p.id);
             let go = if ours_queued && !st.writing { stages.take() } else { None };
             let Some((write, flush)) = go else {
                 st = self.wait_on(st);
@@ -169,7 +167,6 @@ impl<R, E: Clone> CommitQueue<R, E> {
             st.batches += 1;
             let (ids, reqs): (Vec<u64>, Vec<R>) = st.queued.drain(..).unzip();
             st.taken -= ids.len();
-            st.taken_below = st.next_id;
             // Slots freed: callers waiting to reserve may queue for the next batch.
             self.cv.notify_all();
             // The submitter does the batch's I/O holding nothing of the queue: it may take
