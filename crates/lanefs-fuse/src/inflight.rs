@@ -201,6 +201,12 @@ impl Inflight {
         c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     }
 
+    /// Requests served so far, all opcodes together.
+    pub fn total(&self) -> u64 {
+        let slots = self.slots.iter().flat_map(|s| s.counts.iter());
+        slots.chain(self.spill.iter()).map(|c| c.load(Ordering::Relaxed)).fold(0, u64::wrapping_add)
+    }
+
     /// Requests served so far, by opcode, every opcode listed (in `Op::ALL` order).
     pub fn requests(&self) -> Vec<(Op, u64)> {
         Op::ALL

@@ -30,6 +30,7 @@
 //! the daemon writing beside it, in `dirty`.
 
 mod dirty;
+mod idle_poll;
 mod options;
 mod table;
 
@@ -217,6 +218,20 @@ fn serve(
         }
     }
     let signals = signals.and_then(|s| signal_thread(s, mountpoint.clone(), dev));
+    let idle_poll = match parsed.idle_poll.then(|| idle_poll::IdlePoll::spawn(inflight.clone())) {
+        Some(Err((e, denied))) => {
+            // Not being root is the common reason, and every such mount would print it.
+            if denied {
+                crate::syslog::open();
+                crate::syslog::info(&e);
+            } else {
+                note(&e);
+            }
+            None
+        }
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
     let watcher = parsed.stuck_request.and_then(|threshold| {
         let log = stuck_log(args.foreground, &mountpoint);
         Watcher::spawn(inflight, threshold, log).ok()
@@ -235,6 +250,7 @@ fn serve(
         drop(mounted);
     }
     drop(watcher);
+    drop(idle_poll);
     if let Some((handle, thread)) = signals {
         handle.close();
         let _ = thread.join();

@@ -65,13 +65,16 @@ pub struct Parsed {
     /// budget, as a kernel file system's do (the default), or keep the kernel's strict 1% for
     /// FUSE (see `mount::dirty`).
     pub share_dirty_limit: bool,
+    /// `idle_poll=on|off`: while requests arrive, idle CPUs poll instead of sleeping (on by
+    /// default; see `mount::idle_poll`).
+    pub idle_poll: bool,
 }
 
 /// Parses `-o` lists. Standard options become `MountOption`s; `allow_other` / `allow_root` set the
 /// access list; `threads=N`, `nvm=FILE`, `writeback_cache[=on|off]` (on by default;
 /// `nowriteback_cache` is off too), `checkpoint_secs=N`,
 /// `transport=uring|dev`, `stuck_request_secs=N`, `cache_timeout=S`, `negative_timeout=S`, `cooperative=on|off`,
-/// `dirty_limit=shared|strict` and `norecovery` (read-only mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
+/// `dirty_limit=shared|strict`, `idle_poll=on|off` and `norecovery` (read-only mounts only) are lanefs's own; anything else is passed to the kernel, which refuses
 /// what it does not know.
 pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
     let mut p = Parsed {
@@ -88,6 +91,7 @@ pub fn parse_options(lists: &[String]) -> Result<Parsed, String> {
         cooperative: true,
         uring: true,
         share_dirty_limit: true,
+        idle_poll: true,
     };
     let mut default_permissions = true;
     for o in lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
@@ -160,6 +164,9 @@ impl Parsed {
             ("dirty_limit", _) => {
                 return Err(format!("option {o}: give dirty_limit=shared or dirty_limit=strict"))
             }
+            (_, "idle_poll=on") => self.idle_poll = true,
+            (_, "idle_poll=off") => self.idle_poll = false,
+            ("idle_poll", _) => return Err(format!("option {o}: give idle_poll=on or idle_poll=off")),
             ("threads", _) => {
                 let n = value
                     .parse::<usize>()
@@ -262,6 +269,10 @@ mod tests {
         assert!(!parse_options(&["dirty_limit=strict".into()]).unwrap().share_dirty_limit);
         assert!(parse_options(&["dirty_limit=strict,dirty_limit=shared".into()]).unwrap().share_dirty_limit);
         assert!(parse_options(&["dirty_limit=1%".into()]).is_err());
+        assert!(parse_options(&[]).unwrap().idle_poll, "idle CPUs poll while busy by default");
+        assert!(!parse_options(&["idle_poll=off".into()]).unwrap().idle_poll);
+        assert!(parse_options(&["idle_poll=off,idle_poll=on".into()]).unwrap().idle_poll);
+        assert!(parse_options(&["idle_poll=yes".into()]).is_err());
     }
 
     #[test]
