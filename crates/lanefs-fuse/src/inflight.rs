@@ -303,10 +303,45 @@ impl Scanner {
     }
 }
 
-/// The thread that logs stuck requests; stopped and joined on drop.
-pub struct Watcher {
+/// A thread that calls its function once a tick; stopped and joined on drop (what the
+/// function owns is dropped before the join returns).
+pub struct Ticker {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+}
+
+impl Ticker {
+    pub fn spawn(
+        name: &str,
+        tick: Duration,
+        mut each: impl FnMut() + Send + 'static,
+    ) -> std::io::Result<Ticker> {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new().name(name.into()).spawn(move || {
+            // Ends when the sender is dropped (Disconnected); a timeout is a tick.
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
+                each();
+            }
+        })?;
+        Ok(Ticker { stop: Some(stop), thread: Some(thread) })
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let joined = t.join();
+            // Its functions only read counters, log, or open and close a file: a panic is a
+            // bug, which a test build should show.
+            debug_assert!(joined.is_ok(), "a lanefs ticker thread panicked");
+        }
+    }
+}
+
+/// The thread that logs stuck requests; stopped and joined on drop.
+pub struct Watcher {
+    _thread: Ticker,
 }
 
 impl Watcher {
@@ -317,27 +352,14 @@ impl Watcher {
         threshold: Duration,
         log: Box<dyn Fn(&Stuck) + Send>,
     ) -> std::io::Result<Watcher> {
-        let (stop, stopped) = mpsc::channel::<()>();
         let tick = (threshold / 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
-        let thread = std::thread::Builder::new().name("lanefs-stuck".into()).spawn(move || {
-            let mut scanner = Scanner::new(&inflight);
-            // Ends when the sender is dropped (Disconnected); a timeout is a tick.
-            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
-                for s in scanner.scan(&inflight, threshold) {
-                    log(&s);
-                }
+        let mut scanner = Scanner::new(&inflight);
+        Ticker::spawn("lanefs-stuck", tick, move || {
+            for s in scanner.scan(&inflight, threshold) {
+                log(&s);
             }
-        })?;
-        Ok(Watcher { stop: Some(stop), thread: Some(thread) })
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        })
+        .map(|t| Watcher { _thread: t })
     }
 }
 

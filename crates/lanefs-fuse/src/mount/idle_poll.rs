@@ -23,12 +23,10 @@
 //! The request path pays nothing for this: a thread looks at the request counters every
 //! [`TICK`] (the per-worker counts of [`Inflight`], which the workers keep anyway).
 
-use crate::inflight::Inflight;
+use crate::inflight::{Inflight, Ticker};
 use std::fs::File;
 use std::io::Write;
-use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// The PM QoS device: an open descriptor with a value written holds that bound for every CPU
@@ -91,8 +89,7 @@ impl Held {
 /// The thread that holds and gives back the latency request; stopped and joined on drop,
 /// which gives the request back.
 pub struct IdlePoll {
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    _thread: Ticker,
 }
 
 impl IdlePoll {
@@ -104,39 +101,19 @@ impl IdlePoll {
             (format!("idle CPUs are left to sleep: {QOS_DEVICE}: {e}"), denied)
         };
         drop(Held::take().map_err(cannot)?);
-        let (stop, stopped) = mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("lanefs-idlepoll".into())
-            .spawn(move || {
-                let mut activity = Activity::new(inflight.total());
-                let mut held: Option<Held> = None;
-                // Ends when the sender is dropped (Disconnected); a timeout is a tick.
-                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(TICK) {
-                    if activity.hold(inflight.total()) {
-                        if held.is_none() {
-                            // It opened at the start: a failure now (descriptors run out) only
-                            // costs the speed-up until the next tick.
-                            held = Held::take().ok();
-                        }
-                    } else {
-                        held = None;
-                    }
-                }
-            })
-            .map_err(|e| (format!("idle CPUs are left to sleep: cannot start a thread: {e}"), false))?;
-        Ok(IdlePoll { stop: Some(stop), thread: Some(thread) })
-    }
-}
-
-impl Drop for IdlePoll {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            // The thread only reads counters and opens or closes a file: it cannot panic but by
-            // a bug, which a test build should show.
-            let joined = t.join();
-            debug_assert!(joined.is_ok(), "the idle-poll thread panicked");
-        }
+        let mut activity = Activity::new(inflight.total());
+        let mut held: Option<Held> = None;
+        Ticker::spawn("lanefs-idlepoll", TICK, move || {
+            if !activity.hold(inflight.total()) {
+                held = None;
+            } else if held.is_none() {
+                // It opened at the start: a failure now (descriptors run out) only costs the
+                // speed-up until the next tick.
+                held = Held::take().ok();
+            }
+        })
+        .map(|t| IdlePoll { _thread: t })
+        .map_err(|e| (format!("idle CPUs are left to sleep: cannot start a thread: {e}"), false))
     }
 }
 
