@@ -21,7 +21,7 @@ fn bound() -> i32 {
     i32::from_ne_bytes(b)
 }
 
-/// Waits (at most `limit`) for the bound to be `want`, with `busy` making requests meanwhile.
+/// Waits (at most `limit`) for the bound to be `want`; returns the last bound read.
 fn wait_bound(want: i32, limit: Duration) -> i32 {
     let start = Instant::now();
     loop {

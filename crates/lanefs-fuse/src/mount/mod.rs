@@ -218,8 +218,8 @@ fn serve(
         }
     }
     let signals = signals.and_then(|s| signal_thread(s, mountpoint.clone(), dev));
-    let idle_poll = match parsed.idle_poll.then(|| idle_poll::IdlePoll::spawn(inflight.clone())) {
-        Some(Err((e, denied))) => {
+    let idle_poll = parsed.idle_poll.then(|| idle_poll::IdlePoll::spawn(inflight.clone())).and_then(|r| {
+        r.map_err(|(e, denied)| {
             // Not being root is the common reason, and every such mount would print it.
             if denied {
                 crate::syslog::open();
@@ -227,11 +227,9 @@ fn serve(
             } else {
                 note(&e);
             }
-            None
-        }
-        Some(Ok(p)) => Some(p),
-        None => None,
-    };
+        })
+        .ok()
+    });
     let watcher = parsed.stuck_request.and_then(|threshold| {
         let log = stuck_log(args.foreground, &mountpoint);
         Watcher::spawn(inflight, threshold, log).ok()
