@@ -386,3 +386,69 @@ fn statx_gives_the_birth_time_through_the_mount() {
     assert_eq!(btime(&m.mp.join("g")), born, "the birth time after a remount");
     m.umount();
 }
+
+/// The engine's checkpoint count, from the mount's root.
+fn checkpoints(m: &Mounted) -> u64 {
+    lanefs_fuse::stats::read_engine(&m.mp).unwrap().get("checkpoints").unwrap()
+}
+
+/// Waits (boundedly) until `n` more checkpoints than `since` have run.
+fn wait_checkpoints(m: &Mounted, since: u64, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while checkpoints(m) < since + n {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint in 60 s with checkpoint_secs=1");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An inode the kernel holds outlives its name and its open files, as on ext4: through an
+/// `O_PATH` descriptor (which opens nothing in the engine) it can be stat'ed and its times set
+/// after checkpoints, and the mount's syncfs(2) then succeeds. The kernel's lookup count keeps
+/// it (`Fs::remember`); before, a checkpoint deleted it, the kernel's request got ENOENT, and the
+/// kernel kept that as a writeback error that the next syncfs reported (what the kernel's own
+/// SETATTR of the ctime after an unlink met when a checkpoint came between the two).
+#[test]
+fn an_unlinked_inode_the_kernel_holds_survives_checkpoints_and_syncfs_succeeds() {
+    use rustix::fs::{AtFlags, Mode, OFlags, StatxFlags, Timespec, Timestamps};
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &["-o", "checkpoint_secs=1"]);
+    let p = m.mp.join("f");
+    fs::write(&p, b"twelve bytes").unwrap();
+    let held = rustix::fs::open(&p, OFlags::PATH, Mode::empty()).unwrap();
+    fs::remove_file(&p).unwrap();
+    let before = checkpoints(&m);
+    // Two: the first may have begun before the unlink.
+    wait_checkpoints(&m, before, 2);
+    let st = rustix::fs::statx(
+        &held,
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::STATX_FORCE_SYNC,
+        StatxFlags::BASIC_STATS,
+    )
+    .expect("stat of the held inode after checkpoints");
+    assert_eq!((st.stx_nlink, st.stx_size), (0, 12));
+    let t = Timespec { tv_sec: 1_600_000_000, tv_nsec: 0 };
+    rustix::fs::utimensat(
+        &held,
+        "",
+        &Timestamps { last_access: t, last_modification: t },
+        AtFlags::EMPTY_PATH,
+    )
+    .expect("times of the held inode");
+    let root = File::open(&m.mp).unwrap();
+    rustix::fs::syncfs(&root).expect("syncfs after requests for the held inode");
+    drop(held);
+    // The kernel forgets the inode once the descriptor goes: the next checkpoint deletes it.
+    let before = checkpoints(&m);
+    wait_checkpoints(&m, before, 2);
+    rustix::fs::syncfs(&root).expect("syncfs after the inode went");
+    drop(root);
+    m.umount();
+    use lanefs::device::{DeviceOptions, FileDevice};
+    let info = lanefs::inspect(&FileDevice::open_read_only(&img, DeviceOptions::default()).unwrap()).unwrap();
+    assert_eq!(info.orphans, 0, "the held inode was deleted: {info:?}");
+    fsck_clean(&img);
+}

@@ -141,19 +141,42 @@ impl LaneFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.ttl.cache;
-        let r = self.each_entry(ino, fh, offset, |e, target| match self.fs.getattr(target) {
-            Ok(a) => {
-                let name = OsStr::from_bytes(&e.name);
-                let full = reply.add(INodeNo(target), e.cookie, name, &ttl, &file_attr(&a), generation(&a));
-                Ok(if full { Added::Full } else { Added::More })
+        // The kernel counts every entry it gets as a lookup but "." and ".." (`fuse_direntplus_link`
+        // skips them), so the engine takes a reference for the others, and gives it back for one
+        // the reply has no room for.
+        // An error reply counts nothing, so what was taken for it is given back (`taken`).
+        let counted = |e: &lanefs::DirEntry| e.name != b"." && e.name != b"..";
+        let mut taken = Vec::new();
+        let r = self.each_entry(ino, fh, offset, |e, target| {
+            let a = if counted(e) { self.fs.remember(target) } else { self.fs.getattr(target) };
+            match a {
+                Ok(a) => {
+                    let name = OsStr::from_bytes(&e.name);
+                    let full =
+                        reply.add(INodeNo(target), e.cookie, name, &ttl, &file_attr(&a), generation(&a));
+                    if counted(e) {
+                        if full {
+                            self.fs.forget(target, 1)?;
+                        } else {
+                            taken.push(target);
+                        }
+                    }
+                    Ok(if full { Added::Full } else { Added::More })
+                }
+                // Removed since the listing: leave it out, as a later readdir would.
+                Err(err) if err.to_errno() == libc::ENOENT => Ok(Added::More),
+                Err(err) => Err(err),
             }
-            // Removed since the listing: leave it out, as a later readdir would.
-            Err(err) if err.to_errno() == libc::ENOENT => Ok(Added::More),
-            Err(err) => Err(err),
         });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => {
+                for t in taken {
+                    // The error is the reply; a failed give-back is the engine's to report.
+                    let _ = self.fs.forget(t, 1);
+                }
+                reply.error(errno(e))
+            }
         }
     }
 }

@@ -2,12 +2,15 @@
 //! (a few into two) and its result into a reply. Nothing here decides anything the engine
 //! decides; the only state is the `Fs` handle, so every worker thread serves any request.
 //!
-//! Inode numbers are lanefs inode numbers (the root is 1, FUSE_ROOT_ID), so the kernel's
-//! lookup counts need no table: `forget` has nothing to drop. Every entry reply carries the
-//! inode's generation, which changes when a number is reused, so the kernel's file handles
-//! (number, generation) stay valid across mounts and go stale when their inode does. Open file
-//! handles are not used (0): the engine keeps an unlinked file alive from `open_ino` to
-//! `release`.
+//! Inode numbers are lanefs inode numbers (the root is 1, FUSE_ROOT_ID). The kernel's lookup
+//! counts are the engine's to keep (`Fs::remember` for every entry reply the kernel counts,
+//! `Fs::forget` for FORGET), because they keep an inode alive: the kernel sends requests for an
+//! inode it holds after its last name is gone and its files are closed (a SETATTR of the ctime
+//! after each unlink under the writeback cache; a stat through an `O_PATH` descriptor), which
+//! must not find it deleted by a checkpoint in between. Every entry reply carries the inode's
+//! generation, which changes when a number is reused, so the kernel's file handles (number,
+//! generation) stay valid across mounts and go stale when their inode does. Open file handles
+//! are not used (0): the engine keeps an unlinked file alive from `open_ino` to `release`.
 //!
 //! The handlers are here, one per request; what several share lives beside them: `init`
 //! (what INIT negotiates, the TTLs), `convert` (errors, kinds, times, attributes), `process`
@@ -223,8 +226,10 @@ impl LaneFuse {
         }
     }
 
+    /// An entry reply: the kernel counts it as a lookup of the inode, so the engine takes a
+    /// reference first (and the attributes it gives then).
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
-        match r {
+        match r.and_then(|a| self.fs.remember(a.ino)) {
             Ok(a) => reply.entry(&self.ttl.cache, &file_attr(&a), generation(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -238,8 +243,9 @@ impl LaneFuse {
     }
 
     /// The answer to a CREATE or TMPFILE: the new inode, opened with `flags`.
+    /// Counted as a lookup, as [`LaneFuse::entry`]'s reply is.
     fn created(&self, r: lanefs::Result<Attr>, flags: i32, reply: ReplyCreate) {
-        match r {
+        match r.and_then(|a| self.fs.remember(a.ino)) {
             Ok(a) => reply.created(
                 &self.ttl.cache,
                 &file_attr(&a),
@@ -300,11 +306,24 @@ impl Filesystem for LaneFuse {
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        // Nothing to drop: inode numbers are lanefs's own and no per-lookup state is kept. (Not
-        // marked in flight, nor are FLUSH and RELEASEDIR: they cannot wait on anything.)
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        // (Not marked in flight, nor are FLUSH and RELEASEDIR: they cannot wait on anything.)
         // A BATCH_FORGET comes as one call per inode: this counts inodes forgotten.
         self.inflight.count(Op::Forget);
+        if ino.0 == lanefs::ROOT {
+            // The kernel counts one lookup of the root that no reply gave (its mount's root
+            // inode), and the root never dies: its count is not kept.
+            return;
+        }
+        // ENOENT: the inode died while the kernel held it, which the engine allows only with
+        // its orphan list half full (`Fs::remember`). Any other error means a count went wrong
+        // here (the kernel gives back only what it got).
+        match self.fs.forget(ino.0, nlookup) {
+            Err(e) if e.to_errno() != libc::ENOENT => {
+                eprintln!("lanefs: FORGET of inode {} ({nlookup} lookups): {e}", ino.0)
+            }
+            _ => {}
+        }
         // The kernel evicted it (it forgets only then): its next copy is read afresh.
         self.kernel_ctime.forgotten(ino.0);
     }

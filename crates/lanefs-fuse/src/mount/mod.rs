@@ -578,6 +578,10 @@ fn plain(e: &std::io::Error) -> String {
 
 /// Final checkpoint, then the image lock goes.
 fn finish(fs: Arc<Fs>, lock: File) -> Result<(), String> {
+    // The kernel's references ended with the session (it sends no FORGET when the connection
+    // goes), so an unlinked file it still held is deleted by this checkpoint, not left to the
+    // next mount's recovery.
+    fs.forget_all();
     let r = match Arc::try_unwrap(fs) {
         Ok(fs) => fs.unmount().map_err(|e| format!("final checkpoint failed: {e}")),
         // Unreachable once the session is gone; dropping it checkpoints as well.

@@ -420,7 +420,7 @@ impl Engine {
                 Record::Unlink { ino, .. } => {
                     if let Some(&ci) = created.get(ino) {
                         let gone = match self.mem.cells.get(*ino as u64) {
-                            Some(c) => c.meta.lock().nlink == 0 && c.open.load(Ordering::Acquire) == 0,
+                            Some(c) => c.meta.lock().nlink == 0 && !c.held(),
                             None => true,
                         };
                         let mentioned_between = ops[ci + 1..i].iter().any(|o| mentions(&o.record, *ino));

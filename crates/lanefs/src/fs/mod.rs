@@ -453,6 +453,48 @@ impl Fs {
         self.engine.release(ino32(ino)?)
     }
 
+    /// Takes one reference to `ino` for a kernel that serves it through a mount (FUSE's
+    /// lookup count: call it for every entry reply the kernel counts) and returns its
+    /// attributes. Like an open, the reference keeps the inode alive once its last name is
+    /// removed, until [`Fs::forget`] gives it back: the kernel may still send requests for it.
+    /// (Only while the orphan list, which every checkpoint records and which holds 4096, is at
+    /// most half full; past that an unlinked inode no file has open dies at once, as if no
+    /// reference had been taken.) ENOENT if the inode is gone (its last name was removed while
+    /// nothing held it).
+    ///
+    /// ```
+    /// # use lanefs::{device::MemDevice, Fs, FsOptions, MkfsOptions, ROOT};
+    /// # use std::sync::Arc;
+    /// # let dev = Arc::new(MemDevice::new(64 << 20));
+    /// # Fs::format(&*dev, &MkfsOptions::default()).unwrap();
+    /// # let fs = Fs::open(dev, FsOptions::default()).unwrap();
+    /// let f = fs.create(ROOT, b"f", 0o644, 0, 0).unwrap();
+    /// fs.remember(f.ino).unwrap();
+    /// fs.unlink(ROOT, b"f").unwrap();
+    /// fs.sync().unwrap();
+    /// assert_eq!(fs.getattr(f.ino).unwrap().nlink, 0, "held: not deleted");
+    /// fs.forget(f.ino, 1).unwrap();
+    /// fs.sync().unwrap();
+    /// assert!(fs.getattr(f.ino).is_err(), "deleted with its last reference");
+    /// ```
+    pub fn remember(&self, ino: Ino) -> Result<Attr> {
+        self.engine.disk.check_live()?;
+        self.engine.remember_with(ino32(ino)?, |m| self.attr(m))
+    }
+
+    /// Gives back `n` references [`Fs::remember`] took (FUSE's FORGET); an inode with no name
+    /// and no open handle is deleted with the last. EINVAL if that is more than were taken (they
+    /// are all given back then).
+    pub fn forget(&self, ino: Ino, n: u64) -> Result<()> {
+        self.engine.forget(ino32(ino)?, n)
+    }
+
+    /// Gives back every reference [`Fs::remember`] took, as when a mount's kernel session ends
+    /// (the kernel sends no FORGET for what it holds then); returns how many inodes had any.
+    pub fn forget_all(&self) -> usize {
+        self.engine.forget_all()
+    }
+
     /// Opens a file for I/O through a [`Handle`], which skips the inode table on every call
     /// (the way a FUSE file handle or an application holding a descriptor works). The inode
     /// stays alive until the handle is dropped, even if its last name is removed.

@@ -186,7 +186,6 @@ impl<T: Resident + Send + Sync + 'static> Cells<T> {
     /// Calls `f` for every mnode, one cell at a time. Each cell's entries are copied out (as
     /// `Arc`s) and `f` runs unpinned, so `f` may use the table and block; entries inserted or
     /// removed meanwhile may or may not be visited.
-    #[cfg(test)]
     pub fn for_each(&self, mut f: impl FnMut(u64, &Arc<T>)) {
         let mut batch: Vec<(u64, Arc<T>)> = Vec::new();
         for cell in self.cells.iter() {

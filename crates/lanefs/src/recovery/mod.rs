@@ -242,6 +242,7 @@ fn new_engine(
             lazy_since: std::sync::atomic::AtomicU64::new(0),
             lazy_flush: AtomicBool::new(false),
             orphans: Mutex::new(Rank::Orphans, Default::default()),
+            orphan_count: Default::default(),
             generations: crate::generation::Generations::new(generation_floor),
             xattr_owed: Default::default(),
             dirty_inodes: PerCpuCounter::new(),

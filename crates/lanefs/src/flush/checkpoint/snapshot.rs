@@ -230,9 +230,11 @@ impl Engine {
         debug_assert!(!m.dead.load(Ordering::Acquire), "dead inodes are not captured");
         let (meta, xattrs_changed, xattr_names) = {
             let mut meta = m.meta.lock();
-            if meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0 {
-                drop(meta);
+            if meta.nlink == 0 && !m.held() {
+                // Under the meta lock, as every decision of an inode's life (`mem::ops::life`).
                 m.dead.store(true, Ordering::Release);
+                self.mem.unorphan(&m);
+                drop(meta);
                 out.found_dead.push(m);
                 return None;
             }
@@ -339,6 +341,7 @@ impl Engine {
             debug_assert!(m.dead.load(Ordering::Acquire));
             {
                 let mut meta = m.meta.lock();
+                // (A kernel may still hold it: past `Memfs::kernel_may_hold` its references do not keep it.)
                 debug_assert!(meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0, "inode {} dead", m.ino);
                 self.mem.xattr_settled(&mut meta.xattrs);
                 meta.xattrs.unjournaled.clear();

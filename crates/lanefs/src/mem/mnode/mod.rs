@@ -17,7 +17,7 @@ mod disk;
 mod meta;
 
 pub use disk::{Bridge, DiskLock, DiskState, XattrDisk};
-pub use meta::{Meta, MetaLock};
+pub use meta::{Meta, MetaGuard, MetaLock};
 
 use super::dir::DirMap;
 use super::pages::{CacheStats, PageMap};
@@ -87,6 +87,13 @@ pub struct MNode {
     pub disk: DiskLock,
     /// Open handles.
     pub open: AtomicU32,
+    /// References a kernel holds through a mount (FUSE's lookup count: one per entry reply it
+    /// got, given back by FORGET; `mem::ops::life`). Like an open handle, they keep the inode
+    /// alive once its last name is gone: the kernel may still send requests for it.
+    pub lookups: AtomicU64,
+    /// On `Memfs::orphans` (changed with the list, under `meta`, by `Memfs::orphan` and
+    /// `Memfs::unorphan`): the list is touched only by inodes that are or were orphans.
+    pub orphaned: AtomicBool,
     /// For directories: the parent directory (the root is its own parent).
     pub parent: AtomicU32,
     /// Directories whose logs hold records naming this inode (its create, links, unlinks,
@@ -198,6 +205,8 @@ impl MNode {
             content,
             disk: DiskLock::new(DiskState::new(stats.clone())),
             open: AtomicU32::new(0),
+            lookups: AtomicU64::new(0),
+            orphaned: AtomicBool::new(false),
             parent: AtomicU32::new(0),
             pending: Mutex::new(Rank::Pending, BTreeMap::new()),
             in_dirty_set: AtomicBool::new(false),
@@ -217,6 +226,12 @@ impl MNode {
 
     pub fn is_dir(&self) -> bool {
         self.file_type == S_IFDIR
+    }
+
+    /// Something still refers to it by number: an open handle or a kernel's reference. With
+    /// no name left it is then an orphan, not dead.
+    pub fn held(&self) -> bool {
+        self.open.load(Ordering::Acquire) > 0 || self.lookups.load(Ordering::Acquire) > 0
     }
 
     pub fn dir(&self) -> Option<&DirState> {

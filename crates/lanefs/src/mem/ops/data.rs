@@ -71,10 +71,8 @@ impl Engine {
             m.open.store(0, Ordering::Release);
             return Err(Error::errno(libc::EBADF, "release without open"));
         }
-        if prev == 1 && m.meta.lock().nlink == 0 {
-            self.mem.orphans.lock().remove(&m.ino);
-            self.mem.mark_dirty(&m);
-            self.mem.bury(&m);
+        if prev == 1 {
+            self.settle(&m);
         }
         Ok(())
     }

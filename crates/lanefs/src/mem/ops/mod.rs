@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 mod attr;
 mod data;
+mod life;
 mod namespace;
 mod tmpfile;
 

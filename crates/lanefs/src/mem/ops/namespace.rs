@@ -278,7 +278,7 @@ impl Engine {
                     dir.log.push_all(Self::tmpfile_link_records(stamp, parent, name, ino, *attr, acls));
                     // Named now, so no orphan; under the shard lock, before an unlink of the
                     // new name could put it back on the list.
-                    self.mem.orphans.lock().remove(&ino);
+                    self.mem.unorphan(m);
                 }
                 None => dir.log.push(LoggedOp::new(Record::Link {
                     stamp,
@@ -387,22 +387,14 @@ impl Engine {
 
     /// One name of `child` is gone.
     fn drop_link(&self, child: &Arc<MNode>, is_dir: bool, t: Timespec) {
-        let nlink = {
-            let mut meta = child.meta.lock();
-            meta.nlink = if is_dir { 0 } else { meta.nlink.saturating_sub(1) };
-            meta.nlink
-        };
         child.touch_ctime(t);
-        let open = nlink == 0 && child.open.load(Ordering::Acquire) > 0;
-        if nlink == 0 {
-            self.ckpt.requests.count_deleted();
-            if open {
-                self.mem.orphans.lock().insert(child.ino);
-            }
-        }
         self.mem.mark_dirty(child);
-        if nlink == 0 && !open {
-            self.mem.bury(child);
+        let mut meta = child.meta.lock();
+        meta.nlink = if is_dir { 0 } else { meta.nlink.saturating_sub(1) };
+        if meta.nlink == 0 {
+            self.ckpt.requests.count_deleted();
+            // An orphan if still held, else dead (`mem::ops::life`).
+            self.settle_locked(child, &meta);
         }
     }
 

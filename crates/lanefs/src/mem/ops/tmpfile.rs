@@ -67,7 +67,7 @@ impl Engine {
         debug_assert!(fresh, "a newly allocated inode number has no mnode");
         // Within the pass-through semaphore, so a checkpoint's snapshot sees it dirty and on
         // the orphan list together, or neither.
-        self.mem.orphans.lock().insert(ino);
+        self.mem.orphan(&m);
         self.ckpt.requests.count_op();
         self.mem.mark_dirty(&m);
         Ok(m)
