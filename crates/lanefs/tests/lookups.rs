@@ -269,3 +269,54 @@ fn kernel_references_keep_unlinked_inodes_only_while_the_orphan_list_has_room() 
     assert_eq!(inspect(&*dev).unwrap().orphans, 0);
     fsck_clean(&dev, "after a flood of held orphans");
 }
+
+/// Files unlinked while open are orphans too, and the list is bounded: near full, removing the
+/// last name of an open file (by unlink or by a rename over it) or making an O_TMPFILE file is
+/// refused with ENOSPC, as F2FS refuses it, instead of a checkpoint that cannot record the list
+/// stopping the file system. Closing some makes room again.
+#[test]
+fn unlinking_open_files_past_the_orphan_lists_room_is_refused_with_enospc() {
+    const CAPACITY: usize = lanefs::format::layout::ORPHAN_CAPACITY as usize;
+    let dev = Arc::new(MemDevice::new(512 << 20));
+    Fs::format(&*dev, &MkfsOptions { lanes: 2, ..Default::default() }).unwrap();
+    let fs = mount(&dev);
+    let mut open = Vec::new();
+    let mut refused = None;
+    for i in 0..CAPACITY {
+        let name = format!("o{i}");
+        let a = fs.create(ROOT, name.as_bytes(), 0o644, 0, 0).unwrap();
+        open.push(fs.open_file(a.ino).unwrap());
+        match fs.unlink(ROOT, name.as_bytes()) {
+            Ok(()) => {}
+            Err(e) => {
+                assert_eq!(e.to_errno(), libc::ENOSPC, "{e}");
+                refused = Some(i);
+                break;
+            }
+        }
+    }
+    let first_refused = refused.expect("the list filled up");
+    assert!((CAPACITY / 2..CAPACITY).contains(&first_refused), "refused at {first_refused}");
+    let last = format!("o{first_refused}");
+    assert!(fs.lookup(ROOT, last.as_bytes()).is_ok(), "a refused unlink leaves the name");
+    // A rename over an open file would orphan it too; one over a closed file would not.
+    let other = fs.create(ROOT, b"other", 0o644, 0, 0).unwrap();
+    assert_eq!(errno(fs.rename(ROOT, b"other", ROOT, last.as_bytes(), Default::default())), libc::ENOSPC);
+    let closed = fs.create(ROOT, b"closed", 0o644, 0, 0).unwrap();
+    fs.rename(ROOT, b"other", ROOT, b"closed", Default::default()).unwrap();
+    assert_eq!(fs.lookup(ROOT, b"closed").unwrap().ino, other.ino);
+    let new = lanefs::New { mode: 0o600, rdev: 0, uid: 0, gid: 0, umask: 0 };
+    assert_eq!(errno(fs.tmpfile(ROOT, &new).map(|_| ())), libc::ENOSPC);
+    // The checkpoint records the list: it fits.
+    fs.sync().unwrap();
+    assert_eq!(errno(fs.getattr(closed.ino)), libc::ENOENT, "the file renamed over was closed: deleted");
+    assert_eq!(inspect(&*dev).unwrap().orphans, first_refused);
+    // Closing frees the orphans, and the unlink goes through.
+    open.truncate(open.len() - 300);
+    fs.unlink(ROOT, last.as_bytes()).unwrap();
+    drop(open);
+    fs.sync().unwrap();
+    fs.unmount().unwrap();
+    assert_eq!(inspect(&*dev).unwrap().orphans, 0);
+    fsck_clean(&dev, "after the orphan list filled");
+}

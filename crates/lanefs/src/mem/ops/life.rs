@@ -25,7 +25,12 @@
 //! one.
 
 use super::*;
+use crate::format::layout::ORPHAN_CAPACITY;
 use crate::mem::mnode::MetaGuard;
+
+/// Room the orphan list keeps beyond what [`Engine::admit_orphan`] lets in: the check and the
+/// removal it admits are not one step, so removals racing each other may all pass it.
+const ORPHAN_ADMIT_MARGIN: u32 = 256;
 
 impl Engine {
     /// Decides `m`'s life after a change that may have ended it: dead if it has no name and
@@ -47,6 +52,28 @@ impl Engine {
         self.mem.mark_dirty(m);
         self.mem.bury(m);
         debug_assert!(m.dead.load(Ordering::Acquire) && !m.orphaned.load(Ordering::Acquire));
+    }
+
+    /// Refuses, with ENOSPC, to make one more orphan (the last name of an open `m` removed, or
+    /// an O_TMPFILE file made) when the orphan list is nearly full, as F2FS refuses it: every
+    /// checkpoint records the list, which holds `ORPHAN_CAPACITY`, and a checkpoint that could
+    /// not would stop the file system. A kernel's references alone never count here: past
+    /// `Memfs::kernel_may_hold` they no longer keep an unlinked inode.
+    pub(super) fn admit_orphan(&self, m: Option<&MNode>) -> Result<()> {
+        let n = self.mem.orphan_count.load(Ordering::Relaxed);
+        if n < (ORPHAN_CAPACITY - ORPHAN_ADMIT_MARGIN) as usize {
+            return Ok(());
+        }
+        if let Some(m) = m {
+            let last = m.is_dir() || m.meta.stat().nlink <= 1;
+            if m.open.load(Ordering::Acquire) == 0 || !last {
+                return Ok(());
+            }
+        }
+        Err(Error::errno(
+            libc::ENOSPC,
+            format!("{n} files have no name and are still open (the most lanefs keeps); close some first"),
+        ))
     }
 
     /// [`Engine::settle_locked`], taking the meta lock.

@@ -343,6 +343,7 @@ impl Engine {
         let child = self.mnode(e.ino)?;
         refuse(d.iflags(), InodeFlags::PRIVILEGED, "remove an entry")?;
         refuse(child.iflags(), InodeFlags::PRIVILEGED, "remove")?;
+        self.admit_orphan(Some(&child))?;
         if child.is_dir() != want_dir {
             return Err(if want_dir {
                 Error::errno(libc::ENOTDIR, String::from_utf8_lossy(name))
@@ -476,6 +477,9 @@ impl Engine {
         if let Some(dst) = &dst {
             refuse(a.dd.iflags(), InodeFlags::APPEND, "replace an entry")?;
             refuse(dst.iflags(), InodeFlags::PRIVILEGED, "replace")?;
+            if flags & RENAME_EXCHANGE == 0 {
+                self.admit_orphan(Some(dst))?;
+            }
         }
         if let (Some(dst), true) = (&dst, flags & RENAME_EXCHANGE == 0) {
             match (src.is_dir(), dst.is_dir()) {

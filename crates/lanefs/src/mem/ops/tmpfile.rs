@@ -36,6 +36,8 @@ impl Engine {
             return Err(enoent("directory was removed"));
         }
         refuse(d.iflags(), InodeFlags::IMMUTABLE, "create")?;
+        // Born an orphan.
+        self.admit_orphan(None)?;
         let (mode, xattrs) = self.inherit(d, new.mode, new.umask)?;
         let (_, cpu) = self.disk.lane();
         let ino =
