@@ -341,7 +341,8 @@ impl Engine {
             debug_assert!(m.dead.load(Ordering::Acquire));
             {
                 let mut meta = m.meta.lock();
-                // (A kernel may still hold it: past `Memfs::kernel_may_hold` its references do not keep it.)
+                // (A kernel may still hold it: past `Memfs::kernel_may_hold` its references do
+                // not keep it.)
                 debug_assert!(meta.nlink == 0 && m.open.load(Ordering::Acquire) == 0, "inode {} dead", m.ino);
                 self.mem.xattr_settled(&mut meta.xattrs);
                 meta.xattrs.unjournaled.clear();

@@ -91,8 +91,8 @@ pub struct MNode {
     /// got, given back by FORGET; `mem::ops::life`). Like an open handle, they keep the inode
     /// alive once its last name is gone: the kernel may still send requests for it.
     pub lookups: AtomicU64,
-    /// On `Memfs::orphans` (changed with the list, under `meta`, by `Memfs::orphan` and
-    /// `Memfs::unorphan`): the list is touched only by inodes that are or were orphans.
+    /// On `Memfs::orphans` (changed with the list, by `Memfs::orphan` and `Memfs::unorphan`):
+    /// the list's lock is taken only for inodes that are or were orphans.
     pub orphaned: AtomicBool,
     /// For directories: the parent directory (the root is its own parent).
     pub parent: AtomicU32,
