@@ -403,3 +403,91 @@ fn the_mount_names_its_transport_and_why() {
     assert_eq!(fs::read(m.mp.join("f")).unwrap(), b"ring");
     m.umount();
 }
+
+/// The names of directory `d` as getdents gives them, "." and ".." included, with their inode
+/// numbers.
+fn listing(d: &Path) -> BTreeMap<String, u64> {
+    let fd = rustix::fs::open(
+        d,
+        rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let mut dir = rustix::fs::Dir::read_from(&fd).unwrap();
+    let mut out = BTreeMap::new();
+    // Bounded by the directory's size: getdents ends.
+    while let Some(e) = dir.read() {
+        let e = e.unwrap();
+        out.insert(e.file_name().to_string_lossy().into_owned(), e.ino());
+    }
+    out
+}
+
+/// The kernel keeps a directory's listing (FOPEN_CACHE_DIR): listing an unchanged directory
+/// again asks the daemon for no entries, only to open and close it, and every change shows at
+/// once: a new name, a removed one, and the new ".." of a directory moved to another parent.
+/// The access time still moves (`strictatime`: at every listing).
+#[test]
+fn directory_listings_are_kept_by_the_kernel_and_changes_still_show() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let m = Mounted::daemon(&img, &mp, &["-o", "strictatime"]);
+    let d = m.mp.join("d");
+    fs::create_dir(&d).unwrap();
+    for i in 0..300 {
+        File::create(d.join(format!("f{i}"))).unwrap();
+    }
+    let entries =
+        |c: &BTreeMap<String, u64>| c.get("READDIR").unwrap_or(&0) + c.get("READDIRPLUS").unwrap_or(&0);
+    let mut want = listing(&d);
+    assert_eq!(want.len(), 302, "300 files, . and ..");
+    let again = served(&m.mp, || assert_eq!(listing(&d), want));
+    assert_eq!(entries(&again), 0, "an unchanged directory is listed from the kernel's copy: {again:?}");
+    // (rustix's `Dir` opens the directory again through its descriptor: two OPENDIRs.)
+    let only = ["OPENDIR", "RELEASEDIR", "GETATTR"];
+    assert!(again.keys().all(|k| only.contains(&k.as_str())), "only opened and closed: {again:?}");
+    let before = fs::metadata(&d).unwrap().accessed().unwrap();
+    tick();
+    listing(&d);
+    assert!(
+        fs::metadata(&d).unwrap().accessed().unwrap() > before,
+        "a listing from the kernel's copy is an access"
+    );
+
+    let f = File::create(d.join("new")).unwrap();
+    want.insert("new".into(), f.metadata().unwrap().ino());
+    drop(f);
+    let changed = served(&m.mp, || assert_eq!(listing(&d), want));
+    assert!(entries(&changed) > 0, "a change drops the kernel's copy: {changed:?}");
+    fs::remove_file(d.join("f7")).unwrap();
+    want.remove("f7");
+    assert_eq!(listing(&d), want);
+
+    // A directory moved to another parent: its ".." is the new parent.
+    let (a, b) = (m.mp.join("a"), m.mp.join("b"));
+    fs::create_dir_all(a.join("sub")).unwrap();
+    fs::create_dir(&b).unwrap();
+    let (ia, ib) = (fs::metadata(&a).unwrap().ino(), fs::metadata(&b).unwrap().ino());
+    assert_eq!(listing(&a.join("sub"))[".."], ia);
+    assert_eq!(listing(&a.join("sub"))[".."], ia);
+    fs::rename(a.join("sub"), b.join("sub")).unwrap();
+    assert_eq!(listing(&b.join("sub"))[".."], ib, "the moved directory's .. is its new parent");
+    // Exchanged across parents, both.
+    fs::create_dir(a.join("x")).unwrap();
+    assert_eq!(listing(&a.join("x"))[".."], ia);
+    assert_eq!(listing(&b.join("sub"))[".."], ib);
+    rustix::fs::renameat_with(
+        rustix::fs::CWD,
+        a.join("x"),
+        rustix::fs::CWD,
+        b.join("sub"),
+        rustix::fs::RenameFlags::EXCHANGE,
+    )
+    .unwrap();
+    assert_eq!(listing(&a.join("x"))[".."], ia, "now the former sub, moved back under a");
+    assert_eq!(listing(&b.join("sub"))[".."], ib, "now the former x, moved under b");
+    m.umount();
+    fsck_clean(&img);
+}

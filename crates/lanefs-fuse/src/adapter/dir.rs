@@ -20,6 +20,12 @@ const DIR_BATCH: usize = 64;
 /// `rewinddir`, which must then see the directory as it is. Handles are numbered from 1; the
 /// table is sharded by handle so that parallel OPENDIRs rarely share a lock, and no lock of it
 /// is held while the engine is called.
+///
+/// The kernel may keep a listing and serve later ones from it (OPENDIR answers
+/// FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE): it drops it when its own requests change the directory,
+/// and the daemon drops it when a rename gives the directory a new ".."
+/// (`LaneFuse::drop_cached_listing`). Cookies are the directory's own, so a listing resumed on a
+/// handle from the kernel's cache neither repeats nor skips an entry.
 pub(super) struct DirHandles {
     next: std::sync::atomic::AtomicU64,
     shards: Box<[DirShard]>,
@@ -81,6 +87,30 @@ impl DirHandles {
             Some(l) => fs.readdir_listing(&l, offset, max),
             // Not opened through OPENDIR (the kernel always does; a handle of 0 otherwise).
             None => fs.readdir(ino, offset, max),
+        }
+    }
+}
+
+/// How long a RENAME's handler waits for the drop of a moved directory's cached listing
+/// (`LaneFuse::drop_cached_listing`) before it replies anyway.
+const LISTING_DROP_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl LaneFuse {
+    /// Drops the kernel's cached listing of directory `ino` (its pages: offset 0, to the end),
+    /// before the reply when it can: a thread of its own sends it and the handler waits for it
+    /// at most `LISTING_DROP_WAIT`, so that no lock the kernel holds for the request can keep
+    /// the reply from going (the drop itself takes only the listing's page locks, which a
+    /// reader holds under the directory's lock).
+    pub(super) fn drop_cached_listing(&self, ino: u64) {
+        let Some(n) = self.notifier.get() else { return };
+        let n = n.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new().name("lanefs-inval".into()).spawn(move || {
+            let _ = n.inval_inode(INodeNo(ino), 0, 0);
+            let _ = tx.send(());
+        });
+        if spawned.is_ok() {
+            let _ = rx.recv_timeout(LISTING_DROP_WAIT);
         }
     }
 }

@@ -474,7 +474,29 @@ impl Filesystem for LaneFuse {
         } else {
             (0, 0)
         };
-        self.empty(self.fs.rename_as(parent.0, name(n), newparent.0, name(newname), f, uid, gid), reply)
+        // A directory moved to another parent has a new "..", which a listing the kernel keeps
+        // of it (CACHE_DIR, see `opendir`) would not show: the kernel drops its cached listing
+        // only when the directory's own entries change.
+        let moved = |p: INodeNo, n: &OsStr| -> Option<u64> {
+            let a = self.fs.lookup(p.0, name(n)).ok()?;
+            (a.kind == FileKind::Dir).then_some(a.ino)
+        };
+        let moved_dirs: Vec<u64> = if parent != newparent {
+            let mut v: Vec<u64> = moved(parent, n).into_iter().collect();
+            if flags & libc::RENAME_EXCHANGE != 0 {
+                v.extend(moved(newparent, newname));
+            }
+            v
+        } else {
+            Vec::new()
+        };
+        let r = self.fs.rename_as(parent.0, name(n), newparent.0, name(newname), f, uid, gid);
+        if r.is_ok() {
+            for d in moved_dirs {
+                self.drop_cached_listing(d);
+            }
+        }
+        self.empty(r, reply)
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
@@ -586,8 +608,23 @@ impl Filesystem for LaneFuse {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: i32, reply: ReplyOpen) {
         let _busy = self.inflight.enter(Op::Opendir, ino.0, req.pid());
         match self.fs.getattr(ino.0) {
+            // The kernel may keep the listing and serve later ones from it (see `dir`). Such a
+            // listing never reaches the engine, so the access time is taken when the listing
+            // starts (`Fs::listing`); the kernel, which refreshes a directory's attributes after
+            // a listing it asked for, is told when that moved it.
             Ok(a) if a.kind == FileKind::Dir => match self.fs.listing(ino.0) {
-                Ok(l) => reply.opened(FileHandle(self.dirs.open(l)), FopenFlags::default()),
+                Ok(l) => {
+                    if self.fs.getattr(ino.0).is_ok_and(|now| now.atime != a.atime) {
+                        if let Some(n) = self.notifier.get() {
+                            // Attributes only (offset -1): no lock of the inode is taken.
+                            let _ = n.inval_inode(ino, -1, 0);
+                        }
+                    }
+                    reply.opened(
+                        FileHandle(self.dirs.open(l)),
+                        FopenFlags(fopen::CACHE_DIR | fopen::KEEP_CACHE),
+                    )
+                }
                 Err(e) => reply.error(errno(e)),
             },
             Ok(_) => reply.error(Errno::ENOTDIR),

@@ -148,6 +148,10 @@ pub mod fattr {
 /// OPEN / CREATE reply flags.
 pub mod fopen {
     pub const DIRECT_IO: u32 = 1 << 0;
+    /// Keep what the kernel caches of the file (a directory's listing) across opens.
+    pub const KEEP_CACHE: u32 = 1 << 1;
+    /// Let the kernel cache a directory's listing (FOPEN_CACHE_DIR).
+    pub const CACHE_DIR: u32 = 1 << 3;
     pub const NOFLUSH: u32 = 1 << 5;
     pub const PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
 }

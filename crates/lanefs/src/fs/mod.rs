@@ -616,6 +616,10 @@ impl Fs {
         self.engine.disk.check_live()?;
         let _g = self.engine.mem.pass.shared();
         let d = self.engine.dir_mnode(ino32(ino)?)?;
+        // Starting a listing is an access of the directory, as each read of it is: a mount's
+        // kernel may serve the reads from its own cache of the listing, which the engine never
+        // sees (`mem::atime` decides whether it changes anything).
+        self.engine.touch_atime(&d);
         Ok(Listing { ino, horizon: d.dir().expect("dir").map.horizon() })
     }
 
