@@ -91,15 +91,9 @@ impl LaneFuse {
     /// so that the reply always goes.
     fn drop_cached_entry(&self, n: &Notifier, ino: u64, wait: Option<Duration>) {
         let Ok(Some((parent, name))) = self.fs.name_of(ino) else { return };
-        let n = n.clone();
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let spawned = std::thread::Builder::new().name("lanefs-inval".into()).spawn(move || {
+        n.aside(wait, move |n| {
             let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(&name));
-            let _ = tx.send(());
         });
-        if let (Ok(_), Some(wait)) = (spawned, wait) {
-            let _ = rx.recv_timeout(wait);
-        }
     }
 }
 

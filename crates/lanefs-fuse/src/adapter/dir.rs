@@ -97,21 +97,14 @@ const LISTING_DROP_WAIT: std::time::Duration = std::time::Duration::from_millis(
 
 impl LaneFuse {
     /// Drops the kernel's cached listing of directory `ino` (its pages: offset 0, to the end),
-    /// before the reply when it can: a thread of its own sends it and the handler waits for it
-    /// at most `LISTING_DROP_WAIT`, so that no lock the kernel holds for the request can keep
-    /// the reply from going (the drop itself takes only the listing's page locks, which a
-    /// reader holds under the directory's lock).
+    /// before the reply when it can (`Notifier::aside`, waiting at most `LISTING_DROP_WAIT`).
+    /// The drop takes only the listing's page locks, which a reader holds under the directory's
+    /// lock, but no lock the kernel holds for a request may ever keep its reply from going.
     pub(super) fn drop_cached_listing(&self, ino: u64) {
         let Some(n) = self.notifier.get() else { return };
-        let n = n.clone();
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let spawned = std::thread::Builder::new().name("lanefs-inval".into()).spawn(move || {
+        n.aside(Some(LISTING_DROP_WAIT), move |n| {
             let _ = n.inval_inode(INodeNo(ino), 0, 0);
-            let _ = tx.send(());
         });
-        if spawned.is_ok() {
-            let _ = rx.recv_timeout(LISTING_DROP_WAIT);
-        }
     }
 }
 

@@ -244,6 +244,23 @@ impl Notifier {
         self.dev.write_reply(0, abi::NOTIFY_INVAL_INODE, &[&o.buf])
     }
 
+    /// Sends notifications (`send`) from a thread of its own and waits for them at most `wait`
+    /// (`None`: not at all). A notification may need a lock the kernel holds while it waits for
+    /// the request being served (dropping an entry takes its directory's lock), so it cannot be
+    /// sent from the handler itself; waiting a bounded time orders it before the reply whenever
+    /// no such lock is held, and the reply always goes.
+    pub fn aside(&self, wait: Option<std::time::Duration>, send: impl FnOnce(&Notifier) + Send + 'static) {
+        let n = self.clone();
+        let (tx, rx) = mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new().name("lanefs-inval".into()).spawn(move || {
+            send(&n);
+            let _ = tx.send(());
+        });
+        if let (Ok(_), Some(wait)) = (spawned, wait) {
+            let _ = rx.recv_timeout(wait);
+        }
+    }
+
     /// Drops the kernel's cached entry `name` in `parent`.
     pub fn inval_entry(&self, parent: INodeNo, name: &OsStr) -> io::Result<()> {
         let name = std::os::unix::ffi::OsStrExt::as_bytes(name);
