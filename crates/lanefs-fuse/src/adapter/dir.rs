@@ -165,9 +165,9 @@ impl LaneFuse {
     ) {
         let ttl = self.ttl.cache;
         // The kernel counts every entry it gets as a lookup but "." and ".." (`fuse_direntplus_link`
-        // skips them), so the engine takes a reference for the others, and gives it back for one
-        // the reply has no room for.
-        // An error reply counts nothing, so what was taken for it is given back (`taken`).
+        // skips them), so the engine takes a reference for the others. It gives one back for an
+        // entry the reply has no room for, and all of them (`taken`) if the reply is an error,
+        // which counts nothing.
         let counted = |e: &lanefs::DirEntry| e.name != b"." && e.name != b"..";
         let mut taken = Vec::new();
         let r = self.each_entry(ino, fh, offset, |e, target| {

@@ -481,15 +481,13 @@ impl Filesystem for LaneFuse {
             let a = self.fs.lookup(p.0, name(n)).ok()?;
             (a.kind == FileKind::Dir).then_some(a.ino)
         };
-        let moved_dirs: Vec<u64> = if parent != newparent {
-            let mut v: Vec<u64> = moved(parent, n).into_iter().collect();
+        let mut moved_dirs = Vec::new();
+        if parent != newparent {
+            moved_dirs.extend(moved(parent, n));
             if flags & libc::RENAME_EXCHANGE != 0 {
-                v.extend(moved(newparent, newname));
+                moved_dirs.extend(moved(newparent, newname));
             }
-            v
-        } else {
-            Vec::new()
-        };
+        }
         let r = self.fs.rename_as(parent.0, name(n), newparent.0, name(newname), f, uid, gid);
         if r.is_ok() {
             for d in moved_dirs {
