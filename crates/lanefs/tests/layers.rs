@@ -118,6 +118,10 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         if p.is_dir() {
+            // A crate's own build directory (the fuzz targets') holds no sources.
+            if p.file_name().is_some_and(|n| n == "target") {
+                continue;
+            }
             rust_files(&p, out);
         } else if p.extension().is_some_and(|x| x == "rs") {
             out.push(p);
@@ -175,4 +179,25 @@ fn the_reference_scanner_reads_paths_groups_and_skips_comments_and_tests() {
                crate::fs; }\n";
     let got: Vec<String> = referenced(src).into_iter().collect();
     assert_eq!(got, ["device", "format", "journal", "nat", "oplog", "seg"]);
+}
+
+/// Issue 15's bound on a file a reader must hold in mind at once, over every crate's sources
+/// and tests (scripts/structure counts the same).
+const MAX_FILE_LINES: usize = 800;
+
+#[test]
+fn no_source_file_in_the_workspace_is_over_800_lines() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    rust_files(&crates, &mut files);
+    // The walk must have found the workspace, not a stray directory.
+    assert!(files.len() >= 100, "{} Rust files under {}", files.len(), crates.display());
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).unwrap().lines().count();
+            (n > MAX_FILE_LINES).then(|| format!("{} ({n} lines)", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "files over {MAX_FILE_LINES} lines: split them by job: {long:?}");
 }
