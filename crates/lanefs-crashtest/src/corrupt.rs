@@ -534,7 +534,7 @@ pub fn fuzz_decoders(data: &[u8]) {
             let _ = SitBlock::decode(&b, ((addr - g.sit_blkaddr) % g.sit_blocks as u64) as u32, at);
         }
         Target::Ssa => {
-            let segno = ((addr - g.ssa_blkaddr) / ssa::SSA_BLOCKS_PER_SEG as u64) as u32;
+            let segno = SegNo(((addr - g.ssa_blkaddr) / ssa::SSA_BLOCKS_PER_SEG as u64) as u32);
             let _ = SegmentSummary::decode(&b, segno, g.max_nid, at);
         }
         Target::Node => {

@@ -11,7 +11,7 @@
 
 use crate::device::{BlockDevice, ReadReq, WriteReq, BLOCK_SIZE};
 use crate::error::{Error, Result, Structure};
-use crate::format::layout::{Geometry, NAT_ENTRIES_PER_BLOCK, SIT_ENTRIES_PER_BLOCK};
+use crate::format::layout::{Geometry, SegNo, NAT_ENTRIES_PER_BLOCK, SIT_ENTRIES_PER_BLOCK};
 use crate::format::superblock::SB_ADDRS;
 use crate::format::{Checkpoint, NatBlock, SegmentSummary, SitBlock, SitEntry, Superblock};
 use std::collections::BTreeMap;
@@ -140,7 +140,7 @@ pub fn read_sit(dev: &dyn BlockDevice, g: &Geometry, cp: &Checkpoint) -> Result<
 }
 
 /// Reads the summary block of segment `segno`.
-pub fn read_summary(dev: &dyn BlockDevice, g: &Geometry, segno: u32) -> Result<SegmentSummary> {
+pub fn read_summary(dev: &dyn BlockDevice, g: &Geometry, segno: SegNo) -> Result<SegmentSummary> {
     let addr = g.ssa_block_addr(segno);
     let mut b = vec![0u8; BLOCK_SIZE * crate::format::ssa::SSA_BLOCKS_PER_SEG as usize];
     dev.read_block(addr, &mut b)?;
@@ -200,7 +200,7 @@ pub fn commit(
         cp.sit_map.set(sb.index, copy);
     }
     for s in &set.summaries {
-        if s.segno >= g.main_segments {
+        if !g.has_segment(s.segno) {
             return Err(Error::InvalidArgument(format!("summary of segment {} out of range", s.segno)));
         }
         blocks.push((g.ssa_block_addr(s.segno), s.encode()));

@@ -16,7 +16,7 @@ use crate::checkpoint::read_superblock;
 use crate::device::BLOCK_SIZE;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::layout::BLOCKS_PER_SEG;
+use crate::format::layout::SegNo;
 use crate::format::superblock::{LABEL_MAX, SB_ADDRS};
 use crate::seg::DISCARD_PER_ROUND;
 
@@ -94,21 +94,25 @@ impl Engine {
         if first >= last {
             return Ok(0);
         }
-        let seg_of = |blk: u64| ((blk - self.disk.g.main_blkaddr) / BLOCKS_PER_SEG as u64) as u32;
-        let segs = seg_of(first)..seg_of(last - 1) + 1;
+        // Both ends are main-area blocks (clamped to it above).
+        let Some(((lo_seg, _), (hi_seg, _))) = self.disk.g.seg_of(first).zip(self.disk.g.seg_of(last - 1))
+        else {
+            return Ok(0);
+        };
+        let segs = lo_seg..hi_seg.next();
         let keep = self.disk.g.cleaning_reserve() as usize;
         let mut trimmed = 0u64;
         for run in self.disk.table.free_runs(segs, keep) {
             // The part of the run inside [first, last), in blocks.
             let lo = self.disk.g.seg_start(run.start).max(first);
-            let hi = (self.disk.g.seg_start(run.end - 1) + BLOCKS_PER_SEG as u64).min(last);
+            let hi = self.disk.g.seg_start(run.end).min(last);
             if (hi - lo) * bs < r.minlen.max(1) {
                 continue;
             }
             // At most DISCARD_PER_ROUND segments out of the map at once.
             let mut at = run.start;
             while at < run.end {
-                let chunk = at..(at + DISCARD_PER_ROUND as u32).min(run.end);
+                let chunk = at..SegNo(at.0 + DISCARD_PER_ROUND as u32).min(run.end);
                 at = chunk.end;
                 let taken = self.disk.table.take_for_trim(chunk, keep);
                 let r = self.discard_taken(&taken, lo, hi);
@@ -122,16 +126,16 @@ impl Engine {
 
     /// Discards the blocks of the segments `taken` (ascending) that lie in `[lo, hi)`, one
     /// device call per run of consecutive segments; returns the blocks discarded.
-    fn discard_taken(&self, taken: &[u32], lo: u64, hi: u64) -> Result<u64> {
+    fn discard_taken(&self, taken: &[SegNo], lo: u64, hi: u64) -> Result<u64> {
         let mut blocks = 0;
         let mut i = 0;
         while i < taken.len() {
             let mut j = i + 1;
-            while j < taken.len() && taken[j] == taken[j - 1] + 1 {
+            while j < taken.len() && taken[j] == taken[j - 1].next() {
                 j += 1;
             }
             let a = self.disk.g.seg_start(taken[i]).max(lo);
-            let b = (self.disk.g.seg_start(taken[j - 1]) + BLOCKS_PER_SEG as u64).min(hi);
+            let b = self.disk.g.seg_start(taken[j - 1].next()).min(hi);
             if a < b {
                 self.disk.dev.discard(a, b - a)?;
                 blocks += b - a;

@@ -31,7 +31,7 @@
 
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::format::layout::BLOCKS_PER_SEG;
+use crate::format::layout::{SegNo, BLOCKS_PER_SEG};
 use crate::format::ssa::{SegmentSummary, SummaryKind};
 use crate::format::tree::XATTR_NODE_OFS;
 use crate::seg::{Victim, VictimPolicy};
@@ -59,7 +59,7 @@ pub struct Cleaner {
     /// Blocks the cleaner asked to move (data and nodes), since mount.
     pub blocks_planned: AtomicU64,
     /// Victims planned but not yet seen emptied by a checkpoint.
-    pending_victims: Mutex<Vec<u32>>,
+    pending_victims: Mutex<Vec<SegNo>>,
     /// Blocks planned rounds asked the next checkpoint to write, by where they go
     /// ([`MoveCost`]): the checkpoint picks its lane by them.
     moves_data: AtomicU64,
@@ -210,7 +210,7 @@ impl Engine {
             }
             // A victim is a full segment with at least one invalid block: it gives some back.
             debug_assert!(
-                v.segno < self.disk.g.main_segments && (v.valid_blocks as u32) < BLOCKS_PER_SEG,
+                self.disk.g.has_segment(v.segno) && (v.valid_blocks as u32) < BLOCKS_PER_SEG,
                 "victim {} with {} valid blocks",
                 v.segno,
                 v.valid_blocks
@@ -245,8 +245,8 @@ impl Engine {
     }
 
     /// The summary of a segment, from memory if it was filled since the last checkpoint.
-    fn summary_of(&self, segno: u32) -> Result<SegmentSummary> {
-        debug_assert!(segno < self.disk.g.main_segments, "summary of segment {segno}");
+    fn summary_of(&self, segno: SegNo) -> Result<SegmentSummary> {
+        debug_assert!(self.disk.g.has_segment(segno), "summary of segment {segno}");
         let s = match self.disk.lanes.summary_in_memory(segno) {
             Some(s) => s,
             None => crate::checkpoint::read_summary(&*self.disk.dev, &self.disk.g, segno)?,
@@ -376,7 +376,7 @@ impl Engine {
         }
         // Victims a move missed (a concurrent change won) are picked again by a later round.
         for s in std::mem::take(&mut *pending) {
-            debug_assert!(s < self.disk.g.main_segments, "pending victim {s}");
+            debug_assert!(self.disk.g.has_segment(s), "pending victim {s}");
             if self.disk.table.valid_blocks(s) == 0 {
                 self.ckpt.gc.segments_cleaned.fetch_add(1, Ordering::Relaxed);
             }
@@ -385,10 +385,10 @@ impl Engine {
 
     /// Tells the device that freed segments hold nothing (TRIM; a hole in an image file).
     /// Failures are logged, not returned: discard is advice.
-    pub(crate) fn discard_segments(&self, segs: &[u32]) {
+    pub(crate) fn discard_segments(&self, segs: &[SegNo]) {
         for &s in segs {
             // A discard past the main area would drop the metadata areas' or beyond the device.
-            debug_assert!(s < self.disk.g.main_segments, "discard of segment {s}");
+            debug_assert!(self.disk.g.has_segment(s), "discard of segment {s}");
             if let Err(e) = self.disk.dev.discard(self.disk.g.seg_start(s), BLOCKS_PER_SEG as u64) {
                 tracing::warn!("lanefs: discard of segment {s} failed: {e}");
                 return;

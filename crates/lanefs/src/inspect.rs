@@ -5,7 +5,7 @@ use crate::checkpoint;
 use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::format::checkpoint::{LogCursor, CP_FLAG_CLEAN, CP_FLAG_NVM_NAT};
-use crate::format::layout::{Geometry, LogType, BLOCK_SIZE, LOG_TYPES};
+use crate::format::layout::{Geometry, LogType, SegNo, BLOCK_SIZE, LOG_TYPES};
 use crate::format::ssa::SummaryKind;
 use crate::pmem::journal::NvmJournal;
 use crate::pmem::nat::NvmNat;
@@ -110,13 +110,14 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
     let cpr = checkpoint::read_checkpoint(dev, &g)?;
     let cp = &cpr.cp;
     let sit = checkpoint::read_sit(dev, &g, cp)?;
-    let active: HashSet<u32> = cp.lanes.iter().flat_map(|l| l.logs.iter().map(|c| c.segno)).collect();
+    let active: HashSet<SegNo> = cp.lanes.iter().flat_map(|l| l.logs.iter().map(|c| c.segno)).collect();
     let mut usage = SegmentUsage::default();
-    for (segno, e) in sit.iter().enumerate() {
+    // One SIT entry per main segment, in order.
+    for (segno, e) in g.segments().zip(&sit) {
         usage.valid_blocks += e.valid_blocks as u64;
         if e.valid_blocks > 0 {
             let k = &mut usage.kinds;
-            match checkpoint::read_summary(dev, &g, segno as u32) {
+            match checkpoint::read_summary(dev, &g, segno) {
                 Ok(sum) => {
                     for (_, en) in sum.entries.iter().enumerate().filter(|(off, _)| e.is_valid(*off as u32)) {
                         match en.kind {
@@ -130,7 +131,7 @@ pub fn inspect(dev: &dyn BlockDevice) -> Result<ImageInfo> {
                 Err(_) => k.other += e.valid_blocks as u64,
             }
         }
-        if active.contains(&(segno as u32)) {
+        if active.contains(&segno) {
             usage.active += 1;
         } else if e.valid_blocks == 0 {
             usage.free += 1;

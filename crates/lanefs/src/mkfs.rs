@@ -13,7 +13,7 @@ use crate::device::{BlockDevice, ReadReq, BLOCK_SIZE};
 use crate::engine::JOURNAL_LOG;
 use crate::error::Result;
 use crate::format::checkpoint::{LogCursor, CP_FLAG_CLEAN};
-use crate::format::layout::{Geometry, LogType, LOG_TYPES, ROOT_INO, SIT_ENTRIES_PER_BLOCK};
+use crate::format::layout::{Geometry, LogType, SegNo, LOG_TYPES, ROOT_INO, SIT_ENTRIES_PER_BLOCK};
 use crate::format::node::{Inode, Node, NodeBody, NodeFooter, Timespec};
 use crate::format::sit::SitEntry;
 use crate::format::ssa::{SummaryEntry, SummaryKind};
@@ -120,8 +120,10 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
 
     // 2. Lane l's log t starts in segment l * 6 + t.
     let lanes = g.lanes as usize;
-    let active: Vec<(u32, u32, LogType)> = (0..lanes)
-        .flat_map(|l| LogType::ALL.iter().map(move |&t| ((l * LOG_TYPES + t as usize) as u32, l as u32, t)))
+    let active: Vec<(SegNo, u32, LogType)> = (0..lanes)
+        .flat_map(|l| {
+            LogType::ALL.iter().map(move |&t| (SegNo((l * LOG_TYPES + t as usize) as u32), l as u32, t))
+        })
         .collect();
     let table = Arc::new(SegmentTable::new(g, vec![SitEntry::default(); g.main_segments as usize], &[])?);
     for &(segno, lane, log) in &active {
@@ -165,14 +167,14 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
 /// of its journal log, reserved here.
 fn first_checkpoint(
     g: &Geometry,
-    active: &[(u32, u32, LogType)],
+    active: &[(SegNo, u32, LogType)],
     table: &SegmentTable,
-    root_seg: u32,
+    root_seg: SegNo,
     root_addr: u64,
     cp_ver: u64,
 ) -> (Checkpoint, CommitSet) {
-    let journal_lane = |segno: u32| -> Option<u32> {
-        (segno as usize % LOG_TYPES == JOURNAL_LOG as usize).then_some(segno / LOG_TYPES as u32)
+    let journal_lane = |segno: SegNo| -> Option<u32> {
+        (segno.index() % LOG_TYPES == JOURNAL_LOG as usize).then_some(segno.0 / LOG_TYPES as u32)
     };
     let mut nat0 = NatBlock::empty(0);
     nat0.entries[ROOT_INO as usize] = NatEntry { block_addr: root_addr as u32, ino: ROOT_INO };
@@ -194,10 +196,10 @@ fn first_checkpoint(
     let lanes: Vec<LaneCheckpoint> = (0..g.lanes as usize)
         .map(|l| LaneCheckpoint {
             logs: std::array::from_fn(|t| {
-                let segno = (l * LOG_TYPES + t) as u32;
+                let segno = SegNo((l * LOG_TYPES + t) as u32);
                 LogCursor { segno, next_off: u16::from(segno == root_seg || journal_lane(segno).is_some()) }
             }),
-            journal_head: g.seg_start((l * LOG_TYPES + JOURNAL_LOG as usize) as u32) as u32,
+            journal_head: g.seg_start(SegNo((l * LOG_TYPES + JOURNAL_LOG as usize) as u32)) as u32,
             journal_seq: 0,
         })
         .collect();

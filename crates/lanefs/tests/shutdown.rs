@@ -10,6 +10,7 @@
 //! as ext4 checks them.
 
 use lanefs::device::{BlockDevice, DeviceOptions, FileDevice, IoChoice, BLOCK_SIZE};
+use lanefs::format::SegNo;
 use lanefs::{fsck, FsckOptions};
 use lanefs::{Fs, FsOptions, MkfsOptions, TrimRange, ROOT};
 use lanefs::{RenameFlags, XattrFlags};
@@ -313,13 +314,13 @@ fn the_label_is_set_in_both_superblocks_and_checked() {
 }
 
 /// The segments free in the image's newest checkpoint: no valid block, no log's active one.
-fn free_on_disk(path: &Path) -> Vec<u32> {
+fn free_on_disk(path: &Path) -> Vec<SegNo> {
     let dev = open_dev(path);
     let g = lanefs::testing::checkpoint::read_superblock(&*dev).unwrap().sb.geometry;
     let cp = lanefs::testing::checkpoint::read_checkpoint(&*dev, &g).unwrap().cp;
     let sit = lanefs::testing::checkpoint::read_sit(&*dev, &g, &cp).unwrap();
-    let active: Vec<u32> = cp.lanes.iter().flat_map(|l| l.logs.iter().map(|c| c.segno)).collect();
-    (0..g.main_segments).filter(|&s| sit[s as usize].valid_blocks == 0 && !active.contains(&s)).collect()
+    let active: Vec<SegNo> = cp.lanes.iter().flat_map(|l| l.logs.iter().map(|c| c.segno)).collect();
+    g.segments().filter(|&s| sit[s.index()].valid_blocks == 0 && !active.contains(&s)).collect()
 }
 
 const SEG: u64 = 512 * BLOCK_SIZE as u64;
@@ -329,7 +330,7 @@ fn fitrim_discards_every_free_segment_but_the_cleaners_reserve() {
     let (_dir, path) = image(512 << 20);
     mount(&path).unmount().unwrap();
     let g = lanefs::testing::checkpoint::read_superblock(&*open_dev(&path)).unwrap().sb.geometry;
-    let seg_off = |s: u32| g.seg_start(s) * BLOCK_SIZE as u64;
+    let seg_off = |s: SegNo| g.seg_start(s) * BLOCK_SIZE as u64;
     // Free segments hold nothing the file system reads: fill them with a pattern, so that
     // afterwards a discarded one reads as zeros (a hole in the image file) and any other not.
     let free = free_on_disk(&path);
@@ -347,7 +348,7 @@ fn fitrim_discards_every_free_segment_but_the_cleaners_reserve() {
     fs.shutdown().unwrap();
     fs.unmount().unwrap();
     let image = std::fs::read(&path).unwrap();
-    let zeroed: Vec<u32> = free
+    let zeroed: Vec<SegNo> = free
         .iter()
         .copied()
         .filter(|&s| image[seg_off(s) as usize..(seg_off(s) + SEG) as usize].iter().all(|&b| b == 0))
@@ -363,7 +364,7 @@ fn fitrim_discards_every_free_segment_but_the_cleaners_reserve() {
         free.len()
     );
     assert!(free.len() - zeroed.len() >= keep, "the reserve's {keep} lowest free segments are left alone");
-    let lowest: Vec<u32> = free.iter().copied().filter(|s| !zeroed.contains(s)).take(keep).collect();
+    let lowest: Vec<SegNo> = free.iter().copied().filter(|s| !zeroed.contains(s)).take(keep).collect();
     assert!(
         lowest.iter().all(|s| zeroed.iter().all(|z| z > s)),
         "the lowest free segments are the ones kept"

@@ -86,11 +86,11 @@ fn xattr_blocks(dev: &dyn BlockDevice) -> BTreeSet<u64> {
     let cp = read_checkpoint(dev, &g).unwrap().cp;
     let sit = read_sit(dev, &g, &cp).unwrap();
     let mut out = BTreeSet::new();
-    for (segno, e) in sit.iter().enumerate().filter(|(_, e)| e.valid_blocks > 0) {
-        let sum = read_summary(dev, &g, segno as u32).unwrap();
+    for (segno, e) in g.segments().zip(&sit).filter(|(_, e)| e.valid_blocks > 0) {
+        let sum = read_summary(dev, &g, segno).unwrap();
         for (off, en) in sum.entries.iter().enumerate() {
             if e.is_valid(off as u32) && en.kind == SummaryKind::Xattr {
-                out.insert(g.seg_start(segno as u32) + off as u64);
+                out.insert(g.seg_start(segno) + off as u64);
             }
         }
     }

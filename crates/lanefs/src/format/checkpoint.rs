@@ -11,7 +11,7 @@
 //! head of every lane's roll-forward chain, the orphan inode list, and space counters.
 
 use super::codec::{seal, verify_seal, BlockHeader, Dec, Enc, HEADER_LEN};
-use super::layout::{Geometry, BLOCKS_PER_SEG, BLOCK_SIZE, LOG_TYPES, ORPHAN_CAPACITY};
+use super::layout::{Geometry, SegNo, BLOCKS_PER_SEG, BLOCK_SIZE, LOG_TYPES, ORPHAN_CAPACITY};
 use crate::error::{Error, Result, Structure};
 
 /// Magic of a checkpoint pack's header block ("LNCP").
@@ -115,7 +115,7 @@ impl CopyMap {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogCursor {
     /// The segment the log writes.
-    pub segno: u32,
+    pub segno: SegNo,
     /// Next block offset to write in it.
     pub next_off: u16,
 }
@@ -203,7 +203,7 @@ impl Checkpoint {
         e.u32(self.lanes.len() as u32);
         for lane in &self.lanes {
             for log in &lane.logs {
-                e.u32(log.segno);
+                e.u32(log.segno.0);
                 e.u16(log.next_off);
             }
             e.u32(lane.journal_head);
@@ -339,10 +339,10 @@ impl Checkpoint {
         }
         let mut lanes = Vec::with_capacity(nlanes as usize);
         for lane in 0..nlanes {
-            let mut logs = [LogCursor { segno: 0, next_off: 0 }; LOG_TYPES];
+            let mut logs = [LogCursor { segno: SegNo(0), next_off: 0 }; LOG_TYPES];
             for log in logs.iter_mut() {
-                *log = LogCursor { segno: d.u32()?, next_off: d.u16()? };
-                if log.segno >= g.main_segments || log.next_off as u32 > BLOCKS_PER_SEG {
+                *log = LogCursor { segno: SegNo(d.u32()?), next_off: d.u16()? };
+                if !g.has_segment(log.segno) || log.next_off as u32 > BLOCKS_PER_SEG {
                     return Err(d.err(format!("lane {lane} log cursor {log:?} outside the main area")));
                 }
             }

@@ -14,6 +14,7 @@
 //! can never send a later read outside the image.
 
 use crate::error::{Error, Result};
+use std::fmt;
 
 /// Block size of the format: the device's, 4 KiB.
 pub const BLOCK_SIZE: usize = crate::device::BLOCK_SIZE;
@@ -29,6 +30,32 @@ pub const ORPHAN_CAPACITY: u32 = 4096;
 pub const ROOT_INO: u32 = 1;
 /// Images larger than this would overflow 32-bit block addresses.
 pub const MAX_TOTAL_BLOCKS: u64 = u32::MAX as u64 - 1;
+
+/// The number of a main-area segment, counted from the first segment of the main area.
+///
+/// A segment number, a block address and a count of segments are all integers; as its own
+/// type a segment number cannot be passed where an address or a count is meant, nor one of
+/// those where a segment is. Its bytes on disk are the `u32` inside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct SegNo(pub u32);
+
+impl SegNo {
+    /// The segment's position in a table with one entry per main segment (SIT entries, the
+    /// segment table).
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+    /// The segment after this one (the end of a run of consecutive segments).
+    pub fn next(self) -> SegNo {
+        SegNo(self.0 + 1)
+    }
+}
+
+impl fmt::Display for SegNo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
 
 /// The six logs of a lane (F2FS temperature separation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -234,13 +261,21 @@ impl Geometry {
         self.sit_blkaddr + copy as u64 * self.sit_blocks as u64 + index as u64
     }
     /// Block address of the first of the summary blocks of main segment `segno`.
-    pub fn ssa_block_addr(&self, segno: u32) -> u64 {
-        debug_assert!(segno < self.main_segments);
-        self.ssa_blkaddr + super::ssa::SSA_BLOCKS_PER_SEG as u64 * segno as u64
+    pub fn ssa_block_addr(&self, segno: SegNo) -> u64 {
+        debug_assert!(self.has_segment(segno));
+        self.ssa_blkaddr + super::ssa::SSA_BLOCKS_PER_SEG as u64 * segno.0 as u64
     }
     /// First block of main segment `segno`.
-    pub fn seg_start(&self, segno: u32) -> u64 {
-        self.main_blkaddr + segno as u64 * BLOCKS_PER_SEG as u64
+    pub fn seg_start(&self, segno: SegNo) -> u64 {
+        self.main_blkaddr + segno.0 as u64 * BLOCKS_PER_SEG as u64
+    }
+    /// Whether `segno` is a segment of the main area.
+    pub fn has_segment(&self, segno: SegNo) -> bool {
+        segno.0 < self.main_segments
+    }
+    /// Every main segment, in order.
+    pub fn segments(&self) -> impl Iterator<Item = SegNo> {
+        (0..self.main_segments).map(SegNo)
     }
     /// Whether `addr` lies in the main area.
     pub fn in_main(&self, addr: u64) -> bool {
@@ -248,12 +283,12 @@ impl Geometry {
             && addr < self.main_blkaddr + self.main_segments as u64 * BLOCKS_PER_SEG as u64
     }
     /// Segment number and offset of a main-area block, or None outside main.
-    pub fn seg_of(&self, addr: u64) -> Option<(u32, u32)> {
+    pub fn seg_of(&self, addr: u64) -> Option<(SegNo, u32)> {
         if !self.in_main(addr) {
             return None;
         }
         let rel = addr - self.main_blkaddr;
-        Some(((rel / BLOCKS_PER_SEG as u64) as u32, (rel % BLOCKS_PER_SEG as u64) as u32))
+        Some((SegNo((rel / BLOCKS_PER_SEG as u64) as u32), (rel % BLOCKS_PER_SEG as u64) as u32))
     }
     /// Blocks usable for user data and nodes in the main area.
     pub fn main_blocks(&self) -> u64 {

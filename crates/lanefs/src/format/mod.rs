@@ -21,7 +21,7 @@ pub mod xattr;
 pub use checkpoint::{Checkpoint, CopyMap, LaneCheckpoint, LogCursor};
 pub use dentry::{Dentry, DentryBlock};
 pub use journal::JournalBlock;
-pub use layout::{Geometry, LogType, BLOCKS_PER_SEG, BLOCK_SIZE, ROOT_INO};
+pub use layout::{Geometry, LogType, SegNo, BLOCKS_PER_SEG, BLOCK_SIZE, ROOT_INO};
 pub use nat::{NatBlock, NatEntry};
 pub use node::{Inode, Node, NodeBody, NodeFooter, Timespec};
 pub use sit::{SitBlock, SitEntry};

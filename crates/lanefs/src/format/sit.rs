@@ -5,7 +5,7 @@
 //! `valid_blocks == popcount(bitmap)`; anything else is corruption.
 
 use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
-use super::layout::{LogType, BLOCKS_PER_SEG, BLOCK_SIZE, SIT_ENTRIES_PER_BLOCK};
+use super::layout::{LogType, SegNo, BLOCKS_PER_SEG, BLOCK_SIZE, SIT_ENTRIES_PER_BLOCK};
 use crate::error::{Result, Structure};
 
 /// Magic of a SIT block ("LNST").
@@ -78,8 +78,8 @@ impl SitBlock {
     }
 
     /// SIT block index and slot of segment `segno`.
-    pub fn locate(segno: u32) -> (u32, usize) {
-        (segno / SIT_ENTRIES_PER_BLOCK, (segno % SIT_ENTRIES_PER_BLOCK) as usize)
+    pub fn locate(segno: SegNo) -> (u32, usize) {
+        (segno.0 / SIT_ENTRIES_PER_BLOCK, (segno.0 % SIT_ENTRIES_PER_BLOCK) as usize)
     }
 
     /// The block's bytes, checksummed.

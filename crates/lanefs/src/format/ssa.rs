@@ -9,7 +9,7 @@
 //! Entries are nine bytes, so a segment's 512 entries take two blocks of 256.
 
 use super::codec::{seal, BlockHeader, Dec, Enc, HEADER_LEN};
-use super::layout::{BLOCKS_PER_SEG, BLOCK_SIZE};
+use super::layout::{SegNo, BLOCKS_PER_SEG, BLOCK_SIZE};
 use crate::error::{Error, Result, Structure};
 
 /// Magic of an SSA block ("LNSS").
@@ -59,14 +59,14 @@ impl Default for SummaryEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentSummary {
     /// The segment summarized.
-    pub segno: u32,
+    pub segno: SegNo,
     /// One entry per block of the segment.
     pub entries: Vec<SummaryEntry>,
 }
 
 impl SegmentSummary {
     /// The summary of segment `segno` with every block empty.
-    pub fn empty(segno: u32) -> Self {
+    pub fn empty(segno: SegNo) -> Self {
         SegmentSummary { segno, entries: vec![SummaryEntry::default(); BLOCKS_PER_SEG as usize] }
     }
 
@@ -76,7 +76,7 @@ impl SegmentSummary {
         let mut out = vec![0u8; BLOCK_SIZE * SSA_BLOCKS_PER_SEG as usize];
         for (half, (b, entries)) in out.chunks_mut(BLOCK_SIZE).zip(self.entries.chunks(PER_BLOCK)).enumerate()
         {
-            BlockHeader { magic: SSA_MAGIC, a: self.segno, b: half as u32 }.write(b);
+            BlockHeader { magic: SSA_MAGIC, a: self.segno.0, b: half as u32 }.write(b);
             let mut e = Enc::at(b, HEADER_LEN);
             for en in entries {
                 e.u32(en.nid);
@@ -96,7 +96,7 @@ impl SegmentSummary {
     }
 
     /// Decodes the `SSA_BLOCKS_PER_SEG` blocks of segment `segno`'s summary.
-    pub fn decode(b: &[u8], segno: u32, max_nid: u32, addr: Option<u64>) -> Result<SegmentSummary> {
+    pub fn decode(b: &[u8], segno: SegNo, max_nid: u32, addr: Option<u64>) -> Result<SegmentSummary> {
         if b.len() != BLOCK_SIZE * SSA_BLOCKS_PER_SEG as usize {
             return Err(Error::corrupt(Structure::Ssa, addr, "summary has the wrong length"));
         }
@@ -105,7 +105,7 @@ impl SegmentSummary {
             let at = addr.map(|a| a + half as u64);
             let h = BlockHeader::check(blk, SSA_MAGIC, Structure::Ssa, at)?;
             let mut d = Dec::at(blk, HEADER_LEN, Structure::Ssa, at);
-            if h.a != segno || h.b != half as u32 {
+            if h.a != segno.0 || h.b != half as u32 {
                 return Err(
                     d.err(format!("summarises segment {} part {}, expected {segno} part {half}", h.a, h.b))
                 );

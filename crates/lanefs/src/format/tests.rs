@@ -159,7 +159,8 @@ fn xattr_node() -> impl Strategy<Value = XattrNode> {
 
 fn checkpoint() -> impl Strategy<Value = Checkpoint> {
     let g = geo();
-    let cursor = (0..g.main_segments, 0u16..=512).prop_map(|(segno, next_off)| LogCursor { segno, next_off });
+    let cursor = (0..g.main_segments, 0u16..=512)
+        .prop_map(|(segno, next_off)| LogCursor { segno: SegNo(segno), next_off });
     let lane = (
         proptest::collection::vec(cursor, 6),
         prop_oneof![Just(0u32), main_addr().prop_filter("real", |&a| a != 0 && a != NEW_ADDR)],
@@ -258,7 +259,7 @@ fn summary() -> impl Strategy<Value = SegmentSummary> {
             .prop_map(|(nid, ofs, kind)| SummaryEntry { kind, nid, ofs })
     ];
     (0..geo().main_segments, proptest::collection::vec(entry, BLOCKS_PER_SEG as usize))
-        .prop_map(|(segno, entries)| SegmentSummary { segno, entries })
+        .prop_map(|(segno, entries)| SegmentSummary { segno: SegNo(segno), entries })
 }
 
 fn dentries() -> impl Strategy<Value = DentryBlock> {
@@ -322,7 +323,7 @@ fn decoder(what: &str, orig: &[u8]) -> Decoder {
         "checkpoint" => Box::new(move |b| Checkpoint::decode(b, &g, g.cp_blkaddr).map(|_| ())),
         "nat" => Box::new(move |b| NatBlock::decode(b, 0, &g, None).map(|_| ())),
         "sit" => Box::new(move |b| SitBlock::decode(b, hdr_a, None).map(|_| ())),
-        "ssa" => Box::new(move |b| SegmentSummary::decode(b, hdr_a, g.max_nid, None).map(|_| ())),
+        "ssa" => Box::new(move |b| SegmentSummary::decode(b, SegNo(hdr_a), g.max_nid, None).map(|_| ())),
         "node" => Box::new(move |b| Node::decode(b, &g, None).map(|_| ())),
         "dentry" => Box::new(move |b| DentryBlock::decode(b, hdr_a, g.max_nid, None).map(|_| ())),
         "journal" => Box::new(move |b| JournalBlock::decode(b, &g, None).map(|_| ())),
@@ -479,7 +480,7 @@ fn checkpoint_torn_pack_is_rejected() {
         sit_map: CopyMap::new(g.sit_blocks),
         lanes: vec![
             LaneCheckpoint {
-                logs: [LogCursor { segno: 0, next_off: 0 }; 6],
+                logs: [LogCursor { segno: SegNo(0), next_off: 0 }; 6],
                 journal_head: 0,
                 journal_seq: 0
             };

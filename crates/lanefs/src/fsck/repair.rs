@@ -10,7 +10,7 @@ use crate::checkpoint::{commit, CommitSet};
 use crate::error::{Result, Structure};
 use crate::format::sit::SitEntry;
 use crate::format::superblock::SB_ADDRS;
-use crate::format::{SegmentSummary, SitBlock};
+use crate::format::{SegNo, SegmentSummary, SitBlock};
 use std::collections::BTreeMap;
 
 /// Phase 8's findings: the counts the walk found, and what is wrong with the recorded ones.
@@ -27,7 +27,7 @@ pub(super) struct Counters {
 /// What a repair rewrites: the SIT entries and summaries the space phases found wrong, and the
 /// counters.
 pub(super) struct Fixes {
-    pub sit: BTreeMap<u32, SitEntry>,
+    pub sit: BTreeMap<SegNo, SitEntry>,
     pub ssa: Vec<SegmentSummary>,
     pub counters: Counters,
 }

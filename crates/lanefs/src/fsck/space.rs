@@ -7,17 +7,17 @@ use super::nodes::Owners;
 use super::Fsck;
 use crate::checkpoint;
 use crate::error::Structure;
-use crate::format::layout::Geometry;
+use crate::format::layout::{Geometry, SegNo};
 use crate::format::sit::SitEntry;
 use crate::format::{Checkpoint, SegmentSummary, SitBlock, SummaryEntry};
 use std::collections::{BTreeMap, HashMap};
 
 /// Owned blocks by segment: (offset in the segment, owner).
-pub(super) type BySegment = BTreeMap<u32, Vec<(u32, SummaryEntry)>>;
+pub(super) type BySegment = BTreeMap<SegNo, Vec<(u32, SummaryEntry)>>;
 
 /// The owned blocks of `owners` by segment.
 pub(super) fn by_segment(g: &Geometry, owners: &Owners) -> BySegment {
-    let mut expected: BTreeMap<u32, Vec<(u32, SummaryEntry)>> = BTreeMap::new();
+    let mut expected: BySegment = BTreeMap::new();
     for (&addr, &o) in owners {
         if let Some((s, off)) = g.seg_of(addr as u64) {
             expected.entry(s).or_default().push((off, o));
@@ -33,26 +33,27 @@ impl Fsck<'_> {
         g: &Geometry,
         sit: &[SitEntry],
         expected: &BySegment,
-    ) -> BTreeMap<u32, SitEntry> {
-        let mut sit_fix: BTreeMap<u32, SitEntry> = BTreeMap::new();
-        for segno in 0..g.main_segments {
-            if segno.is_multiple_of(1024) {
-                (self.progress)("segments", segno as u64, g.main_segments as u64);
+    ) -> BTreeMap<SegNo, SitEntry> {
+        let mut sit_fix: BTreeMap<SegNo, SitEntry> = BTreeMap::new();
+        for segno in g.segments() {
+            if segno.0.is_multiple_of(1024) {
+                (self.progress)("segments", segno.0 as u64, g.main_segments as u64);
             }
-            let mut want = sit[segno as usize].clone();
+            let mut want = sit[segno.index()].clone();
             want.bitmap = [0; 64];
             want.valid_blocks = 0;
             for &(off, _) in expected.get(&segno).map(Vec::as_slice).unwrap_or(&[]) {
                 want.set_valid(off);
             }
-            if want.bitmap != sit[segno as usize].bitmap
-                || want.valid_blocks != sit[segno as usize].valid_blocks
+            if want.bitmap != sit[segno.index()].bitmap
+                || want.valid_blocks != sit[segno.index()].valid_blocks
             {
                 self.problem(
                     Structure::Sit,
                     format!(
                         "segment {segno}: SIT says {} valid blocks, the tree owns {}",
-                        sit[segno as usize].valid_blocks, want.valid_blocks
+                        sit[segno.index()].valid_blocks,
+                        want.valid_blocks
                     ),
                     true,
                 );
@@ -64,7 +65,7 @@ impl Fsck<'_> {
 
     /// 4. No segment is active in two logs, and no owned block lies past a log's cursor.
     pub(super) fn check_active_logs(&mut self, cp: &Checkpoint, expected: &BySegment) {
-        let mut active: HashMap<u32, (usize, u16)> = HashMap::new();
+        let mut active: HashMap<SegNo, (usize, u16)> = HashMap::new();
         for (l, lane) in cp.lanes.iter().enumerate() {
             for c in &lane.logs {
                 if active.insert(c.segno, (l, c.next_off)).is_some() {
@@ -91,7 +92,7 @@ impl Fsck<'_> {
     pub(super) fn check_ssa(&mut self, g: &Geometry, expected: &BySegment) -> Vec<SegmentSummary> {
         let dev = self.dev;
         let mut ssa_fix: Vec<SegmentSummary> = Vec::new();
-        let check_segs: Vec<u32> = expected.keys().copied().collect();
+        let check_segs: Vec<SegNo> = expected.keys().copied().collect();
         for segno in check_segs {
             let owned = &expected[&segno];
             let mut want = match checkpoint::read_summary(dev, g, segno) {

@@ -10,7 +10,7 @@ use crate::device::{BlockDevice, Halt};
 use crate::engine::FsOptions;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::CP_FLAG_NVM_NAT;
-use crate::format::layout::{Geometry, LogType};
+use crate::format::layout::{Geometry, LogType, SegNo};
 use crate::format::{Checkpoint, Superblock};
 use crate::journal::Transaction;
 use crate::nat::NatTable;
@@ -28,7 +28,7 @@ pub(super) fn load_segments(
     cp: &Checkpoint,
 ) -> Result<(Arc<SegmentTable>, LaneSet)> {
     let sit = read_sit(dev, g, cp)?;
-    let active: Vec<(u32, u32, LogType)> = cp
+    let active: Vec<(SegNo, u32, LogType)> = cp
         .lanes
         .iter()
         .enumerate()

@@ -9,7 +9,7 @@ use crate::checkpoint::read_summary;
 use crate::device::BlockDevice;
 use crate::engine::JOURNAL_LOG;
 use crate::error::Result;
-use crate::format::layout::{Geometry, BLOCKS_PER_SEG};
+use crate::format::layout::{Geometry, SegNo, BLOCKS_PER_SEG};
 use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::format::Checkpoint;
 use crate::journal::{ChainRead, ChainWriter, Record};
@@ -71,8 +71,8 @@ pub(super) fn protect_journaled_blocks(
 fn summary_patches(
     g: &Geometry,
     journals: &Journals,
-) -> std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>> {
-    let mut patches: std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>> = Default::default();
+) -> std::collections::BTreeMap<SegNo, Vec<(u32, SummaryEntry)>> {
+    let mut patches: std::collections::BTreeMap<SegNo, Vec<(u32, SummaryEntry)>> = Default::default();
     let mut entries_seen = 0usize;
     for t in journals.transactions() {
         for rec in &t.records {
@@ -92,7 +92,7 @@ fn summary_patches(
     // `patch_summaries` indexes each segment's summary by these.
     debug_assert!(patches
         .iter()
-        .all(|(&s, p)| s < g.main_segments && p.iter().all(|&(o, _)| o < BLOCKS_PER_SEG)));
+        .all(|(&s, p)| g.has_segment(s) && p.iter().all(|&(o, _)| o < BLOCKS_PER_SEG)));
     patches
 }
 

@@ -8,7 +8,7 @@ use super::table::SegmentTable;
 use super::FREE_BATCH;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::LogCursor;
-use crate::format::layout::{LogType, BLOCKS_PER_SEG, LOG_TYPES};
+use crate::format::layout::{LogType, SegNo, BLOCKS_PER_SEG, LOG_TYPES};
 use crate::format::ssa::{SegmentSummary, SummaryEntry};
 use crate::sync::rank::{Mutex, Rank};
 use std::sync::Arc;
@@ -26,7 +26,7 @@ enum Take {
 
 /// The segment a log appends to and how far it got.
 struct ActiveLog {
-    segno: u32,
+    segno: SegNo,
     next_off: u32,
     summary: SegmentSummary,
 }
@@ -35,7 +35,7 @@ struct ActiveLog {
 pub struct Lane {
     id: u32,
     logs: [Mutex<ActiveLog>; LOG_TYPES],
-    cache: Mutex<Vec<u32>>,
+    cache: Mutex<Vec<SegNo>>,
 }
 
 /// All lanes of a mounted image, over one segment table.
@@ -135,7 +135,7 @@ impl LaneSet {
         Ok(addr)
     }
 
-    fn next_free(&self, l: &Lane) -> Result<u32> {
+    fn next_free(&self, l: &Lane) -> Result<SegNo> {
         let mut cache = l.cache.lock();
         if cache.is_empty() {
             // Near the end of space a lane takes one segment at a time, so that free segments
@@ -164,7 +164,7 @@ impl LaneSet {
 
     /// The summary of `segno` if this set holds it in memory (an active segment, or one filled
     /// since the last checkpoint whose summary is not written yet); None: it is on disk.
-    pub fn summary_in_memory(&self, segno: u32) -> Option<SegmentSummary> {
+    pub fn summary_in_memory(&self, segno: SegNo) -> Option<SegmentSummary> {
         if let Some(s) = self.closed.lock().iter().find(|s| s.segno == segno) {
             return Some(s.clone());
         }
@@ -183,7 +183,7 @@ impl LaneSet {
     /// the old one (recovery: the tail of such a segment holds journal or data blocks written
     /// after the checkpoint, which must survive until the next checkpoint is durable). Logs
     /// whose segments hold nothing of the kind continue where they were.
-    pub fn retire_touched(&self, mtime: u64, touched: impl Fn(u32) -> bool) -> Result<()> {
+    pub fn retire_touched(&self, mtime: u64, touched: impl Fn(SegNo) -> bool) -> Result<()> {
         for l in &self.lanes {
             for (t, log) in LogType::ALL.iter().enumerate() {
                 let mut a = l.logs[t].lock();
@@ -208,8 +208,8 @@ impl LaneSet {
     /// and queued for the next checkpoint to write).
     pub fn patch_summaries(
         &self,
-        patches: &std::collections::BTreeMap<u32, Vec<(u32, SummaryEntry)>>,
-        mut read: impl FnMut(u32) -> SegmentSummary,
+        patches: &std::collections::BTreeMap<SegNo, Vec<(u32, SummaryEntry)>>,
+        mut read: impl FnMut(SegNo) -> SegmentSummary,
     ) {
         // Runs at mount, before any other user: the closed list cannot change between its
         // look-up and the push below. It is not held across the active logs, which rank above

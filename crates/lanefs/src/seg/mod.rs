@@ -29,7 +29,7 @@ pub const FREE_BATCH: usize = 4;
 mod tests {
     use super::*;
     use crate::format::checkpoint::LogCursor;
-    use crate::format::layout::{Geometry, LogType, BLOCKS_PER_SEG, LOG_TYPES};
+    use crate::format::layout::{Geometry, LogType, SegNo, BLOCKS_PER_SEG, LOG_TYPES};
     use crate::format::sit::SitEntry;
     use crate::format::ssa::{SegmentSummary, SummaryEntry, SummaryKind};
     use std::collections::HashSet;
@@ -42,10 +42,10 @@ mod tests {
         let mut cursors = Vec::new();
         let mut sums = Vec::new();
         for l in 0..lanes {
-            let mut c = [LogCursor { segno: 0, next_off: 0 }; LOG_TYPES];
+            let mut c = [LogCursor { segno: SegNo(0), next_off: 0 }; LOG_TYPES];
             let mut s = Vec::new();
             for (t, log) in LogType::ALL.iter().enumerate() {
-                let segno = l * LOG_TYPES as u32 + t as u32;
+                let segno = SegNo(l * LOG_TYPES as u32 + t as u32);
                 table.activate_free(segno, l, *log, 0).unwrap();
                 c[t] = LogCursor { segno, next_off: 0 };
                 s.push(SegmentSummary::empty(segno));
@@ -201,10 +201,10 @@ mod tests {
         let valid_now = table.total_valid();
         let cp = table.take_checkpoint_sit();
         assert_eq!(cp.valid, valid_now - 2, "the two live young blocks are not in the picture");
-        let entry = |segno: u32| {
-            let blk = segno / crate::format::layout::SIT_ENTRIES_PER_BLOCK;
+        let entry = |segno: SegNo| {
+            let (blk, slot) = crate::format::sit::SitBlock::locate(segno);
             let (_, b) = cp.blocks.iter().find(|(i, _)| *i == blk).expect("its SIT block is written");
-            b.entries[(segno % crate::format::layout::SIT_ENTRIES_PER_BLOCK) as usize].clone()
+            b.entries[slot].clone()
         };
         let (ys, yo) = g.seg_of(young[0]).unwrap();
         assert!(!entry(ys).is_valid(yo) && table.is_valid(young[0]), "young: live, not checkpointed");
@@ -213,9 +213,9 @@ mod tests {
         // The next checkpoint writes the young blocks as they are.
         table.open_epoch(3);
         let next = table.take_checkpoint_sit();
-        let blk = ys / crate::format::layout::SIT_ENTRIES_PER_BLOCK;
+        let (blk, slot) = crate::format::sit::SitBlock::locate(ys);
         let (_, b) = next.blocks.iter().find(|(i, _)| *i == blk).expect("marked again");
-        assert!(b.entries[(ys % crate::format::layout::SIT_ENTRIES_PER_BLOCK) as usize].is_valid(yo));
+        assert!(b.entries[slot].is_valid(yo));
         assert_eq!(next.valid, table.total_valid());
         let old_seg = g.seg_of(old[0]).unwrap().0;
         assert_ne!(old_seg, young_seg);
@@ -289,7 +289,7 @@ mod tests {
             }
         }
         let v = table.victims(VictimPolicy::Greedy, 10, &[]);
-        let order: Vec<u32> = v.iter().map(|v| v.segno).collect();
+        let order: Vec<SegNo> = v.iter().map(|v| v.segno).collect();
         let seg = |k: usize| g.seg_of(segs[k][0]).unwrap().0;
         assert_eq!(order, vec![seg(1), seg(0)], "fewest valid first; full segments are no victims");
         assert_eq!(v[0].valid_blocks, 512 - 300);
@@ -335,7 +335,7 @@ mod tests {
         // A lane takes them all (as the lowest free segments); put back all but `second`.
         let taken = table.take_free(table.free_count());
         assert!(taken.contains(&first) && taken.contains(&second));
-        let back: Vec<u32> = taken.iter().copied().filter(|&s| s != second).collect();
+        let back: Vec<SegNo> = taken.iter().copied().filter(|&s| s != second).collect();
         table.return_free(&back);
         // Round 2 discards `first` only (`second` is in a lane's hands), out of the map while
         // discarded and counted free all the same.

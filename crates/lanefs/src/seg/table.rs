@@ -1,7 +1,7 @@
 //! The segment table: per-segment validity (the in-memory SIT) and the global free map.
 
 use crate::error::{Error, Result};
-use crate::format::layout::{Geometry, LogType, SIT_ENTRIES_PER_BLOCK};
+use crate::format::layout::{Geometry, LogType, SegNo, SIT_ENTRIES_PER_BLOCK};
 use crate::format::sit::{SitBlock, SitEntry, NO_LOG};
 use crate::sync::rank::{Mutex, Rank};
 use crate::sync::PerCpuCounter;
@@ -95,7 +95,7 @@ pub enum VictimPolicy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Victim {
     /// The segment's number.
-    pub segno: u32,
+    pub segno: SegNo,
     /// Its valid blocks when picked.
     pub valid_blocks: u16,
     /// Offsets of the valid blocks at selection time.
@@ -104,18 +104,18 @@ pub struct Victim {
 
 struct FreeMap {
     /// Free segments, kept in ascending order of number so allocation stays near the front.
-    free: std::collections::BTreeSet<u32>,
+    free: std::collections::BTreeSet<SegNo>,
     /// Emptied since the SIT was last taken for a checkpoint: reusable once the checkpoint
     /// after that one is durable.
-    prefree: Vec<u32>,
+    prefree: Vec<SegNo>,
     /// Emptied before the SIT of the checkpoint being written was taken: reusable once that
     /// checkpoint is durable. (A segment emptied while a checkpoint is being written may still
     /// be referenced by it, so it waits one checkpoint more.)
-    committing: Vec<u32>,
+    committing: Vec<SegNo>,
     /// Segments freed without a discard: segment -> the `checkpoint_done` round that freed it.
     /// Discarded by a later round if still free then (see [`SegmentTable::checkpoint_done`]).
     /// At most one entry per segment.
-    undiscarded: std::collections::BTreeMap<u32, u64>,
+    undiscarded: std::collections::BTreeMap<SegNo, u64>,
     /// `checkpoint_done` rounds so far.
     rounds: u64,
 }
@@ -123,7 +123,7 @@ struct FreeMap {
 impl SegmentTable {
     /// Builds the table from decoded SIT entries (one per main segment, in order) and the
     /// segments the checkpoint names as active.
-    pub fn new(g: Geometry, entries: Vec<SitEntry>, active: &[(u32, u32, LogType)]) -> Result<Self> {
+    pub fn new(g: Geometry, entries: Vec<SitEntry>, active: &[(SegNo, u32, LogType)]) -> Result<Self> {
         if entries.len() != g.main_segments as usize {
             return Err(Error::InvalidArgument("SIT entry count differs from main segments".into()));
         }
@@ -136,19 +136,15 @@ impl SegmentTable {
             .collect();
         for &(segno, lane, log) in active {
             let s = segs
-                .get_mut(segno as usize)
+                .get_mut(segno.index())
                 .ok_or_else(|| Error::InvalidArgument(format!("active segment {segno} out of range")))?;
             if matches!(s.state, SegState::Active { .. }) {
                 return Err(Error::InvalidArgument(format!("segment {segno} active in two logs")));
             }
             s.state = SegState::Active { lane, log };
         }
-        let free = segs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.state == SegState::Free)
-            .map(|(i, _)| i as u32)
-            .collect();
+        let free =
+            g.segments().zip(&segs).filter(|(_, s)| s.state == SegState::Free).map(|(n, _)| n).collect();
         let sit_words = (g.sit_blocks as usize).div_ceil(64);
         let valid_base = segs.iter().map(|s| s.entry.valid_blocks as u64).sum();
         Ok(SegmentTable {
@@ -211,22 +207,22 @@ impl SegmentTable {
         self.pending.load(Ordering::Acquire)
     }
 
-    fn mark_sit_dirty(&self, segno: u32) {
-        let blk = (segno / SIT_ENTRIES_PER_BLOCK) as usize;
+    fn mark_sit_dirty(&self, segno: SegNo) {
+        let blk = SitBlock::locate(segno).0 as usize;
         self.dirty_sit[blk / 64].fetch_or(1 << (blk % 64), Ordering::Relaxed);
     }
 
-    fn seg(&self, segno: u32) -> &Mutex<Segment> {
-        &self.segs[segno as usize]
+    fn seg(&self, segno: SegNo) -> &Mutex<Segment> {
+        &self.segs[segno.index()]
     }
 
     /// The segment's state.
-    pub fn state(&self, segno: u32) -> SegState {
+    pub fn state(&self, segno: SegNo) -> SegState {
         self.seg(segno).lock().state
     }
 
     /// The segment's valid blocks.
-    pub fn valid_blocks(&self, segno: u32) -> u16 {
+    pub fn valid_blocks(&self, segno: SegNo) -> u16 {
         self.seg(segno).lock().entry.valid_blocks
     }
 
@@ -326,7 +322,7 @@ impl SegmentTable {
     }
 
     /// Takes up to `n` free segments for `lane`'s cache. They stay `Free` until activated.
-    pub fn take_free(&self, n: usize) -> Vec<u32> {
+    pub fn take_free(&self, n: usize) -> Vec<SegNo> {
         let mut fm = self.free.lock();
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
@@ -341,7 +337,7 @@ impl SegmentTable {
     }
 
     /// Gives cached free segments back (a lane shutting down).
-    pub fn return_free(&self, segs: &[u32]) {
+    pub fn return_free(&self, segs: &[SegNo]) {
         let mut fm = self.free.lock();
         for &s in segs {
             debug_assert_eq!(self.state(s), SegState::Free);
@@ -352,13 +348,13 @@ impl SegmentTable {
     }
 
     /// Makes segment `segno`, taken from a lane's cache, the active segment of a lane's log.
-    pub fn activate_cached(&self, segno: u32, lane: u32, log: LogType, mtime: u64) {
+    pub fn activate_cached(&self, segno: SegNo, lane: u32, log: LogType, mtime: u64) {
         self.cached.fetch_sub(1, Ordering::AcqRel);
         self.activate(segno, lane, log, mtime);
     }
 
     /// Makes free segment `segno` the active segment of a lane's log.
-    fn activate(&self, segno: u32, lane: u32, log: LogType, mtime: u64) {
+    fn activate(&self, segno: SegNo, lane: u32, log: LogType, mtime: u64) {
         let mut seg = self.seg(segno).lock();
         assert_eq!(seg.state, SegState::Free, "activating segment {segno} that is not free");
         assert_eq!(seg.entry.valid_blocks, 0);
@@ -399,8 +395,8 @@ impl SegmentTable {
 
     /// Recovery: segment `segno` holds journal blocks that must survive until the next
     /// checkpoint is durable. A free one becomes prefree (reusable after that checkpoint).
-    pub fn claim_for_journal(&self, segno: u32) -> Result<()> {
-        if segno >= self.geometry.main_segments {
+    pub fn claim_for_journal(&self, segno: SegNo) -> Result<()> {
+        if !self.geometry.has_segment(segno) {
             return Err(Error::InvalidArgument(format!("segment {segno} out of range")));
         }
         // The free map ranks above a segment (sync::rank), so it comes first; this runs once
@@ -417,10 +413,10 @@ impl SegmentTable {
     }
 
     /// Takes a specific free segment out of the free map and activates it (mkfs, recovery).
-    pub fn activate_free(&self, segno: u32, lane: u32, log: LogType, mtime: u64) -> Result<()> {
+    pub fn activate_free(&self, segno: SegNo, lane: u32, log: LogType, mtime: u64) -> Result<()> {
         {
             let mut fm = self.free.lock();
-            if segno >= self.geometry.main_segments || !fm.free.remove(&segno) {
+            if !self.geometry.has_segment(segno) || !fm.free.remove(&segno) {
                 return Err(Error::InvalidArgument(format!("segment {segno} is not free")));
             }
             self.publish(&fm);
@@ -430,7 +426,7 @@ impl SegmentTable {
     }
 
     /// A log filled `segno`: it becomes dirty (or prefree if nothing in it is still valid).
-    pub fn close(&self, segno: u32) {
+    pub fn close(&self, segno: SegNo) {
         let mut seg = self.seg(segno).lock();
         assert!(matches!(seg.state, SegState::Active { .. }), "closing inactive segment {segno}");
         if seg.entry.valid_blocks == 0 {
@@ -456,7 +452,7 @@ impl SegmentTable {
     /// the free map while it is discarded (TRIM: a discard racing with a new write into the
     /// segment would destroy that write) and counted free all the same. A discard that fails
     /// leaves the segments free (a discard is advice to the device).
-    pub fn checkpoint_done(&self, discard: impl FnOnce(&[u32])) -> usize {
+    pub fn checkpoint_done(&self, discard: impl FnOnce(&[SegNo])) -> usize {
         let mut fm = self.free.lock();
         fm.rounds += 1;
         let round = fm.rounds;
@@ -478,7 +474,7 @@ impl SegmentTable {
         // carries its newer round). At most a quarter of the free map is held out at once, so
         // lanes that need a segment meanwhile find one (none when space is short).
         let room = if fm.free.len() < DISCARD_MIN_FREE { 0 } else { fm.free.len() / 4 };
-        let due: Vec<u32> = fm
+        let due: Vec<SegNo> = fm
             .undiscarded
             .iter()
             .filter(|&(_, &r)| r < round)
@@ -514,15 +510,15 @@ impl SegmentTable {
     /// those are the next to be written and discarding them would only make the device
     /// allocate them again). A snapshot: [`SegmentTable::take_for_trim`] takes what is still
     /// free when it comes to it.
-    pub fn free_runs(&self, range: std::ops::Range<u32>, keep: usize) -> Vec<std::ops::Range<u32>> {
+    pub fn free_runs(&self, range: std::ops::Range<SegNo>, keep: usize) -> Vec<std::ops::Range<SegNo>> {
         let fm = self.free.lock();
         let floor = fm.free.iter().nth(keep).copied();
-        let mut runs: Vec<std::ops::Range<u32>> = Vec::new();
+        let mut runs: Vec<std::ops::Range<SegNo>> = Vec::new();
         let Some(floor) = floor else { return runs };
         for &s in fm.free.range(range.start.max(floor)..range.end) {
             match runs.last_mut() {
-                Some(r) if r.end == s => r.end = s + 1,
-                _ => runs.push(s..s + 1),
+                Some(r) if r.end == s => r.end = s.next(),
+                _ => runs.push(s..s.next()),
             }
         }
         runs
@@ -534,10 +530,10 @@ impl SegmentTable {
     /// counted free. Prefree and committing segments are never free here: the checkpoint that
     /// frees them, and recovery until then, may still need what they hold. Give them back
     /// with [`SegmentTable::return_trimmed`].
-    pub fn take_for_trim(&self, range: std::ops::Range<u32>, keep: usize) -> Vec<u32> {
+    pub fn take_for_trim(&self, range: std::ops::Range<SegNo>, keep: usize) -> Vec<SegNo> {
         let mut fm = self.free.lock();
         let Some(floor) = fm.free.iter().nth(keep).copied() else { return Vec::new() };
-        let taken: Vec<u32> = fm.free.range(range.start.max(floor)..range.end).copied().collect();
+        let taken: Vec<SegNo> = fm.free.range(range.start.max(floor)..range.end).copied().collect();
         for s in &taken {
             fm.free.remove(s);
             // Discarded now: a later checkpoint round need not.
@@ -551,7 +547,7 @@ impl SegmentTable {
     }
 
     /// Puts segments taken by [`SegmentTable::take_for_trim`] back into the free map.
-    pub fn return_trimmed(&self, segs: &[u32]) {
+    pub fn return_trimmed(&self, segs: &[SegNo]) {
         let mut fm = self.free.lock();
         for &s in segs {
             debug_assert_eq!(self.state(s), SegState::Free, "segment {s} changed while trimmed");
@@ -563,17 +559,17 @@ impl SegmentTable {
 
     /// Up to `max` victims for the cleaner: dirty (full, inactive) segments holding at least
     /// one invalid block, best first by `policy`. Segments listed in `skip` are left out.
-    pub fn victims(&self, policy: VictimPolicy, max: usize, skip: &[u32]) -> Vec<Victim> {
+    pub fn victims(&self, policy: VictimPolicy, max: usize, skip: &[SegNo]) -> Vec<Victim> {
         if max == 0 {
             return Vec::new();
         }
         let full = crate::format::layout::BLOCKS_PER_SEG as u64;
         // (score, segno): a lower score is a better victim.
-        let mut ranked: Vec<(u128, u32)> = Vec::new();
-        for (i, s) in self.segs.iter().enumerate() {
+        let mut ranked: Vec<(u128, SegNo)> = Vec::new();
+        for (segno, s) in self.geometry.segments().zip(&self.segs) {
             let s = s.lock();
             let v = s.entry.valid_blocks as u64;
-            if s.state != SegState::Dirty || v >= full || skip.contains(&(i as u32)) {
+            if s.state != SegState::Dirty || v >= full || skip.contains(&segno) {
                 continue;
             }
             let score = match policy {
@@ -586,7 +582,7 @@ impl SegmentTable {
                     u128::MAX - benefit
                 }
             };
-            ranked.push((score, i as u32));
+            ranked.push((score, segno));
         }
         ranked.sort_unstable();
         ranked.truncate(max);
@@ -694,8 +690,8 @@ impl SegmentTable {
         let mut any = false;
         let first = index * SIT_ENTRIES_PER_BLOCK;
         for (i, e) in blk.entries.iter_mut().enumerate() {
-            let segno = first + i as u32;
-            if segno < self.geometry.main_segments {
+            let segno = SegNo(first + i as u32);
+            if self.geometry.has_segment(segno) {
                 let seg = self.seg(segno).lock();
                 *e = seg.entry.clone();
                 if epoch == Some(seg.young_epoch) {
@@ -713,8 +709,8 @@ impl SegmentTable {
         let mut blk = SitBlock::empty(index);
         let first = index * SIT_ENTRIES_PER_BLOCK;
         for (i, e) in blk.entries.iter_mut().enumerate() {
-            let segno = first + i as u32;
-            if segno < self.geometry.main_segments {
+            let segno = SegNo(first + i as u32);
+            if self.geometry.has_segment(segno) {
                 *e = self.seg(segno).lock().entry.clone();
             }
         }
@@ -722,7 +718,7 @@ impl SegmentTable {
     }
 
     /// A copy of segment `segno`'s SIT entry.
-    pub fn entry(&self, segno: u32) -> SitEntry {
+    pub fn entry(&self, segno: SegNo) -> SitEntry {
         self.seg(segno).lock().entry.clone()
     }
 
@@ -730,18 +726,18 @@ impl SegmentTable {
     /// states, no free segment holds valid blocks.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let fm = self.free.lock();
-        for (i, s) in self.segs.iter().enumerate() {
+        for (segno, s) in self.geometry.segments().zip(&self.segs) {
             let s = s.lock();
             let pop: u32 = s.entry.bitmap.iter().map(|b| b.count_ones()).sum();
             if pop != s.entry.valid_blocks as u32 {
-                return Err(format!("segment {i}: count {} bitmap {pop}", s.entry.valid_blocks));
+                return Err(format!("segment {segno}: count {} bitmap {pop}", s.entry.valid_blocks));
             }
-            let in_free = fm.free.contains(&(i as u32));
+            let in_free = fm.free.contains(&segno);
             if in_free && s.state != SegState::Free {
-                return Err(format!("segment {i} in free map but {:?}", s.state));
+                return Err(format!("segment {segno} in free map but {:?}", s.state));
             }
             if matches!(s.state, SegState::Free | SegState::Prefree) && s.entry.valid_blocks != 0 {
-                return Err(format!("segment {i} is {:?} with valid blocks", s.state));
+                return Err(format!("segment {segno} is {:?} with valid blocks", s.state));
             }
         }
         Ok(())

@@ -7,7 +7,7 @@
 
 use lanefs::device::{BlockDevice, BLOCK_SIZE};
 use lanefs::format::dentry::dtype_of;
-use lanefs::format::layout::{Geometry, LogType, ROOT_INO};
+use lanefs::format::layout::{Geometry, LogType, SegNo, ROOT_INO};
 use lanefs::format::node::{Inode, NodeBody, NodeFooter, Timespec, INODE_ADDRS};
 use lanefs::format::{Checkpoint, Dentry, DentryBlock, NatBlock, NatEntry, Node, SummaryEntry, SummaryKind};
 use lanefs::testing::checkpoint::{self, commit, CommitSet};
@@ -38,7 +38,7 @@ impl<'a> Builder<'a> {
         let cp = cpr.cp;
         let nat = checkpoint::read_nat(dev, &g, &cp).unwrap();
         let sit = checkpoint::read_sit(dev, &g, &cp).unwrap();
-        let active: Vec<(u32, u32, LogType)> = cp
+        let active: Vec<(SegNo, u32, LogType)> = cp
             .lanes
             .iter()
             .enumerate()

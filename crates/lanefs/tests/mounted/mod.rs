@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use lanefs::device::{BlockDevice, MemDevice, WriteReq};
-use lanefs::format::layout::{Geometry, LogType};
+use lanefs::format::layout::{Geometry, LogType, SegNo};
 use lanefs::format::Checkpoint;
 use lanefs::testing::checkpoint::{self, commit, CommitSet};
 use lanefs::testing::nat::NatTable;
@@ -43,7 +43,7 @@ impl Mounted {
         let cp = cpr.cp;
         let nat = NatTable::load_with_slots(dev, &g, &cp, slots).unwrap();
         let sit = checkpoint::read_sit(dev, &g, &cp).unwrap();
-        let active: Vec<(u32, u32, LogType)> = cp
+        let active: Vec<(SegNo, u32, LogType)> = cp
             .lanes
             .iter()
             .enumerate()

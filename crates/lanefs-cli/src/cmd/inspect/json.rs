@@ -203,7 +203,7 @@ impl<'a> Image<'a> {
                     logs: names
                         .iter()
                         .zip(logs)
-                        .map(|(n, c)| (*n, Cursor { segment: c.segno, next_block: c.next_off }))
+                        .map(|(n, c)| (*n, Cursor { segment: c.segno.0, next_block: c.next_off }))
                         .collect(),
                 })
                 .collect(),

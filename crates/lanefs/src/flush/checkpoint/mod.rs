@@ -63,6 +63,7 @@ use crate::disk::WriteKind;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{LaneCheckpoint, CP_FLAG_CLEAN};
+use crate::format::SegNo;
 use crate::mem::mnode::MNode;
 use crate::node::NodeWriter;
 use crate::sync::Rank;
@@ -238,7 +239,7 @@ impl Engine {
         // as the open one read a moment before.
         let (cursors, active) = self.disk.lanes.active_cursors_and_summaries();
         let mut summaries = self.disk.lanes.take_closed_summaries();
-        let closed: std::collections::HashSet<u32> = summaries.iter().map(|s| s.segno).collect();
+        let closed: std::collections::HashSet<SegNo> = summaries.iter().map(|s| s.segno).collect();
         summaries.extend(active.into_iter().filter(|s| !closed.contains(&s.segno)));
         // NAT, SIT, summaries and the pack (whose size depends on lanes and orphans; one block
         // is close enough for the counters).
