@@ -93,8 +93,12 @@ impl Engine {
             let asked = std::time::Instant::now();
             let exclusive = self.mem.pass.exclusive();
             let snap = self.snapshot(&gate, &exclusive, clean);
+            // Timed to the release, not past it: the release wakes the operations that waited,
+            // and one woken on this CPU may run before this thread does again (5-8 ms on two
+            // cores with two workers), a time in which operations run.
+            let held = asked.elapsed();
             drop(exclusive);
-            self.ckpt.cp_pauses.exclusive(asked.elapsed());
+            self.ckpt.cp_pauses.exclusive(held);
             snap
         };
         {
@@ -112,9 +116,11 @@ impl Engine {
         self.ckpt.cp.lock().installs.offer(snap.seq, args, inodes, |m| self.bridges(m));
         // fsync and writeback go on beside the write phase: they touch no inode the snapshot
         // captured (`Engine::enter_flush`), their blocks are young (out of this checkpoint's
-        // SIT) and the segments they write to outlive it (`SegmentTable::open_epoch`).
+        // SIT) and the segments they write to outlive it (`SegmentTable::open_epoch`). Timed to
+        // the release, as the exclusive phase is.
+        let held = gate_asked.elapsed();
         drop(gate);
-        self.ckpt.cp_pauses.write_phase(gate_asked.elapsed());
+        self.ckpt.cp_pauses.write_phase(held);
         self.settle_snapshot(&mut snap);
         let seq = snap.seq;
         let held = std::mem::take(&mut snap.held_dirs);

@@ -23,7 +23,7 @@ pub struct ExclusiveWork {
 /// snapshot, under the pass-through semaphore held exclusively: every operation waits) and the
 /// gate's exclusive hold around it (fsync and writeback wait; the write phase no longer holds
 /// it). Each is timed from the request for the exclusive hold, so the wait for operations in
-/// flight to drain counts.
+/// flight to drain counts, to its release, so the waiters' wake-ups after it do not.
 #[derive(Debug, Default)]
 pub struct CpPauses {
     exclusive_max: AtomicU64,
