@@ -118,12 +118,10 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
         let _ = dev.discard(g.main_blkaddr, g.main_blocks());
     }
 
-    // 2. Lane l's log t starts in segment l * 6 + t.
+    // 2. Lane l's log t starts in segment l * 6 + t (`first_segment`).
     let lanes = g.lanes as usize;
     let active: Vec<(SegNo, u32, LogType)> = (0..lanes)
-        .flat_map(|l| {
-            LogType::ALL.iter().map(move |&t| (SegNo((l * LOG_TYPES + t as usize) as u32), l as u32, t))
-        })
+        .flat_map(|l| LogType::ALL.iter().map(move |&t| (first_segment(l, t as usize), l as u32, t)))
         .collect();
     let table = Arc::new(SegmentTable::new(g, vec![SitEntry::default(); g.main_segments as usize], &[])?);
     for &(segno, lane, log) in &active {
@@ -161,6 +159,13 @@ pub fn format_device(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<Superb
     Ok(sb)
 }
 
+/// The segment lane `lane`'s log `log` starts in on a new image (step 2 of `format_device`):
+/// the lanes' logs take the first segments, six to a lane.
+fn first_segment(lane: usize, log: usize) -> SegNo {
+    debug_assert!(log < LOG_TYPES, "log {log} of {LOG_TYPES}");
+    SegNo((lane * LOG_TYPES + log) as u32)
+}
+
 /// The first checkpoint of a new image and what it commits: the root inode at `root_addr`
 /// (the first block of segment `root_seg`) as the one valid block and node, every lane's logs
 /// at the start of their `active` segments, and each lane's journal head at the first block
@@ -196,10 +201,10 @@ fn first_checkpoint(
     let lanes: Vec<LaneCheckpoint> = (0..g.lanes as usize)
         .map(|l| LaneCheckpoint {
             logs: std::array::from_fn(|t| {
-                let segno = SegNo((l * LOG_TYPES + t) as u32);
+                let segno = first_segment(l, t);
                 LogCursor { segno, next_off: u16::from(segno == root_seg || journal_lane(segno).is_some()) }
             }),
-            journal_head: g.seg_start(SegNo((l * LOG_TYPES + JOURNAL_LOG as usize) as u32)) as u32,
+            journal_head: g.seg_start(first_segment(l, JOURNAL_LOG as usize)) as u32,
             journal_seq: 0,
         })
         .collect();

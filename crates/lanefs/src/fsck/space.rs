@@ -39,21 +39,19 @@ impl Fsck<'_> {
             if segno.0.is_multiple_of(1024) {
                 (self.progress)("segments", segno.0 as u64, g.main_segments as u64);
             }
-            let mut want = sit[segno.index()].clone();
+            let have = &sit[segno.index()];
+            let mut want = have.clone();
             want.bitmap = [0; 64];
             want.valid_blocks = 0;
             for &(off, _) in expected.get(&segno).map(Vec::as_slice).unwrap_or(&[]) {
                 want.set_valid(off);
             }
-            if want.bitmap != sit[segno.index()].bitmap
-                || want.valid_blocks != sit[segno.index()].valid_blocks
-            {
+            if want.bitmap != have.bitmap || want.valid_blocks != have.valid_blocks {
                 self.problem(
                     Structure::Sit,
                     format!(
                         "segment {segno}: SIT says {} valid blocks, the tree owns {}",
-                        sit[segno.index()].valid_blocks,
-                        want.valid_blocks
+                        have.valid_blocks, want.valid_blocks
                     ),
                     true,
                 );
