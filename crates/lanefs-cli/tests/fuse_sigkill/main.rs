@@ -449,7 +449,7 @@ fn model_accepts_old_or_new_states_and_refuses_the_rest() {
     let c_all = pattern(9, 0, 100);
     let t = (100, 5);
     // (name, content, mode, mtime) of the files found in t0.
-    type Found<'a> = Vec<(&'a str, Vec<u8>, u32, (i64, i64))>;
+    type Found<'a> = Vec<(&'a str, Vec<u8>, u32, (i64, u32))>;
     let problems = |entries: Found, dir: bool| {
         let mut t0: BTreeMap<String, Obs> = entries
             .into_iter()

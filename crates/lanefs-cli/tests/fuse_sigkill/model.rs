@@ -1,9 +1,16 @@
 //! The model: from the writers' logs, what may be found after a crash (the durability
 //! contract), and the check of a remounted tree against it.
+//!
+//! The rules for one object are the crash harness's oracle's: what a name may hold is an
+//! `oracle::Versions` (its durable value or any later one), what a file may hold an
+//! `oracle::FileModel` (any mix of the bytes written since its last fsync, a size, mode and
+//! mtime within the bounds of the contract). This file keeps the namespace around them: which
+//! directory holds which names, what an fsync of a file or directory makes durable, which
+//! files and directories must be found somewhere, and the walk of the mount.
 
 use super::*;
 use lanefs::FileKind;
-use lanefs_crashtest::oracle::{DirTree, Tree};
+use lanefs_crashtest::oracle::{DirTree, FileModel, Tree, Versions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Val {
@@ -12,20 +19,12 @@ pub(crate) enum Val {
 }
 
 /// One name in one directory: the values it held, each with the sequence number of the operation
-/// that set it; those from `durable` on may be found after a crash.
-#[derive(Debug)]
-pub(crate) struct Name {
-    pub(crate) hist: Vec<(u64, Option<Val>)>,
-    pub(crate) durable: usize,
-}
+/// that set it; those from the durable one on may be found after a crash (the oracle's rule).
+pub(crate) type Name = Versions<Option<Val>>;
 
-impl Name {
-    pub(crate) fn cur(&self) -> Option<Val> {
-        self.hist.last().unwrap().1
-    }
-    pub(crate) fn allowed(&self) -> impl Iterator<Item = Option<Val>> + '_ {
-        self.hist[self.durable..].iter().map(|h| h.1)
-    }
+/// The values a name may hold after a crash: every operation the logs show may have been made.
+pub(crate) fn allowed(n: &Name) -> impl Iterator<Item = Option<Val>> + '_ {
+    n.allowed(usize::MAX).copied()
 }
 
 #[derive(Debug, Default)]
@@ -38,11 +37,12 @@ pub(crate) struct DirM {
     pub(crate) names: BTreeMap<String, Name>,
     /// Renames into or out of this directory since its last fsync: (writer thread, sequence,
     /// other directory, name there). An fsync of this directory makes the other side durable too.
-    pub(crate) renames: Vec<(usize, u64, usize, String)>,
+    pub(crate) renames: Vec<(usize, usize, usize, String)>,
 }
 
-/// One file: its content at the last fsync, its content now, and the writes since (offset,
-/// length, generation; generation 0 is zeros).
+/// One file: where it is, whether it must be found, and what it may hold (the oracle's model of
+/// a file's content, size, mode and mtime after a crash, its writes by generation of
+/// `pat_byte`).
 #[derive(Debug)]
 pub(crate) struct FileM {
     /// Last path the writer gave it (for messages).
@@ -51,135 +51,17 @@ pub(crate) struct FileM {
     /// found (a rename never loses a file).
     pub(crate) named: bool,
     pub(crate) gone: bool,
-    /// Permission bits: at the last fsync, now, and those given since.
-    pub(crate) mode_durable: u32,
-    pub(crate) mode_cur: u32,
-    pub(crate) modes_since: Vec<u32>,
-    /// The mtime at the last fsync (a lower bound after a crash); `mtime_exact` while nothing
-    /// has written to the file since (then it must be exactly that).
-    pub(crate) mtime: (i64, i64),
-    pub(crate) mtime_exact: bool,
-    pub(crate) durable: Vec<u8>,
-    pub(crate) cur: Vec<u8>,
-    pub(crate) since: Vec<(u64, u64, u64)>,
-    pub(crate) min: u64,
-    pub(crate) max: u64,
+    pub(crate) state: FileModel,
 }
 
 impl FileM {
-    pub(crate) fn new(path: &str, content: Vec<u8>, mode: u32, mtime: Option<(i64, i64)>) -> FileM {
-        let n = content.len() as u64;
+    pub(crate) fn new(path: &str, content: Vec<u8>, mode: u32, mtime: Option<(i64, u32)>) -> FileM {
         FileM {
             path: path.to_string(),
             named: false,
             gone: false,
-            mode_durable: mode,
-            mode_cur: mode,
-            modes_since: Vec::new(),
-            mtime: mtime.unwrap_or((i64::MIN, 0)),
-            mtime_exact: mtime.is_some(),
-            durable: content.clone(),
-            cur: content,
-            since: Vec::new(),
-            min: n,
-            max: n,
+            state: FileModel::new(content, mode, mtime, pat_byte),
         }
-    }
-
-    pub(crate) fn write(&mut self, off: u64, len: u64, generation: u64) {
-        let end = (off + len) as usize;
-        if self.cur.len() < end {
-            self.cur.resize(end, 0);
-        }
-        self.cur[off as usize..end].copy_from_slice(&pattern(generation, off, len));
-        self.since.push((off, len, generation));
-        self.max = self.max.max(end as u64);
-        self.mtime_exact = false;
-    }
-
-    pub(crate) fn truncate(&mut self, len: u64) {
-        let old = self.cur.len() as u64;
-        if len < old {
-            self.since.push((len, old - len, 0));
-        } else if len > old {
-            self.since.push((old, len - old, 0));
-        }
-        self.cur.resize(len as usize, 0);
-        self.min = self.min.min(len);
-        self.max = self.max.max(len);
-        self.mtime_exact = false;
-    }
-
-    /// fsync: the attributes too.
-    pub(crate) fn make_all_durable(&mut self) {
-        self.make_durable();
-        self.mode_durable = self.mode_cur;
-        self.modes_since.clear();
-    }
-
-    /// fdatasync: data and size.
-    pub(crate) fn make_durable(&mut self) {
-        self.durable = self.cur.clone();
-        self.since.clear();
-        self.min = self.cur.len() as u64;
-        self.max = self.min;
-    }
-
-    /// Whether a file with this content, mode and mtime is a state this file may be found in
-    /// after a crash.
-    pub(crate) fn check(&self, got: &[u8], mode: u32, mtime: (i64, i64)) -> Result<(), String> {
-        if mode != self.mode_durable && !self.modes_since.contains(&mode) {
-            return Err(format!(
-                "mode {mode:o}, fsynced {:o}, given since {:?}",
-                self.mode_durable,
-                self.modes_since.iter().map(|m| format!("{m:o}")).collect::<Vec<_>>()
-            ));
-        }
-        if (self.mtime_exact && mtime != self.mtime) || mtime < self.mtime {
-            return Err(format!(
-                "mtime {mtime:?}, fsynced {:?}{}",
-                self.mtime,
-                if self.mtime_exact { " and not written since" } else { "" }
-            ));
-        }
-        let n = got.len() as u64;
-        let fsynced = self.durable.len();
-        if n < self.min || n > self.max {
-            return Err(format!(
-                "size {n}, allowed {}..={} (fsynced size {fsynced}, size before the crash {})",
-                self.min,
-                self.max,
-                self.cur.len()
-            ));
-        }
-        if got == self.cur || got == self.durable {
-            return Ok(());
-        }
-        for (c, chunk) in got.chunks(4096).enumerate() {
-            let start = c * 4096;
-            let end = start + chunk.len();
-            if self.cur.get(start..end) == Some(chunk) || self.durable.get(start..end) == Some(chunk) {
-                continue;
-            }
-            for (k, &b) in chunk.iter().enumerate() {
-                let i = start + k;
-                let base = self.durable.get(i).copied().unwrap_or(0);
-                if b == base || self.cur.get(i) == Some(&b) {
-                    continue;
-                }
-                let p = i as u64;
-                if self.since.iter().any(|&(o, l, g)| p >= o && p < o + l && pat_byte(g, p) == b) {
-                    continue;
-                }
-                return Err(format!(
-                    "byte {i} is {b:#04x}: neither the fsynced {base:#04x} nor a byte written there since \
-                     ({}; fsynced size {fsynced}, size now {n}, before the crash {})",
-                    if i < fsynced { "inside the fsynced range" } else { "past the fsynced size" },
-                    self.cur.len()
-                ));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -195,14 +77,14 @@ pub(crate) struct Seen {
 pub(crate) struct Model {
     pub(crate) dirs: Vec<DirM>,
     pub(crate) files: Vec<FileM>,
-    pub(crate) seq: u64,
+    pub(crate) seq: usize,
 }
 
 /// What a walk of the mount found.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Obs {
     Dir(BTreeMap<String, Obs>),
-    File { ino: u64, nlink: u64, mode: u32, mtime: (i64, i64), content: Vec<u8> },
+    File { ino: u64, nlink: u64, mode: u32, mtime: (i64, u32), content: Vec<u8> },
     Other(u32),
 }
 
@@ -282,13 +164,7 @@ fn observe_node(tree: &DirTree, dir: &PathBuf) -> io::Result<BTreeMap<String, Ob
                         content.len()
                     )));
                 }
-                Obs::File {
-                    ino: md.ino,
-                    nlink: md.nlink,
-                    mode: md.mode & 0o7777,
-                    mtime: (md.mtime.0, i64::from(md.mtime.1)),
-                    content,
-                }
+                Obs::File { ino: md.ino, nlink: md.nlink, mode: md.mode & 0o7777, mtime: md.mtime, content }
             }
             _ => Obs::Other(md.mode),
         };
@@ -324,19 +200,14 @@ impl Model {
                 }
                 Obs::Other(mode) => panic!("{name}: unexpected file type {mode:o}"),
             };
-            self.dirs[d].names.insert(name.clone(), Name { hist: vec![(0, Some(v))], durable: 0 });
+            self.dirs[d].names.insert(name.clone(), Versions::new(Some(v)));
         }
     }
 
     pub(crate) fn set(&mut self, d: usize, name: &str, v: Option<Val>) {
         self.seq += 1;
         let seq = self.seq;
-        self.dirs[d]
-            .names
-            .entry(name.to_string())
-            .or_insert_with(|| Name { hist: vec![(0, None)], durable: 0 })
-            .hist
-            .push((seq, v));
+        self.dirs[d].names.entry(name.to_string()).or_insert_with(|| Versions::new(None)).set(seq, v);
     }
 
     /// (parent directory, last component, current value) of a path the writer logged.
@@ -344,13 +215,13 @@ impl Model {
         let comps: Vec<&str> = path.split('/').collect();
         let mut d = 0;
         for c in &comps[..comps.len() - 1] {
-            match self.dirs[d].names.get(*c).and_then(Name::cur) {
+            match self.dirs[d].names.get(*c).and_then(|n| *n.current()) {
                 Some(Val::Dir(x)) => d = x,
                 other => panic!("the writer logged {path}, but {c} is {other:?} in the model"),
             }
         }
         let last = comps[comps.len() - 1];
-        (d, last.to_string(), self.dirs[d].names.get(last).and_then(Name::cur))
+        (d, last.to_string(), self.dirs[d].names.get(last).and_then(|n| *n.current()))
     }
 
     pub(crate) fn file(&self, path: &str) -> usize {
@@ -361,23 +232,20 @@ impl Model {
     }
 
     pub(crate) fn durable_now(&mut self, d: usize, name: &str) {
-        let n = self.dirs[d].names.get_mut(name).expect("a name the model has");
-        n.durable = n.hist.len() - 1;
+        self.dirs[d].names.get_mut(name).expect("a name the model has").make_durable();
         self.mark_named(d, name);
     }
 
-    pub(crate) fn durable_at(&mut self, d: usize, name: &str, seq: u64) {
+    pub(crate) fn durable_at(&mut self, d: usize, name: &str, seq: usize) {
         if let Some(n) = self.dirs[d].names.get_mut(name) {
-            let i = n.hist.iter().rposition(|h| h.0 <= seq).unwrap_or(0);
-            n.durable = n.durable.max(i);
+            n.make_durable_at(seq);
             self.mark_named(d, name);
         }
     }
 
     /// What a name durably holds must be found after a crash, wherever renames took it.
     pub(crate) fn mark_named(&mut self, d: usize, name: &str) {
-        let n = &self.dirs[d].names[name];
-        match n.hist[n.durable].1 {
+        match *self.dirs[d].names[name].durable_value() {
             Some(Val::File(f)) => self.files[f].named = true,
             Some(Val::Dir(x)) => self.dirs[x].named = true,
             None => {}
@@ -398,33 +266,30 @@ impl Model {
                 let w: Vec<&str> = line.split(' ').collect();
                 let f = self.file(w[1]);
                 let p = |i: usize| -> u64 { w[i].parse().unwrap() };
-                self.files[f].write(p(2), p(3), p(4));
+                self.files[f].state.write(p(2), p(3), p(4));
             }
             "T" => {
                 let f = self.file(w[1]);
-                self.files[f].truncate(num(2));
+                self.files[f].state.truncate(num(2));
             }
             "s" => {
                 let (d, n, _) = self.lookup(w[1]);
                 let f = self.file(w[1]);
-                self.files[f].make_all_durable();
+                self.files[f].state.fsync();
                 self.durable_now(d, &n);
             }
             "m" => {
                 let w: Vec<&str> = line.split(' ').collect();
                 let f = self.file(w[1]);
-                self.files[f].mtime = (w[2].parse().unwrap(), w[3].parse().unwrap());
-                self.files[f].mtime_exact = true;
+                self.files[f].state.fsynced_mtime((w[2].parse().unwrap(), w[3].parse().unwrap()));
             }
             "P" => {
                 let f = self.file(w[1]);
-                let mode: u32 = num(2) as u32;
-                self.files[f].mode_cur = mode;
-                self.files[f].modes_since.push(mode);
+                self.files[f].state.set_mode(num(2) as u32);
             }
             "d" => {
                 let f = self.file(w[1]);
-                self.files[f].make_durable();
+                self.files[f].state.fdatasync();
             }
             "M" => {
                 let (d, n, _) = self.lookup(w[1]);
@@ -487,7 +352,7 @@ impl Model {
         while let Some((d, path)) = stack.pop() {
             for (name, n) in &self.dirs[d].names {
                 let p = if path.is_empty() { name.clone() } else { format!("{path}/{name}") };
-                match n.cur() {
+                match *n.current() {
                     Some(x) if x == v => return Some(p),
                     Some(Val::Dir(x)) => stack.push((x, p)),
                     _ => {}
@@ -498,20 +363,11 @@ impl Model {
     }
 
     pub(crate) fn describe(&self, n: &Name) -> String {
-        let v: Vec<String> = n
-            .hist
-            .iter()
-            .enumerate()
-            .map(|(i, (s, v))| {
-                let v = match v {
-                    None => "absent".to_string(),
-                    Some(Val::File(f)) => format!("file#{f}"),
-                    Some(Val::Dir(d)) => format!("dir#{d}"),
-                };
-                format!("{}{v}@{s}", if i == n.durable { "durable:" } else { "" })
-            })
-            .collect();
-        v.join(" -> ")
+        n.describe(|v| match v {
+            None => "absent".to_string(),
+            Some(Val::File(f)) => format!("file#{f}"),
+            Some(Val::Dir(d)) => format!("dir#{d}"),
+        })
     }
 
     /// Every way the observed tree breaks what the logs promise.
@@ -525,7 +381,7 @@ impl Model {
                     "file#{f} (/{} before the crash, {} bytes fsynced) is nowhere: its name was durable, \
                      and it was neither unlinked nor renamed over since",
                     self.path_of(Val::File(f)).unwrap_or_else(|| fm.path.clone()),
-                    fm.durable.len()
+                    fm.state.durable_len()
                 ));
             }
         }
@@ -561,7 +417,7 @@ impl Model {
                 continue;
             };
             match o {
-                Obs::Dir(sub) => match n.allowed().find_map(|v| match v {
+                Obs::Dir(sub) => match allowed(n).find_map(|v| match v {
                     Some(Val::Dir(x)) => Some(x),
                     _ => None,
                 }) {
@@ -575,8 +431,7 @@ impl Model {
                     if let Some(prev) = seen.inos.insert(*ino, p.clone()) {
                         problems.push(format!("/{p} and /{prev} are one inode ({ino})"));
                     }
-                    let cands: Vec<usize> = n
-                        .allowed()
+                    let cands: Vec<usize> = allowed(n)
                         .filter_map(|v| match v {
                             Some(Val::File(f)) => Some(f),
                             _ => None,
@@ -588,7 +443,7 @@ impl Model {
                     }
                     let mut errs = Vec::new();
                     for &f in &cands {
-                        match self.files[f].check(content, *mode, *mtime) {
+                        match self.files[f].state.check(content, *mode, *mtime) {
                             Ok(()) => {
                                 seen.files.insert(f);
                             }
@@ -607,7 +462,7 @@ impl Model {
             }
         }
         for (name, n) in &dm.names {
-            if !obs.contains_key(name) && !n.allowed().any(|v| v.is_none()) {
+            if !obs.contains_key(name) && !allowed(n).any(|v| v.is_none()) {
                 let p = if path.is_empty() { name.clone() } else { format!("{path}/{name}") };
                 problems.push(format!("/{p} is missing; the name was {}", self.describe(n)));
             }

@@ -2,21 +2,16 @@
 //! flush is durable holds, and every object shows a version the crash could have left.
 //!
 //! An object may show any version made before the crash's upper bound, and, when promised, only
-//! its promised version or a later one; a rename is checked on both sides together, since it
-//! is never half durable. Every difference is a message, never a panic.
+//! its promised version or a later one (the rule of `rules`, which the SIGKILL test of the
+//! mount applies to its names too); a rename is checked on both sides together, since it is
+//! never half durable. Every difference is a message, never a panic.
 
 use lanefs::FileKind;
 use std::collections::{BTreeMap, HashMap};
 
 use super::recovered::Recovered;
+use super::rules::allowed;
 use super::{EntryKey, History, Id, Promise, Ver};
-
-/// Which versions of `vs` a crash image may show, given a promise of version `p` (0: none)
-/// and the writes below `upper`.
-fn allowed<T>(vs: &[Ver<T>], p: usize, upper: usize) -> impl Iterator<Item = usize> + '_ {
-    let p = p.min(vs.len().saturating_sub(1));
-    (p..vs.len()).filter(move |&i| i == p || vs[i].base || vs[i].ev < upper)
-}
 
 /// The newest active promise per object, with the operation that made it.
 #[derive(Default)]
@@ -266,20 +261,6 @@ mod tests {
 
     fn id(n: u64) -> Id {
         Id { ino: n, crtime: (n as i64, 0) }
-    }
-
-    #[test]
-    fn allowed_versions() {
-        let vs = vec![
-            Ver { ev: 0, base: true, val: 0 },
-            Ver { ev: 5, base: false, val: 1 },
-            Ver { ev: 9, base: false, val: 2 },
-        ];
-        assert_eq!(allowed(&vs, 0, 0).collect::<Vec<_>>(), vec![0]);
-        assert_eq!(allowed(&vs, 0, 6).collect::<Vec<_>>(), vec![0, 1]);
-        assert_eq!(allowed(&vs, 1, 6).collect::<Vec<_>>(), vec![1]);
-        assert_eq!(allowed(&vs, 1, 10).collect::<Vec<_>>(), vec![1, 2]);
-        assert_eq!(allowed(&vs, 7, 10).collect::<Vec<_>>(), vec![2]);
     }
 
     #[test]

@@ -26,14 +26,21 @@
 //!
 //! This file keeps the history (what the workload did and what its fsyncs promised); reading a
 //! file system back is `recovered`, through the calls of `tree` (a library mount or a directory
-//! of a kernel mount), and the check of what was read against the history is `check`.
+//! of a kernel mount), and the check of what was read against the history is `check`. The
+//! rules for one object are `rules`: the versions a promised object may show ([`Versions`],
+//! the rule `check` applies to every entry, file and name count), and what a file may show when
+//! the writes since its last fsync may have landed in any part and order ([`FileModel`]: any
+//! mix of their bytes, a size between the smallest and largest since, a mode given since, an
+//! mtime from the fsynced one on), as a test that kills the process serving a mount checks it.
 
 mod check;
 mod recovered;
+mod rules;
 mod tree;
 
 pub use check::check;
 pub use recovered::{read_file_state, read_state, walk, walk_tree, FileState, Recovered};
+pub use rules::{FileModel, Pattern, Versions};
 pub use tree::{DirTree, Entry, Stat, Tree, Xattrs};
 
 use lanefs::{Attr, FileKind, Ino};
