@@ -21,24 +21,35 @@ use super::Engine;
 impl Engine {
     /// Runs `f` on the mnode of `ino` without taking a reference (no shared store when it is
     /// cached: `Cells::with`); loads it first if it is not. `f` runs pinned: keep it short and
-    /// lock-free.
+    /// lock-free. The caller holds the pass-through semaphore or the gate: an inode still
+    /// owed to the checkpoint in progress is captured before `f` sees it
+    /// (`Engine::capture_if_owed`).
     #[inline]
     pub(crate) fn with_mnode<R>(&self, ino: u32, f: impl FnOnce(&Arc<MNode>) -> R) -> Result<R> {
         let mut f = Some(f);
-        if let Some(r) = self.mem.cells.with(ino as u64, |m| (f.take().expect("called once"))(m)) {
+        let cached = self.mem.cells.with(ino as u64, |m| {
+            self.capture_if_owed(m);
+            (f.take().expect("called once"))(m)
+        });
+        if let Some(r) = cached {
             return Ok(r);
         }
         let m = self.mnode(ino)?;
         Ok((f.take().expect("not called"))(&m))
     }
 
-    /// The mnode of `ino`, loading it from disk on first use.
+    /// The mnode of `ino`, loading it from disk on first use; captured first if it is still
+    /// owed to the checkpoint in progress (as [`Engine::with_mnode`]).
     pub(crate) fn mnode(&self, ino: u32) -> Result<Arc<MNode>> {
         if let Some(m) = self.mem.cells.get(ino as u64) {
+            self.capture_if_owed(&m);
             return Ok(m);
         }
         let m = self.load_mnode(ino)?;
-        Ok(self.mem.cells.insert_if_absent(ino as u64, || m).0)
+        let m = self.mem.cells.insert_if_absent(ino as u64, || m).0;
+        // Another thread's load, or a create, may have won the insert.
+        self.capture_if_owed(&m);
+        Ok(m)
     }
 
     fn load_mnode(&self, ino: u32) -> Result<MNode> {

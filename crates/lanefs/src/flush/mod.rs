@@ -91,7 +91,7 @@ impl Engine {
     /// tree was written after this snapshot (young: `SegmentTable::validate_young`).
     pub(crate) fn enter_flush(
         &self,
-        m: &MNode,
+        m: &Arc<MNode>,
         fenced: bool,
     ) -> Result<crate::sync::rank::RwLockReadGuard<'_, ()>> {
         // It takes the gate, and may wait for a whole checkpoint: the caller holds neither the
@@ -137,6 +137,10 @@ impl Engine {
                 }
             }
             let gate = self.ckpt.gate.read();
+            // Owed to the checkpoint in progress (its snapshot left m dirty and no one has
+            // touched it since): captured now, before the caller changes it. The next round
+            // then waits for its install, or does it.
+            self.capture_if_owed(m);
             let fence_now = if fenced { self.ckpt.cp.lock().fence } else { 0 };
             if m.captured_by.load(Ordering::Acquire) == captured && fence_now == fence {
                 // What the caller may now touch: m, no longer used by the checkpoint that

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 impl Engine {
     /// Called after a write, outside the pass-through semaphore.
-    pub(crate) fn after_write(&self, m: &MNode) -> Result<()> {
+    pub(crate) fn after_write(&self, m: &Arc<MNode>) -> Result<()> {
         let limit = self.opts.cache_bytes;
         let dirty = self.mem.cache.dirty_pages.load(Ordering::Relaxed).max(0) as u64 * PAGE_SIZE as u64;
         if dirty > limit / 2 {
@@ -32,12 +32,12 @@ impl Engine {
     }
 
     /// Writes `m`'s dirty pages to new blocks (no journal, no flush).
-    pub(crate) fn writeback(&self, m: &MNode) -> Result<()> {
+    pub(crate) fn writeback(&self, m: &Arc<MNode>) -> Result<()> {
         self.writeback_upto(m, usize::MAX)
     }
 
     /// Writes at most `max` of `m`'s dirty or logged pages to new blocks.
-    pub(crate) fn writeback_upto(&self, m: &MNode, max: usize) -> Result<()> {
+    pub(crate) fn writeback_upto(&self, m: &Arc<MNode>, max: usize) -> Result<()> {
         let Some((pages, _)) = m.pages() else { return Ok(()) };
         // Not while a checkpoint in progress holds the file (its pages and mapping are the
         // checkpoint's until it is durable; the blocks placed here are young otherwise).

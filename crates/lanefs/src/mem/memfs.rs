@@ -61,6 +61,10 @@ pub(crate) struct Memfs {
     pub(crate) xattr_owed: AtomicI64,
     /// Inodes that joined the dirty set since the last checkpoint snapshot.
     pub(crate) dirty_inodes: PerCpuCounter,
+    /// The checkpoint whose dirty set an inode changed now joins (`MNode::dirty_epoch`): one
+    /// past the last snapshot's, moved by each snapshot in its exclusive phase, so read under
+    /// the pass-through semaphore or the gate it is stable.
+    pub(crate) epoch: AtomicU64,
     /// Blocks claimed by fallocates making their reservations now (`Engine::claim`): counted
     /// as promised, never recorded by a checkpoint.
     pub(crate) claimed: AtomicU64,
@@ -76,19 +80,37 @@ impl Memfs {
         pages + xattrs + 2 * self.dirty_inodes.sum()
     }
 
-    /// Adds `m` to the dirty set (idempotent and cheap when it is there already: a read of a
-    /// flag, no write to a line other cores share).
+    /// Adds `m` to the dirty set of the next checkpoint (idempotent and cheap when it is there
+    /// already: two reads, no write to a line other cores share).
+    ///
+    /// The caller changed `m` under the pass-through semaphore (or the gate), after
+    /// `Engine::capture_if_owed` let it: an inode still owed to the checkpoint in progress is
+    /// never changed, so it is never found here.
     pub(crate) fn mark_dirty(&self, m: &Arc<MNode>) {
-        if m.in_dirty_set.load(Ordering::Acquire) {
-            return;
+        let cur = self.epoch.load(Ordering::Acquire);
+        // Bounded: the one change that can come between the load and the exchange is another
+        // thread's mark (0 to `cur`); after it the first test returns.
+        for _ in 0..2 {
+            let e = m.dirty_epoch.load(Ordering::Acquire);
+            if e == cur {
+                return;
+            }
+            debug_assert_eq!(e, 0, "inode {} changed while owed to checkpoint {e} (epoch {cur})", m.ino);
+            if m.dirty_epoch.compare_exchange(0, cur, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.dirty_inodes.add(1);
+                let slot = self.dirty.current_slot();
+                let mut set = self.dirty.get(slot).lock();
+                m.dirty_pos.store(slot as u64 + 1, Ordering::Relaxed);
+                set.insert(m.ino, m.clone());
+                return;
+            }
         }
-        if !m.in_dirty_set.swap(true, Ordering::AcqRel) {
-            self.dirty_inodes.add(1);
-            let slot = self.dirty.current_slot();
-            let mut set = self.dirty.get(slot).lock();
-            m.dirty_pos.store(slot as u64 + 1, Ordering::Relaxed);
-            set.insert(m.ino, m.clone());
-        }
+        debug_assert!(
+            false,
+            "inode {} not marked dirty: epoch {}",
+            m.ino,
+            m.dirty_epoch.load(Ordering::Acquire)
+        );
     }
 
     /// `m` just died (its last name went with it closed, or its last handle with no name):
@@ -96,7 +118,12 @@ impl Memfs {
     /// visits nor captures it. The caller holds the pass-through semaphore shared (the
     /// snapshot swaps the lists only with it exclusive) and marked `m` dirty under that hold.
     pub(crate) fn bury(&self, m: &Arc<MNode>) {
-        debug_assert!(m.in_dirty_set.load(Ordering::Acquire), "inode {} dies dirty", m.ino);
+        debug_assert_eq!(
+            m.dirty_epoch.load(Ordering::Acquire),
+            self.epoch.load(Ordering::Acquire),
+            "inode {} dies dirty, in the next checkpoint's set",
+            m.ino
+        );
         if m.dead.swap(true, Ordering::AcqRel) {
             return;
         }

@@ -47,7 +47,9 @@ impl Memfs {
         Arc::make_mut(&mut meta.xattrs.set).set(acl::ACCESS, a.encode());
         self.xattr_changed(&mut meta.xattrs, acl::ACCESS);
     }
+}
 
+impl Engine {
     /// setxattr of an ACL: validated; an access ACL sets the mode's permission bits and is kept
     /// only if it says more than they do, and drops set-group-ID unless `caller` is in the
     /// file's group or privileged; a default ACL only on a directory. An empty ACL removes it.
@@ -77,7 +79,8 @@ impl Memfs {
             };
             mode & S_ISGID != 0 && !perm::acl_keeps_sgid(gid, caller)
         };
-        let g = self.pass.shared();
+        let g = self.mem.pass.shared();
+        self.capture_if_owed(m);
         let mode = {
             let mut meta = m.meta.lock();
             let mut mode = meta.mode;
@@ -105,22 +108,20 @@ impl Memfs {
                 None => Arc::make_mut(&mut x.set).remove(name),
             };
             if changed {
-                self.xattr_changed(x, name);
+                self.mem.xattr_changed(x, name);
             }
             meta.mode = mode;
             mode
         };
         m.touch_ctime(now());
-        self.mark_dirty(m);
+        self.mem.mark_dirty(m);
         drop(g);
         if drop_sgid {
             caller.dropped(m.ino as u64, mode);
         }
         Ok(())
     }
-}
 
-impl Engine {
     /// The mode and xattrs of a new inode created with `mode` (type and permission bits) in
     /// directory `dir`, by a process whose umask is `umask`: masked by the directory's default
     /// ACL if it has one (and then not by the umask), which a new directory also inherits.
@@ -171,6 +172,7 @@ impl Engine {
         self.check_writable()?;
         let mode = {
             let _g = self.mem.pass.shared();
+            self.capture_if_owed(m);
             let mode = {
                 let mut meta = m.meta.lock();
                 meta.mode &= !loss.setid;

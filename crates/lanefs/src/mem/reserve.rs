@@ -58,7 +58,7 @@ impl Reserved {
         Reserved { ranges: BTreeMap::new(), len: 0, stats }
     }
 
-    #[cfg(test)]
+    /// How many blocks are reserved.
     pub fn len(&self) -> u64 {
         self.len
     }

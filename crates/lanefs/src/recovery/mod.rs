@@ -246,6 +246,8 @@ fn new_engine(
             generations: crate::generation::Generations::new(generation_floor),
             xattr_owed: Default::default(),
             dirty_inodes: PerCpuCounter::new(),
+            // The first checkpoint after mount is number 1 (`CpState::started` is 0).
+            epoch: std::sync::atomic::AtomicU64::new(1),
             claimed: Default::default(),
         },
         ckpt: Checkpointer {

@@ -5,13 +5,18 @@
 //! 1. Take the gate exclusively: in-flight fsyncs and writebacks finish, new ones wait.
 //! 2. Exclusive phase of the pass-through semaphore (every operation drained): stamp the
 //!    checkpoint, open its epoch in the segment table, swap out the dirty sets and dead lists
-//!    whole, and snapshot each live dirty inode — attributes, dirty pages (shared,
-//!    copy-on-write), current mapping (shared, `mem::cowmap`), and for a directory its logs
-//!    (set aside whole, still offered to fsyncs: `DirLog::hold_all`) and touched-name sets
-//!    (swapped out whole, `mem::dir`). Dead inodes are not visited (`Memfs::bury`). No I/O
-//!    happens here, and no work per dead inode, directory record or touched name; namespace
-//!    and data operations resume right after. What the phase did is counted
-//!    (`ExclusiveWork`). Then the gate is released: fsync and writeback run beside the rest.
+//!    whole, open the install queue, and move the epoch on (`Memfs::epoch`): every inode of the
+//!    swapped sets is now owed to this checkpoint. No I/O happens here, and no work per inode
+//!    (dead or alive), directory record or touched name; namespace and data operations resume
+//!    right after. What the phase did is counted (`ExclusiveWork`). Then the gate is released:
+//!    fsync and writeback run beside the rest.
+//!    Each owed inode is then captured once, by whoever touches it first (`snapshot.rs`,
+//!    `Engine::capture_if_owed`): an operation, fsync or writeback before it changes it, or this
+//!    checkpoint's writer, which captures the rest in inode order — attributes, dirty pages
+//!    (shared, copy-on-write), current mapping (shared, `mem::cowmap`), and for a directory its
+//!    logs (set aside whole, still offered to fsyncs: `DirLog::hold_all`) and touched-name sets
+//!    (swapped out whole, `mem::dir`). Nothing changes an owed inode before its capture, so
+//!    the captures are the instant of the phase.
 //! 3. Write the snapshot: data pages to new blocks, changed dentry blocks, each inode's changed
 //!    nodes, in batches claimed from the install queue (`Installs`), which fsyncs and
 //!    writebacks of captured files claim from too and install themselves instead of waiting
@@ -52,6 +57,8 @@ mod installs;
 mod pauses;
 mod snapshot;
 mod state;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use background::Background;
 pub(crate) use installs::Installs;
@@ -75,6 +82,13 @@ use std::sync::Arc;
 impl Engine {
     /// Takes a checkpoint now. `clean` marks an unmount.
     pub fn checkpoint(&self, clean: bool) -> Result<()> {
+        self.checkpoint_between(clean, || {})
+    }
+
+    /// [`Engine::checkpoint`], running `between` right after the exclusive phase and the
+    /// gate's release, before the writer captures what is still owed: where the foreground
+    /// meets owed inodes (the tests put their operations there).
+    fn checkpoint_between(&self, clean: bool, between: impl FnOnce()) -> Result<()> {
         if self.opts.read_only {
             return Ok(());
         }
@@ -89,17 +103,30 @@ impl Engine {
         self.write_back_early();
         let gate_asked = std::time::Instant::now();
         let gate = self.ckpt.gate.write();
-        let mut snap = {
+        let (mut snap, args) = {
             let asked = std::time::Instant::now();
             let exclusive = self.mem.pass.exclusive();
-            let snap = self.snapshot(&gate, &exclusive, clean);
+            #[allow(unused_mut)]
+            let mut snap = self.snapshot(&gate, &exclusive, clean);
+            // Open before the phase ends: the first operation to touch an owed inode captures
+            // it into the queue, and an fsync or writeback of a captured file that finds it
+            // unclaimed installs it itself instead of waiting (`Engine::help_install`).
+            let args = self.writer_args(&snap);
+            {
+                let mut cp = self.ckpt.cp.lock();
+                cp.installs.open(snap.seq, args);
+                #[cfg(debug_assertions)]
+                {
+                    cp.installs.seen = std::mem::take(&mut snap.seen);
+                }
+            }
             // Timed to the release, not past it: the release wakes the operations that waited,
             // and one woken on this CPU may run before this thread does again (5-8 ms on two
             // cores with two workers), a time in which operations run.
             let held = asked.elapsed();
             drop(exclusive);
             self.ckpt.cp_pauses.exclusive(held);
-            snap
+            (snap, args)
         };
         {
             // One checkpoint at a time (`cp_serial`): this one is the last started, and every
@@ -109,18 +136,17 @@ impl Engine {
             debug_assert_eq!(cp.durable + 1, snap.seq, "the one before is durable");
             debug_assert!(cp.settled <= cp.durable, "settled only once durable");
         }
-        // Offered before the gate opens: an fsync or writeback of a captured file that finds
-        // it unclaimed installs it itself instead of waiting (`Engine::help_install`).
-        let args = self.writer_args(&snap);
-        let inodes = std::mem::take(&mut snap.inodes);
-        self.ckpt.cp.lock().installs.offer(snap.seq, args, inodes, |m| self.bridges(m));
         // fsync and writeback go on beside the write phase: they touch no inode the snapshot
-        // captured (`Engine::enter_flush`), their blocks are young (out of this checkpoint's
-        // SIT) and the segments they write to outlive it (`SegmentTable::open_epoch`). Timed to
-        // the release, as the exclusive phase is.
+        // captured before its install (`Engine::enter_flush`), and capture an owed one first;
+        // their blocks are young (out of this checkpoint's SIT) and the segments they write to
+        // outlive it (`SegmentTable::open_epoch`). Timed to the release, as the exclusive phase
+        // is.
         let held = gate_asked.elapsed();
         drop(gate);
         self.ckpt.cp_pauses.write_phase(held);
+        between();
+        // Whatever the foreground has not captured yet, then what needs every capture done.
+        self.capture_rest(&mut snap);
         self.settle_snapshot(&mut snap);
         let seq = snap.seq;
         let held = std::mem::take(&mut snap.held_dirs);
@@ -204,7 +230,7 @@ impl Engine {
     /// drop once the gate is released.
     fn write_snapshot(&self, snap: Snapshot, args: WriterArgs, clean: bool) -> Result<Vec<Arc<MNode>>> {
         let (cp_ver, mtime) = (args.cp_ver, args.mtime);
-        debug_assert!(snap.inodes.is_empty(), "the captured inodes went to the install queue");
+        debug_assert!(snap.owed.is_empty() && snap.owed_lazy.is_empty(), "every owed inode captured");
         debug_assert!(
             snap.deleted.windows(2).all(|p| p[0].ino < p[1].ino),
             "deleted inodes in inode order, once each (`settle_snapshot`)"

@@ -1,13 +1,25 @@
-//! The exclusive phase of a checkpoint (step 2 of `flush::checkpoint`) and the settling right
-//! after it.
+//! The exclusive phase of a checkpoint (step 2 of `flush::checkpoint`), the captures of the
+//! inodes it leaves owed, and the settling right after it.
 //!
 //! Invariants: the phase runs with the gate and the pass-through semaphore both held
 //! exclusively (`Engine::snapshot` takes their guards as proof), so no operation, fsync or
-//! writeback runs beside it. It does no I/O and no work per dead inode, directory record or
-//! touched name: dirty sets, dead lists, directory logs and touched-name shards are swapped
-//! out whole, mappings shared (`mem::cowmap`). Each live dirty inode is captured once, in
-//! inode order, and marked `captured_by` this checkpoint. What needs no frozen moment
-//! (`settle_snapshot`) runs after the semaphore is released.
+//! writeback runs beside it. It does no I/O and no work per inode, dead or alive, per
+//! directory record or per touched name: dirty sets and dead lists are swapped out whole, and
+//! the epoch moves (`Memfs::epoch`), which makes every inode of the swapped sets *owed* to this
+//! checkpoint in one store. An owed inode is captured once, after the phase, by whoever touches
+//! it first: an operation, fsync or writeback that would change it (`Engine::capture_if_owed`,
+//! before the change), or the checkpoint's writer, which captures the rest in inode order
+//! (`Engine::capture_rest`). Until its capture nothing changes it, so every capture is the
+//! inode as the phase left it, and the checkpoint's picture is one instant, as if the phase had
+//! taken them all. Debug builds check that: the phase records each owed inode
+//! (`Fingerprint`) and its capture must find it unchanged. What needs no frozen moment
+//! (`settle_snapshot`) runs after every capture.
+//!
+//! Why capture late (issue 18): capturing each live dirty inode in the phase cost about
+//! 0.3-1 µs an inode while every operation waited, so the phase grew with the number of dirty
+//! inodes (a mail spool's 800: about 1 ms; 10,000 files untarred: several). Now it is the same
+//! with 10 dirty inodes as with 10,000; each inode's capture costs its first toucher what it
+//! cost the phase.
 
 use super::pauses::ExclusiveWork;
 use crate::engine::{Engine, JOURNAL_LOG};
@@ -16,7 +28,7 @@ use crate::format::ssa::{SummaryEntry, SummaryKind};
 use crate::journal::ChainPos;
 use crate::mem::cowmap::CowMap;
 use crate::mem::dir::Touched;
-use crate::mem::mnode::{MNode, Meta};
+use crate::mem::mnode::{MNode, Meta, CAPTURING};
 use crate::mem::pages::PageBuf;
 use crate::sync::rank::RwLockWriteGuard;
 use crate::sync::{ExclusiveGuard, Rank};
@@ -58,7 +70,14 @@ pub(super) struct Snapshot {
     pub(super) stamp: u64,
     /// The stamp the bridges' records carry (`stamp` is its ticks).
     pub(super) full_stamp: crate::journal::Stamp,
-    pub(super) inodes: Vec<InodeSnap>,
+    /// The per-CPU dirty sets, swapped out whole: the inodes owed to this checkpoint, each
+    /// captured by its first toucher or by `capture_rest`.
+    pub(super) owed: Vec<std::collections::HashMap<u32, Arc<MNode>>>,
+    /// Inodes with a lazy access time due, in no dirty set: owed too (marked in the phase).
+    pub(super) owed_lazy: Vec<Arc<MNode>>,
+    /// Debug builds: the owed inodes as the phase left them (`Installs::seen`).
+    #[cfg(debug_assertions)]
+    pub(super) seen: std::collections::HashMap<u32, Fingerprint>,
     /// Inodes dead at the snapshot, which this checkpoint drops (`settle_snapshot` fills it
     /// from the two below).
     pub(super) deleted: Vec<Arc<MNode>>,
@@ -75,12 +94,71 @@ pub(super) struct Snapshot {
     pub(super) reserved: u64,
 }
 
-/// What `capture_all` found: the live inodes' snapshots, the dead ones no one buried, and
-/// the directories whose logs the checkpoint now holds.
-struct Captured {
-    inodes: Vec<InodeSnap>,
-    found_dead: Vec<Arc<MNode>>,
-    held_dirs: Vec<Arc<MNode>>,
+/// What one capture found: the inode's snapshot, or that it is dead and no one buried it.
+/// (Not boxed: it is moved once, straight into the install queue, and a box would cost an
+/// allocation per capture.)
+#[allow(clippy::large_enum_variant)]
+enum Capture {
+    Live(InodeSnap),
+    Dead(Arc<MNode>),
+}
+
+/// Debug builds: what a capture reads of an owed inode, as the exclusive phase saw it. A
+/// capture that finds any of it changed took the inode after a change that should have
+/// captured it first.
+#[cfg(debug_assertions)]
+#[derive(Debug, PartialEq)]
+pub(super) struct Fingerprint {
+    meta: Meta,
+    size: u64,
+    times: [i64; 3],
+    flags: u32,
+    parent: u32,
+    open: u32,
+    lookups: u64,
+    dead: bool,
+    marks: [bool; 2],
+    pages: [u64; 2],
+    disk: [u64; 4],
+    truncated_from: Option<u64>,
+    dir: Option<(u64, u64)>,
+}
+
+#[cfg(debug_assertions)]
+impl Fingerprint {
+    pub(super) fn of(m: &MNode) -> Fingerprint {
+        let meta = m.meta.lock().clone();
+        let pages = m.pages().map_or([0, 0], |(p, _)| [p.dirty_count(), p.logged_count()]);
+        let (disk, truncated_from) = {
+            let d = m.disk.lock();
+            let disk = [
+                d.cur_map.len() as u64,
+                d.relocate.len() as u64,
+                d.unjournaled.len() as u64,
+                d.reserved.len(),
+            ];
+            (disk, d.truncated_from)
+        };
+        Fingerprint {
+            meta,
+            size: m.size.load(Ordering::Acquire),
+            times: [
+                m.atime.load(Ordering::Acquire),
+                m.mtime.load(Ordering::Acquire),
+                m.ctime.load(Ordering::Acquire),
+            ],
+            flags: m.flags.load(Ordering::Acquire),
+            parent: m.parent.load(Ordering::Acquire),
+            open: m.open.load(Ordering::Acquire),
+            lookups: m.lookups.load(Ordering::Acquire),
+            dead: m.dead.load(Ordering::Acquire),
+            marks: [m.attr_dirty.load(Ordering::Acquire), m.atime_dirty.load(Ordering::Acquire)],
+            pages,
+            disk,
+            truncated_from,
+            dir: m.dir().map(|d| (d.map.len(), d.log.unjournaled().len() as u64)),
+        }
+    }
 }
 
 /// What the phase takes after the inodes (`close_snapshot`).
@@ -92,10 +170,12 @@ struct SnapshotTail {
 
 impl Engine {
     /// The exclusive phase (every operation drained): what the checkpoint must take at this
-    /// instant, and nothing it can take after. Lists, logs and touched-name sets are swapped
-    /// out whole; each live dirty inode is captured (its mapping shared, not copied); dead
+    /// instant, and nothing it can take after. Dirty sets and dead lists are swapped out whole
+    /// and the epoch moves on, which leaves every inode of the swapped sets owed to this
+    /// checkpoint (captured later, each before its first change: `capture_if_owed`); dead
     /// inodes are not visited at all (`Memfs::bury` took them out of the dirty set). The work
-    /// done per item is counted in `cp_pauses` (`ExclusiveWork`).
+    /// done per item is counted in `cp_pauses` (`ExclusiveWork`): per CPU, and per lazy access
+    /// time due, never per dirty inode.
     ///
     /// The guards are the proof of the phase: the gate held exclusively (no fsync or
     /// writeback in flight) and the pass-through semaphore held exclusively (no operation).
@@ -111,26 +191,34 @@ impl Engine {
         );
         let mut work = ExclusiveWork { phases: 1, ..Default::default() };
         let (seq, full_stamp) = self.open_snapshot();
-        let (inodes, dead) = self.swap_dirty_sets(clean, &mut work);
-        let captured = self.capture_all(inodes, seq, &mut work);
+        let (owed, owed_lazy, dead) = self.swap_dirty_sets(seq, clean, &mut work);
+        // From here on a change joins the next checkpoint's dirty set, and an inode still in
+        // this one's is owed to it: nothing may change it before its capture.
+        self.mem.epoch.store(seq + 1, Ordering::Release);
+        #[cfg(debug_assertions)]
+        let seen = owed
+            .iter()
+            .flat_map(|set| set.values())
+            .chain(&owed_lazy)
+            .map(|m| (m.ino, Fingerprint::of(m)))
+            .collect::<std::collections::HashMap<_, _>>();
         let tail = self.close_snapshot(seq);
         self.ckpt.cp_pauses.record_work(work);
-        debug_assert!(
-            captured.inodes.windows(2).all(|p| p[0].m.ino < p[1].m.ino),
-            "captured in inode order, once each"
-        );
-        debug_assert!(work.inodes >= (captured.inodes.len() + captured.found_dead.len()) as u64);
+        debug_assert_eq!(work.inodes, owed_lazy.len() as u64, "the phase visits lazy access times only");
         Snapshot {
             seq,
             stamp: full_stamp.ticks,
             full_stamp,
-            inodes: captured.inodes,
+            owed,
+            owed_lazy,
+            #[cfg(debug_assertions)]
+            seen,
             deleted: Vec::new(),
             dead,
-            found_dead: captured.found_dead,
+            found_dead: Vec::new(),
             orphans: tail.orphans,
             heads: tail.heads,
-            held_dirs: captured.held_dirs,
+            held_dirs: Vec::new(),
             reserved: tail.reserved,
         }
     }
@@ -144,6 +232,8 @@ impl Engine {
             cp.started += 1;
             (cp.started, cp.snap_stamp)
         };
+        // Inodes changed since the last snapshot joined this checkpoint's dirty sets.
+        debug_assert_eq!(self.mem.epoch.load(Ordering::Acquire), seq, "the epoch is this checkpoint's");
         let full_stamp = self.clock.now();
         let stamp = full_stamp.ticks;
         // Records stamped up to a snapshot belong to it: a later snapshot must stamp later.
@@ -154,13 +244,16 @@ impl Engine {
         (seq, full_stamp)
     }
 
-    /// The dirty sets and dead lists, swapped out whole; returns the dirty inodes (with the
-    /// lazy access times due), sorted and once each, and the dead lists.
+    /// The dirty sets and dead lists, swapped out whole, and the inodes with a lazy access
+    /// time due (rare, and kept by number: an inode in no dirty set), made owed to checkpoint
+    /// `seq` one by one.
+    #[allow(clippy::type_complexity)]
     fn swap_dirty_sets(
         &self,
+        seq: u64,
         clean: bool,
         work: &mut ExclusiveWork,
-    ) -> (Vec<Arc<MNode>>, Vec<Vec<Arc<MNode>>>) {
+    ) -> (Vec<std::collections::HashMap<u32, Arc<MNode>>>, Vec<Arc<MNode>>, Vec<Vec<Arc<MNode>>>) {
         let mut sets = Vec::with_capacity(self.mem.dirty.len());
         for d in self.mem.dirty.iter() {
             sets.push(std::mem::take(&mut *d.lock()));
@@ -171,60 +264,159 @@ impl Engine {
             dead.push(std::mem::take(&mut *d.lock()));
             work.swaps += 1;
         }
-        let mut inodes: Vec<Arc<MNode>> = sets.into_iter().flat_map(|s| s.into_values()).collect();
         // Every inode joined a set once since the last snapshot (`Memfs::mark_dirty` counts
         // it); some left for a dead list since. Nothing runs beside the phase, so the sum is
         // exact.
         debug_assert!(
-            inodes.len() as u64 <= self.mem.dirty_inodes.sum(),
-            "{} dirty inodes, {} joined",
-            inodes.len(),
+            sets.iter().map(|s| s.len() as u64).sum::<u64>() <= self.mem.dirty_inodes.sum(),
+            "more dirty inodes than joined: {}",
             self.mem.dirty_inodes.sum()
         );
-        // Lazy access times go out on unmount, `sync`, or once they are old (`mem::atime`):
-        // rare, and kept by number (an inode in no dirty set), so these few are looked up.
+        // Lazy access times go out on unmount, `sync`, or once they are old (`mem::atime`).
         let all_lazy = clean || self.mem.lazy_flush.swap(false, Ordering::AcqRel);
-        inodes.extend(self.take_lazy(all_lazy).into_iter().filter_map(|ino| self.mem.cells.get(ino as u64)));
-        inodes.sort_unstable_by_key(|m| m.ino);
-        inodes.dedup_by_key(|m| m.ino);
-        (inodes, dead)
-    }
-
-    /// Each dirty inode in turn: captured if live, set aside if found dead.
-    fn capture_all(&self, inodes: Vec<Arc<MNode>>, seq: u64, work: &mut ExclusiveWork) -> Captured {
-        let mut out = Captured {
-            inodes: Vec::with_capacity(inodes.len()),
-            // Found dead here rather than buried (recovery's unlinks): few.
-            found_dead: Vec::new(),
-            held_dirs: Vec::new(),
-        };
-        for m in inodes {
+        let mut lazy = Vec::new();
+        for ino in self.take_lazy(all_lazy) {
+            let Some(m) = self.mem.cells.get(ino as u64) else { continue };
             work.inodes += 1;
-            if m.dead.load(Ordering::Acquire) {
-                // Buried before this phase (a lazy atime, or dirtied again while dead): on a
-                // dead list taken above.
-                continue;
-            }
-            if let Some(s) = self.capture(m, seq, work, &mut out) {
-                debug_assert_eq!(s.m.captured_by.load(Ordering::Acquire), seq, "marked as this checkpoint's");
-                out.inodes.push(s);
+            // One already in a set is owed already; a dead one is on a dead list.
+            if !m.dead.load(Ordering::Acquire)
+                && m.dirty_epoch.compare_exchange(0, seq, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            {
+                lazy.push(m);
+            } else {
+                work.inodes -= 1;
             }
         }
-        debug_assert!(out.inodes.len() + out.found_dead.len() <= work.inodes as usize);
-        debug_assert!(out.held_dirs.len() <= out.inodes.len(), "held directories are captured ones");
-        out
+        (sets, lazy, dead)
     }
 
-    /// One live dirty inode's snapshot: attributes, dirty pages, mapping and, for a
-    /// directory, its logs and touched names. None if it turns out dead (then in
-    /// `out.found_dead`).
-    fn capture(
-        &self,
-        m: Arc<MNode>,
-        seq: u64,
-        work: &mut ExclusiveWork,
-        out: &mut Captured,
-    ) -> Option<InodeSnap> {
+    /// Captures `m` first if it is still owed to the checkpoint in progress: what every
+    /// operation (under the pass-through semaphore), fsync and writeback (under the gate) does
+    /// to an inode before it changes it. Two loads when it is not owed (every inode but those
+    /// the last snapshot left dirty, until each is touched once); waits while another thread
+    /// captures it.
+    #[inline]
+    pub(crate) fn capture_if_owed(&self, m: &Arc<MNode>) {
+        let e = m.dirty_epoch.load(Ordering::Acquire);
+        if e == 0 || e == self.mem.epoch.load(Ordering::Acquire) {
+            return;
+        }
+        self.capture_owed(m);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn capture_owed(&self, m: &Arc<MNode>) {
+        // A thread waiting here for another's capture holds nothing the capture takes: only
+        // the gate, the semaphore and the locks ranked before them, and the rename lock.
+        debug_assert!(
+            crate::sync::rank::held().iter().all(|r| *r <= Rank::Rename),
+            "inode {} captured holding {:?}",
+            m.ino,
+            crate::sync::rank::held()
+        );
+        // Bounded: a capture ends, and the inode is owed to one checkpoint at most.
+        let mut spins = 0u64;
+        loop {
+            let e = m.dirty_epoch.load(Ordering::Acquire);
+            let cur = self.mem.epoch.load(Ordering::Acquire);
+            if e == 0 || e == cur {
+                return;
+            }
+            if e == CAPTURING {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    // The capturer may be preempted: give it the CPU.
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            if m.dead.load(Ordering::Acquire) {
+                // Dead before the phase, on a dead list it took: nothing to capture. Its mark
+                // may be older than the last checkpoint (`Memfs::bury` leaves it, and a dead
+                // inode is in no set), or it was dirtied again while dead (a lazy access time).
+                if m.dirty_epoch.compare_exchange(e, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    #[cfg(debug_assertions)]
+                    self.ckpt.cp.lock().installs.seen.remove(&m.ino);
+                    return;
+                }
+                continue;
+            }
+            // Each checkpoint captures all it is owed before the next one starts.
+            debug_assert_eq!(e + 1, cur, "inode {} owed to checkpoint {e}, not the one in progress", m.ino);
+            if m.dirty_epoch.compare_exchange(e, CAPTURING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                self.capture_claimed(m, e);
+                m.dirty_epoch.store(0, Ordering::Release);
+                return;
+            }
+        }
+    }
+
+    /// The capture of owed inode `m`, which this thread claimed: its snapshot goes to the
+    /// install queue (or it is dead, for the checkpoint to delete).
+    fn capture_claimed(&self, m: &Arc<MNode>, seq: u64) {
+        debug_assert!(!m.dead.load(Ordering::Acquire), "dead inodes are not captured");
+        #[cfg(debug_assertions)]
+        {
+            let now = Fingerprint::of(m);
+            let seen = self.ckpt.cp.lock().installs.seen.remove(&m.ino);
+            debug_assert_eq!(seen.as_ref(), Some(&now), "inode {} changed before its capture", m.ino);
+        }
+        let captured = self.capture(m.clone(), seq);
+        let mut cp = self.ckpt.cp.lock();
+        match captured {
+            Capture::Live(s) => {
+                if s.m.is_dir() {
+                    cp.installs.held_dirs.push(s.m.clone());
+                }
+                let helpable = self.bridges(&s.m);
+                cp.installs.add(s, helpable);
+            }
+            Capture::Dead(m) => cp.installs.found_dead.push(m),
+        }
+    }
+
+    /// The checkpoint's writer, right after the phase: captures every owed inode no one has
+    /// touched yet, in inode order, and takes from the install queue what the captures found
+    /// (dead inodes, held directories). From here on nothing is owed to this checkpoint.
+    pub(super) fn capture_rest(&self, snap: &mut Snapshot) {
+        let mut owed: Vec<Arc<MNode>> =
+            std::mem::take(&mut snap.owed).into_iter().flat_map(|s| s.into_values()).collect();
+        owed.append(&mut snap.owed_lazy);
+        owed.sort_unstable_by_key(|m| m.ino);
+        // An inode joins a dirty set once per checkpoint (`MNode::dirty_epoch`).
+        debug_assert!(owed.windows(2).all(|p| p[0].ino < p[1].ino), "owed once each");
+        for m in &owed {
+            self.capture_if_owed(m);
+        }
+        debug_assert!(
+            owed.iter().all(|m| {
+                let e = m.dirty_epoch.load(Ordering::Acquire);
+                e != snap.seq && e != CAPTURING
+            }),
+            "every owed inode captured"
+        );
+        let mut cp = self.ckpt.cp.lock();
+        #[cfg(debug_assertions)]
+        debug_assert!(cp.installs.seen.is_empty(), "{} owed inodes never captured", cp.installs.seen.len());
+        snap.found_dead = std::mem::take(&mut cp.installs.found_dead);
+        snap.held_dirs = std::mem::take(&mut cp.installs.held_dirs);
+        drop(cp);
+        // The orphan list was taken in the phase; an inode found dead since (no name, nothing
+        // holding it) is deleted by this checkpoint, not left to recovery.
+        if !snap.found_dead.is_empty() {
+            let dead: std::collections::HashSet<u32> = snap.found_dead.iter().map(|m| m.ino).collect();
+            snap.orphans.retain(|o| !dead.contains(o));
+        }
+        debug_assert!(snap.held_dirs.iter().all(|d| d.is_dir()), "held directories are directories");
+    }
+
+    /// One owed inode's snapshot: attributes, dirty pages, mapping and, for a directory, its
+    /// logs and touched names; or that it is dead. The caller claimed it (`capture_owed`), so
+    /// nothing changes it meanwhile.
+    fn capture(&self, m: Arc<MNode>, seq: u64) -> Capture {
         // Once per checkpoint: the list it came from holds each inode once.
         debug_assert!(m.captured_by.load(Ordering::Acquire) < seq, "inode {} captured twice", m.ino);
         debug_assert!(!m.dead.load(Ordering::Acquire), "dead inodes are not captured");
@@ -235,8 +427,7 @@ impl Engine {
                 m.dead.store(true, Ordering::Release);
                 self.mem.unorphan(&m);
                 drop(meta);
-                out.found_dead.push(m);
-                return None;
+                return Capture::Dead(m);
             }
             // Whatever is pending is this checkpoint's now: the xattrs it writes (their
             // blocks no longer owed) and those an fsync would journal.
@@ -246,7 +437,7 @@ impl Engine {
             // Cheap: the xattr set is shared, not copied.
             (meta.clone(), xattrs_changed, xattr_names)
         };
-        m.in_dirty_set.store(false, Ordering::Release);
+        debug_assert_eq!(m.dirty_epoch.load(Ordering::Acquire), CAPTURING, "claimed by this thread");
         m.captured_by.store(seq, Ordering::Release);
         // The checkpoint makes whatever is pending durable by itself.
         m.attr_dirty.store(false, Ordering::Release);
@@ -272,10 +463,8 @@ impl Engine {
         if let Some(d) = m.dir() {
             // One swap per core and per shard with changes: the records are released once
             // the checkpoint is durable, and the names sorted after the phase.
-            work.swaps += d.log.hold_all() as u64;
-            out.held_dirs.push(m.clone());
+            d.log.hold_all();
             names = d.map.take_touched();
-            work.swaps += names.len() as u64;
         }
         let size = match m.dir() {
             Some(d) => d.map.reported_size(),
@@ -283,7 +472,7 @@ impl Engine {
         };
         let (mtime, ctime, parent) = (m.mtime(), m.ctime(), m.parent.load(Ordering::Acquire));
         let (atime, flags) = (m.atime(), m.iflags());
-        Some(InodeSnap {
+        Capture::Live(InodeSnap {
             m,
             meta,
             size,

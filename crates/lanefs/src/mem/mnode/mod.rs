@@ -33,6 +33,10 @@ pub const S_IFDIR: u32 = 0o040000;
 pub const S_IFREG: u32 = 0o100000;
 pub const S_IFLNK: u32 = 0o120000;
 
+/// `MNode::dirty_epoch` while a thread takes the inode's snapshot for the checkpoint in
+/// progress: others that would touch it wait until it is taken.
+pub const CAPTURING: u64 = u64::MAX;
+
 /// Directory state.
 pub struct DirState {
     pub map: DirMap,
@@ -100,10 +104,14 @@ pub struct MNode {
     /// renames) that no journal holds yet, with how many. An fsync of the inode flushes them,
     /// and so does the flush of any record that depends on the inode's names.
     pub pending: Mutex<BTreeMap<u32, u32>>,
-    /// In the dirty set (changed since the last checkpoint snapshot).
-    pub in_dirty_set: AtomicBool,
-    /// The per-CPU dirty set it joined last, plus one (0: never). While `in_dirty_set` holds,
-    /// it is in that set (`Memfs::bury` takes it out).
+    /// The checkpoint whose dirty set holds it (0: none; [`CAPTURING`] while one thread takes
+    /// its snapshot). An inode changed since the last snapshot is in the set of the next
+    /// checkpoint (`Memfs::epoch`); one left in the set of the checkpoint in progress is *owed*
+    /// to it: that checkpoint's snapshot of it has not been taken yet, and whoever touches it
+    /// first takes it (`Engine::capture_if_owed`), before any change.
+    pub dirty_epoch: AtomicU64,
+    /// The per-CPU dirty set it joined last, plus one (0: never). While `dirty_epoch` is the
+    /// current epoch, it is in that set (`Memfs::bury` takes it out).
     pub dirty_pos: AtomicU64,
     /// It died: no name and not open, which it stays. It is on a dead list (`Engine::dead`),
     /// or the snapshot that found it so took it as deleted; either way exactly once.
@@ -209,7 +217,7 @@ impl MNode {
             orphaned: AtomicBool::new(false),
             parent: AtomicU32::new(0),
             pending: Mutex::new(Rank::Pending, BTreeMap::new()),
-            in_dirty_set: AtomicBool::new(false),
+            dirty_epoch: AtomicU64::new(0),
             dirty_pos: AtomicU64::new(0),
             dead: AtomicBool::new(false),
             captured_by: AtomicU64::new(0),

@@ -48,6 +48,8 @@ impl Engine {
         // Declared before the semaphore's guard, so dropped after it.
         let mut _dropped = Truncated::default();
         let _g = self.mem.pass.shared();
+        // Held since the lookup above only by reference: a snapshot may have come between.
+        self.capture_if_owed(&m);
         if let Some(s) = size {
             _dropped = self.truncate_locked(&m, s)?;
         }
@@ -133,7 +135,7 @@ impl Engine {
             };
             // An ACL is an attribute change like any other (t_immutable's add_acl).
             refuse(m.iflags(), InodeFlags::PRIVILEGED, "set an ACL")?;
-            return self.mem.set_acl(&m, name, value, caller);
+            return self.set_acl(&m, name, value, caller);
         }
         let _g = self.mem.pass.shared();
         let m = self.mnode(ino)?;

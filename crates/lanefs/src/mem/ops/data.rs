@@ -90,6 +90,8 @@ impl Engine {
     /// of at least one byte asked for is an access (`mem::atime`), also at the end of the file.
     pub fn read_mnode(&self, m: &Arc<MNode>, off: u64, buf: &mut [u8]) -> Result<usize> {
         let _g = self.mem.pass.shared();
+        // The read may change the access time.
+        self.capture_if_owed(m);
         let n = self.read_range(m, off, buf)?;
         if !buf.is_empty() {
             self.touch_atime(m);
@@ -202,6 +204,7 @@ impl Engine {
         self.admit_with(short, || self.new_blocks(m, off, data.len() as u64))?;
         {
             let _g = self.mem.pass.shared();
+            self.capture_if_owed(m);
             self.write_locked(m, off, data, times)?;
         }
         // Outside the semaphore: writeback takes the gate, which a checkpoint holding the gate
@@ -502,6 +505,7 @@ impl Engine {
         // reservations of an inode not yet in the dirty set, whose tree it then leaves out.
         let _g = if punch {
             let g = self.mem.pass.shared();
+            self.capture_if_owed(&m);
             self.punch_locked(&m, off, end)?;
             g
         } else {
@@ -517,6 +521,7 @@ impl Engine {
             let nodes = if want == 0 { 0 } else { want.div_ceil(ADDRS_PER_NODE as u64) + 1 };
             let _claim = if want > 0 { Some(self.claim(want + nodes, nodes)?) } else { None };
             let g = self.mem.pass.shared();
+            self.capture_if_owed(&m);
             if zero {
                 self.zero_range_locked(&m, off, end)?;
             } else {

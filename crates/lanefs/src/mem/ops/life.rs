@@ -138,6 +138,7 @@ impl Engine {
             }
         });
         for m in &held {
+            self.capture_if_owed(m);
             m.lookups.store(0, Ordering::Release);
             self.settle(m);
         }
