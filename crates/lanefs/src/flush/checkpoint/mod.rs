@@ -120,6 +120,12 @@ impl Engine {
                     cp.installs.seen = std::mem::take(&mut snap.seen);
                 }
             }
+            // Last in the phase: from here on a change joins the next checkpoint's dirty set,
+            // and an inode still in this one's is owed to it, to be captured before any change
+            // into the queue just opened. A thread that holds neither the semaphore nor the
+            // gate (an fsync looking its inode up) may capture from this store on, while the
+            // phase has nothing left to do.
+            self.mem.epoch.store(snap.seq + 1, Ordering::Release);
             // Timed to the release, not past it: the release wakes the operations that waited,
             // and one woken on this CPU may run before this thread does again (5-8 ms on two
             // cores with two workers), a time in which operations run.

@@ -192,9 +192,8 @@ impl Engine {
         let mut work = ExclusiveWork { phases: 1, ..Default::default() };
         let (seq, full_stamp) = self.open_snapshot();
         let (owed, owed_lazy, dead) = self.swap_dirty_sets(seq, clean, &mut work);
-        // From here on a change joins the next checkpoint's dirty set, and an inode still in
-        // this one's is owed to it: nothing may change it before its capture.
-        self.mem.epoch.store(seq + 1, Ordering::Release);
+        // The epoch moves last in the phase, once the install queue is open
+        // (`Engine::checkpoint`): an inode of the swapped sets is owed from then on.
         #[cfg(debug_assertions)]
         let seen = owed
             .iter()
@@ -297,8 +296,9 @@ impl Engine {
     /// captures it.
     #[inline]
     pub(crate) fn capture_if_owed(&self, m: &Arc<MNode>) {
+        let cur = self.mem.epoch.load(Ordering::Acquire);
         let e = m.dirty_epoch.load(Ordering::Acquire);
-        if e == 0 || e == self.mem.epoch.load(Ordering::Acquire) {
+        if e == 0 || e == cur {
             return;
         }
         self.capture_owed(m);
@@ -318,10 +318,16 @@ impl Engine {
         // Bounded: a capture ends, and the inode is owed to one checkpoint at most.
         let mut spins = 0u64;
         loop {
-            let e = m.dirty_epoch.load(Ordering::Acquire);
+            // The epoch first: the caller may hold neither the semaphore nor the gate (an fsync
+            // looking its inode up), so a phase may end between the two loads, and a mark newer
+            // than the epoch read is then a reason to read again, not an owed inode.
             let cur = self.mem.epoch.load(Ordering::Acquire);
+            let e = m.dirty_epoch.load(Ordering::Acquire);
             if e == 0 || e == cur {
                 return;
+            }
+            if e != CAPTURING && e > cur {
+                continue;
             }
             if e == CAPTURING {
                 spins += 1;
