@@ -122,6 +122,8 @@ impl Engine {
         }
         // The round lock is still held: the checkpoint waited for performs this round's moves.
         debug_assert!(plan.victims <= MAX_VICTIMS && plan.gain > 0, "foreground round {plan:?}");
+        // Moves come from the victims' valid blocks only: never more than they hold.
+        debug_assert!(plan.blocks < plan.victims as u64 * BLOCKS_PER_SEG as u64, "foreground round {plan:?}");
         self.wait_for_checkpoint()?;
         drop(round);
         Ok(true)
@@ -144,6 +146,8 @@ impl Engine {
         let want = short * BLOCKS_PER_SEG as u64;
         let plan = self.plan_round(VictimPolicy::CostBenefit { now: self.disk.elapsed_secs() }, want)?;
         debug_assert!(plan.victims <= MAX_VICTIMS, "background round {plan:?}");
+        // A round that planned no victim planned nothing: no move, no gain to wait for.
+        debug_assert!(plan.victims > 0 || (plan.blocks == 0 && plan.gain == 0), "background round {plan:?}");
         if plan.victims > 0 {
             self.checkpoint(false)?;
         }
@@ -233,6 +237,8 @@ impl Engine {
         // planned is one of the valid ones `move_cost` charged, each victim once.
         debug_assert!(plan.blocks <= data + other, "{plan:?} moves more than the {data} + {other} counted");
         debug_assert_eq!(cleaned_segs.len(), plan.victims);
+        // Each victim gives back its invalid blocks and moves at most its valid ones.
+        debug_assert!(plan.gain + plan.blocks <= plan.victims as u64 * BLOCKS_PER_SEG as u64, "{plan:?}");
         tracing::debug!("lanefs gc: {policy:?} round {plan:?}: {data} data and {other} other blocks to move, {free} free segments");
         if plan.victims > 0 {
             self.ckpt.gc.rounds.fetch_add(1, Ordering::Relaxed);

@@ -53,6 +53,12 @@ const FREE: u64 = 0;
 const RESERVED: u64 = (u32::MAX as u64) << 32;
 /// Freed, waiting for a checkpoint before it may be handed out again.
 const FREED: u64 = ((u32::MAX - 1) as u64) << 32;
+// The four states are four distinct words, and both sentinels have block address 0: they read,
+// and encode, as free entries (`is_valid_word`), whatever owner bits they carry.
+const _: () = assert!(
+    RESERVED as u32 == 0 && FREED as u32 == 0 && RESERVED != FREED && RESERVED != FREE && FREED != FREE,
+    "NAT word sentinels"
+);
 
 type Words = Box<[AtomicU64; PER_BLOCK]>;
 
@@ -154,6 +160,8 @@ impl NatTable {
             let fresh = table.blocks[index as usize].set(words).is_ok();
             debug_assert!(fresh, "NAT block {index} loaded twice");
         }
+        // An inode is a node whose owner is itself; every live entry is one id of 1..=max_nid.
+        debug_assert!(inodes <= nodes && nodes <= g.max_nid as u64, "{nodes} nodes, {inodes} inodes loaded");
         table.valid_nodes.store(nodes, Ordering::Relaxed);
         table.valid_inodes.store(inodes, Ordering::Relaxed);
         table
@@ -170,6 +178,12 @@ impl NatTable {
             let last = (bi * NAT_ENTRIES_PER_BLOCK + NAT_ENTRIES_PER_BLOCK - 1).min(g.max_nid);
             (last + 1).saturating_sub(first)
         };
+        // Every id of 1..=max_nid is counted free in exactly one block: `refill` finds them all.
+        debug_assert_eq!(
+            (0..g.nat_blocks).map(|bi| ids_in(bi) as u64).sum::<u64>(),
+            g.max_nid as u64,
+            "free ids of an empty NAT"
+        );
         NatTable {
             g: *g,
             blocks: (0..g.nat_blocks).map(|_| OnceLock::new()).collect(),
@@ -214,6 +228,8 @@ impl NatTable {
     }
 
     fn mark_dirty(&self, nid: u32) {
+        // Only ids of the table change: a bit past the NAT would name a block no checkpoint has.
+        debug_assert!(self.in_range(nid), "dirty mark for node id {nid}");
         let bi = (nid / NAT_ENTRIES_PER_BLOCK) as usize;
         self.dirty[bi / 64].fetch_or(1 << (bi % 64), Ordering::Release);
     }
@@ -226,7 +242,9 @@ impl NatTable {
                 self.valid_nodes.fetch_add(1, Ordering::Relaxed);
             }
             (true, false) => {
-                self.valid_nodes.fetch_sub(1, Ordering::Relaxed);
+                let before = self.valid_nodes.fetch_sub(1, Ordering::Relaxed);
+                // The word replaced was valid, so it was counted: the count never wraps.
+                debug_assert!(before > 0, "valid node count underflows at node {nid}");
             }
             _ => {}
         }
@@ -235,7 +253,8 @@ impl NatTable {
                 self.valid_inodes.fetch_add(1, Ordering::Relaxed);
             }
             (true, false) => {
-                self.valid_inodes.fetch_sub(1, Ordering::Relaxed);
+                let before = self.valid_inodes.fetch_sub(1, Ordering::Relaxed);
+                debug_assert!(before > 0, "valid inode count underflows at inode {nid}");
             }
             _ => {}
         }
@@ -302,6 +321,8 @@ impl NatTable {
             (old != FREE && old != FREED).then_some(FREED)
         }) {
             Ok(old) => {
+                // A word is in one of four states: what is neither FREE nor FREED is held.
+                debug_assert!(old == RESERVED || is_valid_word(old), "node id {nid}: word {old:#x}");
                 if is_valid_word(old) {
                     self.count(nid, old, FREED);
                     self.mark_dirty(nid);
@@ -330,7 +351,11 @@ impl NatTable {
                 Ok(())
             }
             Err(RESERVED) => Ok(()),
-            Err(_) => Err(Error::InvalidArgument(format!("node id {nid} is in use"))),
+            Err(w) => {
+                // A word is in one of four states: not FREE and not RESERVED is used or freed.
+                debug_assert!(w == FREED || is_valid_word(w), "node id {nid}: word {w:#x}");
+                Err(Error::InvalidArgument(format!("node id {nid} is in use")))
+            }
         }
     }
 
@@ -404,6 +429,8 @@ impl NatTable {
         // Caches pop from the end: hand ids out in ascending order.
         out.reverse();
         debug_assert!(out.len() <= NID_BATCH && (1..=max).contains(&sc.cursor));
+        // Only ids of the table are handed out (a refill never scans past max_nid).
+        debug_assert!(out.iter().all(|&n| self.in_range(n)), "refill past node id {max}");
         out
     }
 
@@ -449,6 +476,8 @@ impl NatTable {
             }
         }
         debug_assert!(out.windows(2).all(|w| w[0].index < w[1].index));
+        // A bit per NAT block, each taken once: at most every block of the table.
+        debug_assert!(out.len() <= self.g.nat_blocks as usize, "{} dirty NAT blocks", out.len());
         out
     }
 
@@ -466,7 +495,10 @@ impl NatTable {
             // A CAS: an id queued twice, or set valid again by recovery, is left alone.
             let w = self.word_mut(nid);
             if w.compare_exchange(FREED, FREE, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                self.free_counts[(nid / NAT_ENTRIES_PER_BLOCK) as usize].fetch_add(1, Ordering::Relaxed);
+                let before =
+                    self.free_counts[(nid / NAT_ENTRIES_PER_BLOCK) as usize].fetch_add(1, Ordering::Relaxed);
+                // The id was not FREE, so its block had room for one more: never past its ids.
+                debug_assert!(before < NAT_ENTRIES_PER_BLOCK, "free count of NAT block of {nid} overflows");
                 released += 1;
             }
         }

@@ -46,6 +46,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const LINK_LEN: usize = 4;
 /// Transaction bytes one journal block carries.
 pub const FRAGMENT_CAPACITY: usize = JOURNAL_PAYLOAD - LINK_LEN;
+// A transaction's header fits in its first block, so a START block always carries one.
+const _: () = assert!(FRAGMENT_CAPACITY >= super::record::TXN_HEADER_LEN, "a journal block holds a header");
 
 /// The link value a block's successor records: the block's stored crc32c, with 0 (reserved for
 /// "unknown") moved to 1.
@@ -107,6 +109,9 @@ impl ChainWriter {
     /// block there carries link 0.
     pub fn restart_at(&mut self, head: u32) {
         debug_assert_ne!(head, 0, "lane {}: restarted at block 0", self.lane);
+        // A fresh reservation is never the block already reserved as the next one: the chain
+        // would name its old head's segment again, which the move is there to leave.
+        assert_ne!(head, self.next_addr, "lane {}: restarted at its own head", self.lane);
         self.next_addr = head;
         self.link = 0;
     }
@@ -380,6 +385,12 @@ pub fn read_chain(
             }
             (Some((_, bytes)), false) => bytes.extend_from_slice(frag),
         }
+        // An open transaction holds at most one fragment per block since its start: the bytes
+        // buffered for it are bounded by the chain walked, never by a length read from disk.
+        debug_assert!(
+            open.as_ref().is_none_or(|(p, b)| b.len() as u64 <= (seq + 1 - p.seq) * FRAGMENT_CAPACITY as u64),
+            "lane {lane}: open transaction larger than its blocks"
+        );
         out.blocks.push(addr as u64);
         out.flushed = out.flushed.max(jb.flushed_through().unwrap_or(0));
         let this_link = link_of(buf);
@@ -407,6 +418,14 @@ pub fn read_chain(
     // Every block walked, and where a writer continues, was checked to be in the main area.
     debug_assert!(out.blocks.iter().all(|&b| g.in_main(b)), "lane {lane}: chain block outside main");
     debug_assert!(g.in_main(out.end_addr as u64), "lane {lane}: chain end {} outside main", out.end_addr);
+    // A block's mark never reaches past its own seq (`JournalBlock::decode`): the transactions
+    // `proven` skips all end inside the chain walked, never beyond it.
+    assert!(
+        out.flushed <= head_seq.saturating_add(out.blocks.len() as u64),
+        "lane {lane}: flushed-through mark {} past the {} blocks from seq {head_seq}",
+        out.flushed,
+        out.blocks.len()
+    );
     Ok(out)
 }
 
@@ -433,6 +452,13 @@ fn continues<'a>(
         return None;
     }
     let (link_bytes, frag) = jb.payload.split_at(LINK_LEN);
+    // `JournalBlock::decode` bounds the payload by JOURNAL_PAYLOAD: a fragment never holds more
+    // than a writer puts in one block, so a transaction's bytes grow by at most that per block.
+    debug_assert!(
+        !frag.is_empty() && frag.len() <= FRAGMENT_CAPACITY,
+        "lane {lane}: fragment of {}",
+        frag.len()
+    );
     let link = u32::from_le_bytes([link_bytes[0], link_bytes[1], link_bytes[2], link_bytes[3]]);
     if let Some(expected) = prev_link {
         if link != 0 && link != expected {

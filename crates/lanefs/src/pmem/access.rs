@@ -18,6 +18,12 @@ use super::{
 impl PmemRegion {
     /// The whole mapping as words.
     pub(super) fn words(&self) -> &[AtomicU64] {
+        // What `open` checked before mapping, and the slice below relies on.
+        debug_assert!(
+            self.len >= HEADER_BYTES && self.len.is_multiple_of(4096),
+            "a mapping of {} bytes",
+            self.len
+        );
         // SAFETY: the mapping is `len` bytes (a multiple of 4096) at a page-aligned address, so
         // it is `len / 8` properly aligned u64s, and AtomicU64 has the layout of u64. It stays
         // mapped until `self` drops, which outlives the borrow. Every access in this process
@@ -161,6 +167,8 @@ impl PmemRegion {
         while !rest.is_empty() {
             let (wi, at) = (pos / 8, pos % 8);
             let n = (8 - at).min(rest.len());
+            // Each round stores at least one byte of a word inside the checked range.
+            debug_assert!(n >= 1 && wi < words.len(), "write of {n} bytes at word {wi}");
             let raw = if n == 8 {
                 let raw = u64::from_ne_bytes(rest[..8].try_into().expect("8 bytes"));
                 words[wi].store(raw, Ordering::Release);
@@ -182,6 +190,7 @@ impl PmemRegion {
             pos += n;
             rest = &rest[n..];
         }
+        debug_assert_eq!(pos, offset + data.len(), "region write of {} bytes at {offset}", data.len());
         Ok(())
     }
 
@@ -196,6 +205,12 @@ impl PmemRegion {
     /// `read_bytes` without the data-area check (the header too).
     pub(super) fn read_raw(&self, offset: usize, buf: &mut [u8]) {
         let words = self.words();
+        // Unchecked for the caller, not unbounded: the bytes lie in the mapping.
+        debug_assert!(
+            offset.checked_add(buf.len()).is_some_and(|e| e <= self.len),
+            "read {offset}+{}",
+            buf.len()
+        );
         let (mut pos, mut done) = (offset, 0);
         // Bounded: each round copies at least one byte.
         while done < buf.len() {
@@ -206,6 +221,7 @@ impl PmemRegion {
             done += n;
             pos += n;
         }
+        debug_assert_eq!(pos, offset + buf.len(), "region read of {} bytes at {offset}", buf.len());
     }
 
     /// Makes every store to `range` before the call durable (see the module comment for what
@@ -243,6 +259,12 @@ impl PmemRegion {
                         _ => merged.push((s, e)),
                     }
                 }
+                // The msyncs below cover page-aligned, disjoint runs inside the mapping.
+                debug_assert!(
+                    merged.iter().all(|&(s, e)| s.is_multiple_of(page) && s < e && e <= self.len)
+                        && merged.windows(2).all(|w| w[0].1 < w[1].0),
+                    "msync runs {merged:?}"
+                );
                 for (start, end) in merged {
                     // SAFETY: [start, end) is page-aligned at its start and lies inside the
                     // mapping (start <= a checked range's start, end <= len); msync reads no

@@ -83,6 +83,9 @@ impl Recorder {
             Some(c) => c.tick(),
             None => self.events.len() as u64,
         };
+        // Numbers increase along the log (a shared clock ticks under this recorder's lock):
+        // `RegionTrace::before` cuts the log by binary search on them.
+        debug_assert!(self.events.last().is_none_or(|&(s, _)| s < seq), "event {seq} after a later one");
         self.events.push((seq, e));
     }
 
@@ -92,6 +95,8 @@ impl Recorder {
     }
 
     pub fn persisted(&mut self, start: usize, end: usize) {
+        // `persist_ranges` refused reversed ranges before it wrote anything back.
+        debug_assert!(start <= end, "persisted {start}..{end}");
         if start < end {
             self.push(RegionEvent::Persist { start, end });
         }
@@ -146,12 +151,16 @@ impl PendingWords {
     pub fn apply(&mut self, seq: u64, e: RegionEvent, mut persist: impl FnMut(usize, u64)) {
         match e {
             RegionEvent::Store { offset, value } => {
+                // Stores are of aligned words (`PmemRegion::store_u64`, `write_bytes`): a persist
+                // of a line covers a pending word whole or not at all.
+                debug_assert!(offset.is_multiple_of(8), "a store at {offset}");
                 let v = self.0.entry(offset).or_default();
                 if v.last().map(|x| x.0) != Some(value) {
                     v.push((value, seq));
                 }
             }
             RegionEvent::Persist { start, end } => {
+                debug_assert!(start < end, "an empty persist {start}..{end} recorded");
                 let first = start & !(LINE - 1);
                 let last = end.div_ceil(LINE) * LINE;
                 let done: Vec<usize> = self.0.range(first..last).map(|(&o, _)| o).collect();

@@ -24,6 +24,12 @@ pub const LANE_MAX_BYTES: usize = 256 << 20;
 const CONTROL: usize = 64;
 /// Bytes of an entry's head word.
 const HEAD: usize = 8;
+// A TAIL word counts a lane's bytes in 32 bits, and an entry's head its length in 32 bits.
+const _: () = assert!(LANE_MAX_BYTES <= u32::MAX as usize, "a lane's bytes fit the TAIL word");
+// Entries start 8-aligned after the control line (TAIL and head words are aligned stores), and
+// the smallest lane is whole pages with room past its control line.
+const _: () = assert!(CONTROL.is_multiple_of(8) && HEAD == 8 && LANE_MIN_BYTES.is_multiple_of(4096));
+const _: () = assert!(LANE_MIN_BYTES > CONTROL + HEAD + TXN_HEADER_LEN, "a lane holds an entry");
 
 fn ver32(version: u64) -> u32 {
     version as u32
@@ -69,6 +75,9 @@ impl JournalLayout {
 
     /// Offset of lane `lane`'s first entry.
     pub fn log(&self, lane: usize) -> usize {
+        // A layout the journals use (`NvmJournal::new` refuses smaller lanes): the entries
+        // start inside the lane's slice.
+        debug_assert!(self.lane_bytes > CONTROL, "lane slices of {} bytes", self.lane_bytes);
         self.tail(lane) + CONTROL
     }
 

@@ -294,6 +294,9 @@ fn finish(engine: &Engine, checkpoint: bool) -> Result<()> {
     if checkpoint {
         engine.checkpoint(false)?;
     } else {
+        // Nothing was replayed and no orphan marked: the engine holds nothing a checkpoint
+        // would have to write before the lane journals start empty.
+        debug_assert_eq!(engine.mem.dirty_inodes.sum(), 0, "dirty inodes after an untouched mount");
         // Whatever the lane journals hold belongs to no live checkpoint (or is empty).
         let version = engine.ckpt.cp.lock().cp.version;
         engine.disk.reset_nvm_journals(version)?;

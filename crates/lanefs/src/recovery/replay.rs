@@ -131,7 +131,14 @@ impl Engine {
         let (Ok(d), Ok(m)) = (self.dir_mnode(dir), self.mnode(ino)) else { return };
         // The link count raised is the named inode's.
         debug_assert_eq!(m.ino, ino, "link of {ino}: the cell of another inode");
-        if d.dir().expect("dir").map.insert(name, ino, file_type).is_ok() {
+        let dm = d.dir().expect("dir");
+        if dm.map.insert(name, ino, file_type).is_ok() {
+            // Single-threaded: the name inserted is the linked inode's now.
+            debug_assert_eq!(
+                dm.map.lookup(name).map(|e| e.ino),
+                Some(ino),
+                "link of {ino}: name not inserted"
+            );
             m.add_nlink(1);
             self.replayed(&d, r);
             self.mem.mark_dirty(&m);
@@ -146,6 +153,8 @@ impl Engine {
             return;
         }
         dm.map.remove(name);
+        // Single-threaded: nothing puts the name back before the link count follows it.
+        debug_assert!(dm.map.lookup(name).is_none(), "unlink of {ino}: name still there");
         if let Ok(m) = self.mnode(ino) {
             // The link count dropped is the inode the name named.
             debug_assert_eq!(m.ino, ino, "unlink of {ino}: the cell of another inode");
@@ -221,6 +230,8 @@ impl Engine {
     /// size is its own).
     fn replay_setattr(&self, ino: u32, attr: &InodeAttr) {
         let Ok(m) = self.mnode(ino) else { return };
+        // The attributes go to the inode the record names, nobody else's.
+        debug_assert_eq!(m.ino, ino, "setattr of {ino}: the cell of another inode");
         {
             let mut meta = m.meta.lock();
             // A setattr never changes what an inode is: the type bits kept are the cell's.
@@ -296,6 +307,7 @@ impl Engine {
             "truncate of {ino} at {from_block}"
         );
         let Ok(m) = self.mnode(ino) else { return };
+        debug_assert_eq!(m.ino, ino, "truncate of {ino}: the cell of another inode");
         {
             let mut disk = m.disk.lock();
             disk.truncate(from_block);
@@ -310,6 +322,7 @@ impl Engine {
     /// A whole xattr set (the record older images wrote): replaces the inode's set.
     fn replay_xattrs(&self, ino: u32, attrs: &[(Vec<u8>, Vec<u8>)]) {
         let Ok(m) = self.mnode(ino) else { return };
+        debug_assert_eq!(m.ino, ino, "xattrs of {ino}: the cell of another inode");
         let mut meta = m.meta.lock();
         let x = &mut meta.xattrs;
         let old: Vec<Vec<u8>> = x.set.names().map(<[u8]>::to_vec).collect();
@@ -345,6 +358,8 @@ impl Engine {
                 Arc::make_mut(&mut x.set).remove(name);
             }
         }
+        // The set holds exactly what the record says of this name.
+        debug_assert_eq!(x.set.get(name), value.map(Vec::as_slice), "xattr of {ino} after replay");
         self.mem.xattr_changed(x, name);
         drop(meta);
         self.mem.mark_dirty(&m);
@@ -428,6 +443,8 @@ impl Engine {
 
     /// Logs a replayed operation in `d` (journaled already) so the checkpoint rewrites its names.
     fn replayed(&self, d: &Arc<MNode>, r: &Record) {
+        // `dir_mnode` gave it: a directory, whose log the checkpoint rewrites names from.
+        debug_assert!(d.is_dir(), "{r:?} logged in non-directory {}", d.ino);
         // Only namespace records are logged in a directory, and only after the checkpoint's.
         debug_assert!(
             matches!(

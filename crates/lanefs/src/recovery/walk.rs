@@ -132,6 +132,13 @@ impl Journals {
     /// Whether recovery has anything to do: blocks to protect, records or orphans to replay, or
     /// a lane without a journal head to start.
     pub(super) fn touched(&self, cp: &Checkpoint) -> bool {
+        // One read per lane of the checkpoint, and the region's journals (if read) likewise: a
+        // lane left out would have its chain's blocks go unprotected.
+        debug_assert_eq!(self.reads.len(), cp.lanes.len(), "one chain read per lane");
+        debug_assert!(
+            self.region.is_empty() || self.region.len() == cp.lanes.len(),
+            "region journals per lane"
+        );
         self.reads.iter().any(|r| !r.blocks.is_empty())
             || self.region.iter().any(|t| !t.is_empty())
             || !cp.orphans.is_empty()
@@ -221,6 +228,12 @@ fn verified_prefix(
         checked += refs.len() as u64;
         let ok = refs.iter().zip(data.chunks(BLOCK_SIZE)).all(|((_, crc), b)| crc32c::crc32c(b) == *crc);
         if !ok {
+            // Only a transaction past the proven prefix is read, so only one can end the lane.
+            assert!(
+                k >= proven && k < txns.len(),
+                "transaction {k} of {} dropped, {proven} proven",
+                txns.len()
+            );
             return Ok((k, checked));
         }
     }

@@ -4,7 +4,7 @@
 //! so appends on different cores touch different locks and different segments. A lane refills
 //! its cache from the global free map [`super::FREE_BATCH`] segments at a time.
 
-use super::table::SegmentTable;
+use super::table::{SegState, SegmentTable};
 use super::FREE_BATCH;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::LogCursor;
@@ -66,6 +66,13 @@ impl LaneSet {
                 let logs = std::array::from_fn(|t| {
                     let summary = sums.next().expect("checked length");
                     debug_assert_eq!(summary.segno, cur[t].segno);
+                    // The checkpoint decoder bounds a cursor by the segment: `take_block` indexes
+                    // the summary by it.
+                    debug_assert!(
+                        cur[t].next_off as u32 <= BLOCKS_PER_SEG,
+                        "lane {id} cursor {}",
+                        cur[t].next_off
+                    );
                     Mutex::new(
                         Rank::LaneLog,
                         ActiveLog { segno: cur[t].segno, next_off: cur[t].next_off as u32, summary },
@@ -113,6 +120,13 @@ impl LaneSet {
             .ok_or_else(|| Error::InvalidArgument(format!("lane {lane} does not exist")))?;
         let mut a = l.logs[log as usize].lock();
         if a.next_off == BLOCKS_PER_SEG {
+            // The table has the full segment as this very log's: it closes the right one.
+            assert_eq!(
+                self.table.state(a.segno),
+                SegState::Active { lane: l.id, log },
+                "lane {lane} {log:?}: the table disagrees on its segment {}",
+                a.segno
+            );
             let segno = self.next_free(l)?;
             self.table.activate_cached(segno, l.id, log, mtime);
             let old = std::mem::replace(
@@ -123,6 +137,8 @@ impl LaneSet {
             self.closed.lock().push(old.summary);
         }
         let off = a.next_off;
+        // A full log moved to a fresh segment above: the offset is a block of the segment.
+        debug_assert!(off < BLOCKS_PER_SEG, "lane {lane} {log:?} at offset {off}");
         let addr = self.table.geometry().seg_start(a.segno) + off as u64;
         a.summary.entries[off as usize] = owner;
         a.next_off += 1;
@@ -132,6 +148,7 @@ impl LaneSet {
             Take::Reserve => self.table.touch(addr),
         }
         debug_assert!(a.next_off <= BLOCKS_PER_SEG);
+        debug_assert!(self.table.geometry().in_main(addr), "lane {lane} {log:?} took block {addr}");
         Ok(addr)
     }
 
@@ -144,6 +161,8 @@ impl LaneSet {
             let batch =
                 if self.table.free_segments() > 4 * FREE_BATCH as u64 * lanes { FREE_BATCH } else { 1 };
             *cache = self.table.take_free(batch);
+            // The cache is a bounded queue: at most one batch, refilled only when empty.
+            debug_assert!(cache.len() <= FREE_BATCH, "lane {} caches {} segments", l.id, cache.len());
             cache.reverse(); // pop from the end in ascending order
         }
         if let Some(s) = cache.pop() {
@@ -154,6 +173,7 @@ impl LaneSet {
         // may be the caller, filling a segment while holding its own log).
         for other in self.lanes.iter().filter(|o| o.id != l.id) {
             if let Some(mut c) = other.cache.try_lock() {
+                debug_assert!(c.len() <= FREE_BATCH, "lane {} caches {} segments", other.id, c.len());
                 if let Some(s) = c.pop() {
                     return Ok(s);
                 }
@@ -165,7 +185,10 @@ impl LaneSet {
     /// The summary of `segno` if this set holds it in memory (an active segment, or one filled
     /// since the last checkpoint whose summary is not written yet); None: it is on disk.
     pub fn summary_in_memory(&self, segno: SegNo) -> Option<SegmentSummary> {
+        debug_assert!(self.table.geometry().has_segment(segno), "summary of segment {segno}");
         if let Some(s) = self.closed.lock().iter().find(|s| s.segno == segno) {
+            // Summaries are whole (`SegmentSummary::empty`, or decoded): one entry per block.
+            debug_assert_eq!(s.entries.len(), BLOCKS_PER_SEG as usize, "summary of segment {segno}");
             return Some(s.clone());
         }
         for l in &self.lanes {
@@ -191,6 +214,16 @@ impl LaneSet {
                     continue;
                 }
                 let segno = self.next_free(l)?;
+                // A fresh segment came from the free map, which holds no log's active one; the
+                // table has the old one as this very log's.
+                debug_assert_ne!(segno, a.segno, "lane {} {log:?} retired into its own segment", l.id);
+                assert_eq!(
+                    self.table.state(a.segno),
+                    SegState::Active { lane: l.id, log: *log },
+                    "lane {} {log:?}: the table disagrees on its segment {}",
+                    l.id,
+                    a.segno
+                );
                 self.table.activate_cached(segno, l.id, *log, mtime);
                 let old = std::mem::replace(
                     &mut *a,
@@ -216,7 +249,9 @@ impl LaneSet {
         // it (a lane closing a segment holds its log and then pushes here).
         for (&segno, entries) in patches {
             let apply = |s: &mut SegmentSummary| {
+                debug_assert_eq!(s.segno, segno, "patch of segment {segno} applied to {}", s.segno);
                 for &(off, e) in entries {
+                    debug_assert!(off < BLOCKS_PER_SEG, "segment {segno}: patch at offset {off}");
                     s.entries[off as usize] = e;
                 }
             };
@@ -224,17 +259,19 @@ impl LaneSet {
                 apply(s);
                 continue;
             }
-            let mut held = false;
+            let mut held = 0;
             for l in &self.lanes {
                 for a in &l.logs {
                     let mut a = a.lock();
                     if a.segno == segno {
                         apply(&mut a.summary);
-                        held = true;
+                        held += 1;
                     }
                 }
             }
-            if !held {
+            // A segment is the active one of one log at most (`SegmentTable::new` refuses two).
+            debug_assert!(held <= 1, "segment {segno} active in {held} logs");
+            if held == 0 {
                 let mut s = read(segno);
                 apply(&mut s);
                 self.closed.lock().push(s);
@@ -286,6 +323,8 @@ impl LaneSet {
 
     /// The lane with the least need (the first of equals) and that need.
     fn least_need(&self, cold_data: u64, other: u64) -> (u32, u64) {
+        // The fallback below is never taken: a geometry has 1..=MAX_LANES lanes.
+        debug_assert!(!self.lanes.is_empty(), "a lane set without lanes");
         let seg = BLOCKS_PER_SEG as u64;
         let need = |l: &Lane| {
             let overflowing = LogType::ALL

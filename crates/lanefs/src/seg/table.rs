@@ -1,7 +1,7 @@
 //! The segment table: per-segment validity (the in-memory SIT) and the global free map.
 
 use crate::error::{Error, Result};
-use crate::format::layout::{Geometry, LogType, SegNo, SIT_ENTRIES_PER_BLOCK};
+use crate::format::layout::{Geometry, LogType, SegNo, BLOCKS_PER_SEG, SIT_ENTRIES_PER_BLOCK};
 use crate::format::sit::{SitBlock, SitEntry, NO_LOG};
 use crate::sync::rank::{Mutex, Rank};
 use crate::sync::PerCpuCounter;
@@ -13,6 +13,8 @@ pub const DISCARD_PER_ROUND: usize = 64;
 /// Below this many segments in the free map nothing is discarded: space is short, and a
 /// segment being discarded is out of every lane's reach.
 pub const DISCARD_MIN_FREE: usize = 16;
+// Block offsets travel as u16 (young offsets, log cursors, valid counts): a segment's fit.
+const _: () = assert!(BLOCKS_PER_SEG <= u16::MAX as u32, "segment offsets fit a u16");
 
 /// Lifecycle state of a main-area segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +149,9 @@ impl SegmentTable {
             g.segments().zip(&segs).filter(|(_, s)| s.state == SegState::Free).map(|(n, _)| n).collect();
         let sit_words = (g.sit_blocks as usize).div_ceil(64);
         let valid_base = segs.iter().map(|s| s.entry.valid_blocks as u64).sum();
+        // Decoded counts equal their bitmaps'; the geometry's SIT covers every segment.
+        debug_assert!(valid_base <= g.main_blocks(), "{valid_base} valid blocks in the main area");
+        debug_assert!(g.sit_blocks * SIT_ENTRIES_PER_BLOCK >= g.main_segments, "a SIT too small");
         Ok(SegmentTable {
             geometry: g,
             segs: segs.into_iter().map(|s| Mutex::new(Rank::Segment, s)).collect(),
@@ -179,6 +184,9 @@ impl SegmentTable {
     }
 
     fn publish(&self, fm: &FreeMap) {
+        // A segment is in at most one of the free map, the prefree list and the committing one.
+        let listed = fm.free.len() + fm.prefree.len() + fm.committing.len();
+        debug_assert!(listed <= self.segs.len(), "{listed} segments listed free or prefree");
         self.free_now.store(fm.free.len() as u64, Ordering::Release);
         self.pending.store((fm.prefree.len() + fm.committing.len()) as u64, Ordering::Release);
     }
@@ -209,10 +217,12 @@ impl SegmentTable {
 
     fn mark_sit_dirty(&self, segno: SegNo) {
         let blk = SitBlock::locate(segno).0 as usize;
+        debug_assert!(blk < self.geometry.sit_blocks as usize, "segment {segno} in SIT block {blk}");
         self.dirty_sit[blk / 64].fetch_or(1 << (blk % 64), Ordering::Relaxed);
     }
 
     fn seg(&self, segno: SegNo) -> &Mutex<Segment> {
+        debug_assert!(self.geometry.has_segment(segno), "segment {segno} of {}", self.geometry.main_segments);
         &self.segs[segno.index()]
     }
 
@@ -258,6 +268,8 @@ impl SegmentTable {
         if !seg.entry.set_valid(off) {
             return Err(Error::InvalidArgument(format!("block {addr} written twice")));
         }
+        // The count follows the bitmap: a block made valid is one of the segment's.
+        debug_assert!(seg.entry.valid_blocks as u32 <= BLOCKS_PER_SEG, "segment {s} over full");
         seg.entry.mtime = seg.entry.mtime.max(mtime);
         seg.touched = seg.touched.max(epoch);
         if young && self.recording.load(Ordering::Acquire) {
@@ -306,6 +318,12 @@ impl SegmentTable {
         if !seg.entry.clear_valid(off) {
             return Err(Error::InvalidArgument(format!("block {addr} invalidated twice")));
         }
+        // It held a valid block: only an active or a dirty segment does (`check_invariants`).
+        debug_assert!(
+            matches!(seg.state, SegState::Active { .. } | SegState::Dirty),
+            "in {:?} {s}",
+            seg.state
+        );
         self.invalidated.add(1);
         let emptied = seg.entry.valid_blocks == 0 && seg.state == SegState::Dirty;
         if emptied {
@@ -315,6 +333,8 @@ impl SegmentTable {
         self.mark_sit_dirty(s);
         if emptied {
             let mut fm = self.free.lock();
+            // It was dirty until just now: in no list yet, so it is listed once.
+            debug_assert!(!fm.prefree.contains(&s) && !fm.free.contains(&s), "segment {s} listed twice");
             fm.prefree.push(s);
             self.publish(&fm);
         }
@@ -325,12 +345,18 @@ impl SegmentTable {
     pub fn take_free(&self, n: usize) -> Vec<SegNo> {
         let mut fm = self.free.lock();
         let mut out = Vec::with_capacity(n);
+        // Bounded by `n` and by the free map, each round taking one segment out of it.
         while out.len() < n {
             match fm.free.pop_first() {
                 Some(s) => out.push(s),
                 None => break,
             }
         }
+        // The free map holds free segments only (segments rank below the map: sync::rank).
+        debug_assert!(
+            out.iter().all(|&s| self.seg(s).lock().state == SegState::Free),
+            "in the map, not free"
+        );
         self.cached.fetch_add(out.len() as u64, Ordering::AcqRel);
         self.publish(&fm);
         out
@@ -383,6 +409,8 @@ impl SegmentTable {
             self.publish(&fm);
             seg.state = SegState::Dirty;
         }
+        // Active or dirty now, so never handed out again while the block installed lives.
+        debug_assert!(!fm.free.contains(&s), "claimed segment {s} still in the free map");
         drop(fm);
         if seg.entry.set_valid(off) {
             self.validated.add(1);
@@ -405,10 +433,14 @@ impl SegmentTable {
         let mut seg = self.seg(segno).lock();
         if seg.state == SegState::Free {
             fm.free.remove(&segno);
+            // Free until now: in none of the prefree lists, so it enters one once.
+            debug_assert!(!fm.prefree.contains(&segno) && !fm.committing.contains(&segno), "listed twice");
             fm.prefree.push(segno);
             self.publish(&fm);
             seg.state = SegState::Prefree;
         }
+        // Whatever its state, out of the free map now: no lane takes it before a checkpoint.
+        assert!(!fm.free.contains(&segno), "journal segment {segno} still in the free map");
         Ok(())
     }
 
@@ -433,6 +465,8 @@ impl SegmentTable {
             seg.state = SegState::Prefree;
             drop(seg);
             let mut fm = self.free.lock();
+            // Active until now: in no list yet, so it is listed once.
+            debug_assert!(!fm.prefree.contains(&segno) && !fm.free.contains(&segno), "listed twice");
             fm.prefree.push(segno);
             self.publish(&fm);
         } else {
@@ -521,6 +555,9 @@ impl SegmentTable {
                 _ => runs.push(s..s.next()),
             }
         }
+        // Ascending runs inside `range`, with a gap between any two (else they were one).
+        debug_assert!(runs.windows(2).all(|w| w[0].end < w[1].start), "free runs overlap or touch");
+        debug_assert!(runs.iter().all(|r| r.start >= range.start && r.end <= range.end && r.start < r.end));
         runs
     }
 
@@ -569,6 +606,7 @@ impl SegmentTable {
         for (segno, s) in self.geometry.segments().zip(&self.segs) {
             let s = s.lock();
             let v = s.entry.valid_blocks as u64;
+            debug_assert!(v <= full, "segment {segno}: {v} valid blocks");
             if s.state != SegState::Dirty || v >= full || skip.contains(&segno) {
                 continue;
             }
@@ -590,7 +628,9 @@ impl SegmentTable {
             .into_iter()
             .map(|(_, segno)| {
                 let e = self.entry(segno);
-                let valid = (0..full as u32).filter(|&o| e.is_valid(o)).collect();
+                let valid: Vec<u32> = (0..full as u32).filter(|&o| e.is_valid(o)).collect();
+                // One entry's count and bitmap agree: the cleaner sizes its moves by either.
+                debug_assert_eq!(valid.len(), e.valid_blocks as usize, "segment {segno}: count and bitmap");
                 Victim { segno, valid_blocks: e.valid_blocks, valid }
             })
             .collect()
@@ -673,19 +713,26 @@ impl SegmentTable {
             let s = s.lock();
             valid += s.entry.valid_blocks as u64;
             if recording && s.young_epoch == epoch {
-                valid -= s.young.iter().filter(|&&o| s.entry.is_valid(o as u32)).count() as u64;
+                let young = s.young.iter().filter(|&&o| s.entry.is_valid(o as u32)).count() as u64;
+                // Young blocks still valid are among the segment's valid ones just added.
+                debug_assert!(young <= s.entry.valid_blocks as u64, "more young than valid blocks");
+                valid -= young;
             }
         }
         self.recording.store(false, Ordering::Release);
         for idx in redirty {
             self.dirty_sit[idx as usize / 64].fetch_or(1 << (idx % 64), Ordering::Relaxed);
         }
+        // One block per dirty bit, in index order, each a block of the SIT area.
+        debug_assert!(out.windows(2).all(|w| w[0].0 < w[1].0), "SIT blocks out of order");
+        debug_assert!(out.last().is_none_or(|b| b.0 < self.geometry.sit_blocks), "SIT block past the SIT");
         CheckpointSit { blocks: out, valid }
     }
 
     /// SIT block `index` as the checkpoint of `epoch` sees it (its young blocks left out), and
     /// whether any was; with `None`, as it is now.
     fn sit_block_as_of(&self, index: u32, epoch: Option<u64>) -> (SitBlock, bool) {
+        debug_assert!(index < self.geometry.sit_blocks, "SIT block {index} of {}", self.geometry.sit_blocks);
         let mut blk = SitBlock::empty(index);
         let mut any = false;
         let first = index * SIT_ENTRIES_PER_BLOCK;
@@ -706,6 +753,7 @@ impl SegmentTable {
 
     /// The current contents of SIT block `index`.
     pub fn sit_block(&self, index: u32) -> SitBlock {
+        debug_assert!(index < self.geometry.sit_blocks, "SIT block {index} of {}", self.geometry.sit_blocks);
         let mut blk = SitBlock::empty(index);
         let first = index * SIT_ENTRIES_PER_BLOCK;
         for (i, e) in blk.entries.iter_mut().enumerate() {

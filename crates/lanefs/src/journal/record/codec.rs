@@ -20,6 +20,11 @@ const RECORD_PREFIX: usize = 1 + 12;
 /// of a given length can claim.
 const MIN_RECORD_LEN: usize = RECORD_PREFIX + 4;
 const ATTR_LEN: usize = 3 * 4 + 8 + 4 * 12 + 8 + 4 + 4;
+// The layout table in the parent's doc gives an attr as 84 bytes; images depend on it.
+const _: () = assert!(ATTR_LEN == 84, "an encoded attr is 84 bytes");
+// The counts and lengths that travel in 16-bit fields fit them.
+const _: () = assert!(MAP_RUN_MAX <= u16::MAX as usize, "a map run's count fits a u16");
+const _: () = assert!(super::MAX_SYMLINK_LEN <= u16::MAX as usize, "a symlink's length fits a u16");
 
 mod tag {
     pub const CREATE: u8 = 1;
@@ -61,7 +66,7 @@ impl Record {
     /// Bytes the record takes encoded.
     pub fn encoded_len(&self) -> usize {
         let name = |n: &[u8]| 1 + n.len();
-        RECORD_PREFIX
+        let len = RECORD_PREFIX
             + match self {
                 Record::Create { name: n, symlink, .. } => 4 + name(n) + 4 + ATTR_LEN + 2 + symlink.len(),
                 Record::Link { name: n, .. } => 4 + name(n) + 4 + 1,
@@ -79,7 +84,11 @@ impl Record {
                 Record::RemoveXattr { name: n, .. } => 4 + name(n),
                 Record::Free { .. } => 4,
                 Record::Data { .. } => 4 + 8 + BLOCK_SIZE,
-            }
+            };
+        // `Transaction::decode` bounds a body's record count by MIN_RECORD_LEN: a record
+        // shorter than that would make a valid transaction read as corrupt.
+        debug_assert!(len >= MIN_RECORD_LEN, "record {:?} of {len} bytes", self.tag());
+        len
     }
 
     /// Writes the record; `validate` has passed, so every length fits its field.
@@ -241,6 +250,8 @@ impl Record {
             }
             t => return Err(d.err(format!("unknown record tag {t}"))),
         };
+        // The arm taken builds the variant the tag names: it re-encodes under the same tag.
+        debug_assert_eq!(r.tag(), tag, "record decoded under tag {tag}");
         // The pair of `encoded_len`: whatever the bytes, a record decodes from exactly as many
         // as it would encode to.
         debug_assert_eq!(d.pos() - start, r.encoded_len(), "decoded length of {r:?}");
@@ -263,6 +274,7 @@ fn get_name(d: &mut Dec) -> Result<Vec<u8>> {
 /// A whole xattr set in the layout of [`xattr::put_inline`] (with its own checks: the record
 /// is validated after decoding).
 fn get_xattr_set(d: &mut Dec) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let start = d.pos();
     let count = d.u16()? as usize;
     // Each entry takes at least 3 bytes, so the bytes left bound the allocation.
     if count * 3 > d.remaining() {
@@ -276,6 +288,8 @@ fn get_xattr_set(d: &mut Dec) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let v = d.bytes(vl)?.to_vec();
         attrs.push((n, v));
     }
+    // Each entry took at least the 3 bytes the allocation bound above counts on.
+    debug_assert!(d.pos() - start >= 2 + 3 * count, "{count} xattrs in {} bytes", d.pos() - start);
     Ok(attrs)
 }
 

@@ -15,6 +15,16 @@ use super::{InodeAttr, Record, MAP_RUN_MAX, MAX_FILE_BLOCKS, MAX_SYMLINK_LEN, WH
 /// `S_IFIFO`, `S_IFSOCK`).
 const VALID_TYPES: [u32; 7] = [0o100000, 0o040000, 0o120000, 0o020000, 0o060000, 0o010000, 0o140000];
 const S_IFLNK: u32 = 0o120000;
+// Every type is made of file type bits only, and the types the checks below single out are
+// among them: a symlink's and a whiteout's attrs pass `check_attr`.
+const _: () = {
+    let mut i = 0;
+    while i < VALID_TYPES.len() {
+        assert!(VALID_TYPES[i] & !S_IFMT == 0, "a file type outside S_IFMT");
+        i += 1;
+    }
+    assert!(VALID_TYPES[2] == S_IFLNK && VALID_TYPES[3] == WHITEOUT_TYPE, "symlink and whiteout types");
+};
 
 fn check_ino(ino: u32, what: &str) -> std::result::Result<(), String> {
     if ino == 0 {
@@ -189,6 +199,8 @@ impl Record {
     /// Checks the record against the image: node ids within the NAT, data addresses inside the
     /// main area. Recovery runs it before trusting a transaction.
     pub fn validate_geometry(&self, g: &Geometry) -> std::result::Result<(), String> {
+        // A geometry `Geometry::compute` made: ids and main-area blocks exist to check against.
+        debug_assert!(g.max_nid >= 1 && g.main_blocks() > 0, "validated against an empty geometry");
         let nid_ok = |n: u32| n <= g.max_nid;
         let ok = match self {
             Record::Create { dir, ino, .. }
