@@ -188,14 +188,7 @@ fn serve(
     // beside workers that wait for the kernel (`proto::spares`), so that each one's stuck
     // requests are logged.
     let inflight = Arc::new(Inflight::new(threads + transport.ring_workers() + SPARE_SLOTS));
-    let kernel_acls = parsed.fuse.contains(&MountOption::DefaultPermissions);
-    // Idmapped mounts need the kernel to check permissions, and requests from every uid (see
-    // `LaneFuse::allow_idmap`).
-    let idmap = kernel_acls && parsed.acl == SessionACL::All;
-    let fuse = LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone())
-        .with_posix_acl(kernel_acls)
-        .allow_idmap(idmap)
-        .with_ttl(parsed.ttl);
+    let fuse = handler(&fs, parsed, &inflight);
     let transport_slot = fuse.transport_slot();
     let (session, mounted) = match mount_session(fuse, &mountpoint, &options, parsed.acl) {
         Ok(s) => s,
@@ -218,22 +211,7 @@ fn serve(
         }
     }
     let signals = signals.and_then(|s| signal_thread(s, mountpoint.clone(), dev));
-    let idle_poll = parsed.idle_poll.then(|| idle_poll::IdlePoll::spawn(inflight.clone())).and_then(|r| {
-        r.map_err(|(e, denied)| {
-            // Not being root is the common reason, and every such mount would print it.
-            if denied {
-                crate::syslog::open();
-                crate::syslog::info(&e);
-            } else {
-                note(&e);
-            }
-        })
-        .ok()
-    });
-    let watcher = parsed.stuck_request.and_then(|threshold| {
-        let log = stuck_log(args.foreground, &mountpoint);
-        Watcher::spawn(inflight, threshold, log).ok()
-    });
+    let (idle_poll, watcher) = watchers(args, parsed, &mountpoint, inflight, note);
     ready();
     let (foreground, mp) = (args.foreground, mountpoint.display().to_string());
     let run = session.run(threads, crate::adapter::max_write(), transport, &mut |t| {
@@ -256,6 +234,47 @@ fn serve(
     let done = finish(fs, lock);
     run.map_err(|e| format!("serving {}: {}", mountpoint.display(), plain(&e)))?;
     done
+}
+
+/// The request handler over `fs`, as the mount options configure it.
+fn handler(fs: &Arc<lanefs::Fs>, parsed: &Parsed, inflight: &Arc<Inflight>) -> LaneFuse {
+    let kernel_acls = parsed.fuse.contains(&MountOption::DefaultPermissions);
+    // Idmapped mounts need the kernel to check permissions, and requests from every uid (see
+    // `LaneFuse::allow_idmap`).
+    let idmap = kernel_acls && parsed.acl == SessionACL::All;
+    LaneFuse::new(fs.clone(), parsed.writeback_cache, inflight.clone())
+        .with_posix_acl(kernel_acls)
+        .allow_idmap(idmap)
+        .with_ttl(parsed.ttl)
+}
+
+/// The threads that watch the mount while it serves, as the options ask: the idle-CPU poll
+/// (`-o idle_poll`) and the stuck-request log (`-o stuck_request`). Either may be missing: the
+/// mount serves without them.
+fn watchers(
+    args: &MountArgs,
+    parsed: &Parsed,
+    mountpoint: &Path,
+    inflight: Arc<Inflight>,
+    note: &mut dyn FnMut(&str),
+) -> (Option<idle_poll::IdlePoll>, Option<Watcher>) {
+    let idle_poll = parsed.idle_poll.then(|| idle_poll::IdlePoll::spawn(inflight.clone())).and_then(|r| {
+        r.map_err(|(e, denied)| {
+            // Not being root is the common reason, and every such mount would print it.
+            if denied {
+                crate::syslog::open();
+                crate::syslog::info(&e);
+            } else {
+                note(&e);
+            }
+        })
+        .ok()
+    });
+    let watcher = parsed.stuck_request.and_then(|threshold| {
+        let log = stuck_log(args.foreground, mountpoint);
+        Watcher::spawn(inflight, threshold, log).ok()
+    });
+    (idle_poll, watcher)
 }
 
 /// Mounts `fuse` at `mountpoint` and makes the session that serves it (not started yet).
