@@ -464,3 +464,61 @@ fn the_mount_shares_the_dirty_budget_unless_asked_not_to() {
         m.umount();
     }
 }
+
+/// A request handler that panics (a bug; injected here with `LANEFS_TEST_PANIC_LOOKUP`) answers
+/// its request EIO and shuts the file system down: the application gets an error, never a
+/// hang (over io_uring the panicking worker was its CPU's only one), every later request gets
+/// EIO too, the mount comes down, and the next mount has everything fsynced before.
+#[test]
+fn a_panicking_handler_fails_its_request_and_shuts_down_without_a_hang() {
+    if !fuse_available() {
+        return;
+    }
+    let (_dir, img, mp) = scratch_image();
+    let none: &[&str] = &[];
+    let child = Command::new(BIN)
+        .args([os("mount"), img.as_os_str(), mp.as_os_str(), os("--foreground"), os("--threads"), os("2")])
+        .args(nvm_args(&img, none))
+        .args(transport_args(none))
+        .env("LANEFS_TEST_PANIC_LOOKUP", "boom")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn lanefs mount");
+    let mut m = Mounted { mp: mp.canonicalize().unwrap(), child: Some(child) };
+    let start = std::time::Instant::now();
+    while !is_mounted(&m.mp) {
+        assert!(start.elapsed() < Duration::from_secs(60), "mount did not come up");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let kept = data(7, 10_000);
+    {
+        let f = File::create(m.mp.join("kept")).unwrap();
+        f.write_all_at(&kept, 0).unwrap();
+        f.sync_all().unwrap();
+    }
+    // Each stat in a thread of its own, with a deadline: a hang is the failure looked for.
+    let stat = |name: &str| {
+        let p = m.mp.join(name);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(fs::symlink_metadata(&p).map(|_| ()).map_err(|e| e.raw_os_error()));
+        });
+        rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("stat of {name} hung"))
+    };
+    assert_eq!(stat("boom"), Err(Some(libc::EIO)), "the panicking lookup answers EIO");
+    // Later requests, from both CPUs' queues: the file system is shut down.
+    for i in 0..8 {
+        assert_eq!(stat(&format!("other{i}")), Err(Some(libc::EIO)), "after the panic");
+    }
+    let out = run(&[os("umount"), m.mp.as_os_str()], Duration::from_secs(120));
+    assert!(!is_mounted(&m.mp), "umount after the panic: {}", String::from_utf8_lossy(&out.stderr));
+    // It exits (its final checkpoint refused: nothing is written after a shutdown).
+    wait_child(m.child.as_mut().unwrap(), Duration::from_secs(60));
+    m.child = None;
+    let m = Mounted::daemon(&img, &mp, &[]);
+    assert_eq!(fs::read(m.mp.join("kept")).unwrap(), kept, "fsynced before the panic");
+    m.umount();
+    fsck_clean(&img);
+}

@@ -87,6 +87,9 @@ pub struct LaneFuse {
     /// The transport in use and why (the `lanefs.transport` xattr of the root).
     transport: Arc<OnceLock<String>>,
     ttl: Ttl,
+    /// A name whose lookup panics (`LANEFS_TEST_PANIC_LOOKUP`, for the tests of what a
+    /// panicking handler does to the mount); unset, nothing does.
+    panic_lookup: Option<std::ffi::OsString>,
 }
 
 impl LaneFuse {
@@ -109,6 +112,7 @@ impl LaneFuse {
             kernel_ctime: ctime::KernelCtime::new(),
             transport: Arc::new(OnceLock::new()),
             ttl: Ttl::default(),
+            panic_lookup: std::env::var_os("LANEFS_TEST_PANIC_LOOKUP"),
         }
     }
 
@@ -258,8 +262,26 @@ impl Filesystem for LaneFuse {
         self.negotiate(config);
     }
 
+    fn panicked(&self, what: &str) {
+        let said = format!(
+            "a request handler panicked: {what}; the file system shuts down (unmount, then mount again to recover)"
+        );
+        // A daemon's standard error goes nowhere: the system log has it too.
+        eprintln!("lanefs: {said}");
+        crate::syslog::open();
+        crate::syslog::warning(&said);
+        if let Err(e) = self.fs.shutdown() {
+            eprintln!("lanefs: shutting down after the panic: {e}");
+        }
+    }
+
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         let _busy = self.inflight.enter(Op::Lookup, parent.0, req.pid());
+        // Fault injection for the mount's tests (`LANEFS_TEST_PANIC_LOOKUP`): a handler that
+        // panics, as a bug would.
+        if self.panic_lookup.as_deref().is_some_and(|p| p.as_bytes() == name(n)) {
+            panic!("LANEFS_TEST_PANIC_LOOKUP: lookup of {n:?}");
+        }
         // The kernel asks for "." of a node (of any type) to open a file handle whose inode it
         // does not hold, and for ".." of a directory to connect one (FUSE_EXPORT_SUPPORT); it
         // then compares the generation. A removed inode answers ENOENT, which it turns into

@@ -26,6 +26,11 @@ use std::sync::{mpsc, Arc};
 pub trait Filesystem: Send + Sync {
     /// INIT: what to ask of the kernel, from what it offers.
     fn init(&mut self, req: &Request, config: &mut KernelConfig);
+    /// A handler panicked (`what` says where and why); its request was answered EIO as its
+    /// reply unwound. The state behind the handlers may be half changed: the file system should
+    /// stop changing anything from here on (lanefs shuts down: every later request fails, the
+    /// next mount recovers what was made durable).
+    fn panicked(&self, what: &str);
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry);
     fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64);
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr);
@@ -542,7 +547,21 @@ impl<F: Filesystem> Session<F> {
                         return ReplyEmpty::new(h.unique, sink).error(Errno::EACCES);
                     }
                 }
-                dispatch(&self.fs, &Request::new(*h), op, rest, sink)
+                // A panic must not take the worker with it: with FUSE over io_uring its queue
+                // has no other worker, and every later request on that CPU would wait forever
+                // (a hang, where an error is what the application should get). The reply, moved
+                // into the handler, answered EIO as it unwound (`Replier`'s drop).
+                let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    dispatch(&self.fs, &Request::new(*h), op, rest, sink)
+                }));
+                if let Err(payload) = served {
+                    let why = payload
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic with no message".into());
+                    self.fs.panicked(&format!("request {} (opcode {}): {why}", h.unique, h.opcode));
+                }
             }
             Err(_) if expects_reply(h.opcode) => ReplyEmpty::new(h.unique, sink).error(Errno::EINVAL),
             Err(_) => {}
