@@ -276,16 +276,14 @@ impl Engine {
         let mut lazy = Vec::new();
         for ino in self.take_lazy(all_lazy) {
             let Some(m) = self.mem.cells.get(ino as u64) else { continue };
-            work.inodes += 1;
             // One already in a set is owed already; a dead one is on a dead list.
             if !m.dead.load(Ordering::Acquire)
                 && m.dirty_epoch.compare_exchange(0, seq, Ordering::AcqRel, Ordering::Acquire).is_ok()
             {
                 lazy.push(m);
-            } else {
-                work.inodes -= 1;
             }
         }
+        work.inodes += lazy.len() as u64;
         (sets, lazy, dead)
     }
 
@@ -326,9 +324,6 @@ impl Engine {
             if e == 0 || e == cur {
                 return;
             }
-            if e != CAPTURING && e > cur {
-                continue;
-            }
             if e == CAPTURING {
                 spins += 1;
                 if spins < 64 {
@@ -337,6 +332,9 @@ impl Engine {
                     // The capturer may be preempted: give it the CPU.
                     std::thread::yield_now();
                 }
+                continue;
+            }
+            if e > cur {
                 continue;
             }
             if m.dead.load(Ordering::Acquire) {
